@@ -1,0 +1,1 @@
+//! ctx (being written)

@@ -1,0 +1,165 @@
+//! The allocator interface shared by every policy, and the plain data it
+//! returns.
+
+use alloc::vec::Vec;
+
+use crate::{Error, Result};
+
+/// The largest alignment any allocator accepts, in bytes (1 GiB).
+pub const MAX_ALIGN: u64 = 1 << 30;
+
+/// The alignment `cudaMalloc` guarantees and the default here, in bytes.
+pub const DEFAULT_ALIGN: u64 = 256;
+
+/// A contiguous range of the address space: `[offset, offset + size)`, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Extent {
+    /// First byte.
+    pub offset: u64,
+    /// Length in bytes.
+    pub size: u64,
+}
+
+impl Extent {
+    /// A range starting at `offset` of `size` bytes.
+    pub const fn new(offset: u64, size: u64) -> Self {
+        Self { offset, size }
+    }
+
+    /// One past the last byte.
+    pub const fn end(&self) -> u64 {
+        self.offset + self.size
+    }
+
+    /// Whether the two ranges share a byte.
+    pub const fn overlaps(&self, other: &Extent) -> bool {
+        self.offset < other.end() && other.offset < self.end()
+    }
+
+    /// Whether `other` lies wholly inside `self`.
+    pub const fn contains(&self, other: &Extent) -> bool {
+        other.offset >= self.offset && other.end() <= self.end()
+    }
+}
+
+/// A live allocation as an allocator hands it out.
+///
+/// `offset` and `size` are what the caller asked for (the offset honours the
+/// requested alignment); `id` is the allocator's own token for the block,
+/// opaque to callers, which makes [`Allocator::free`] O(1) and lets it reject
+/// a stale or forged allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Allocation {
+    /// Aligned start of the usable bytes.
+    pub offset: u64,
+    /// Requested length in bytes.
+    pub size: u64,
+    /// Allocator-private token.
+    pub id: u64,
+}
+
+impl Allocation {
+    /// The usable bytes as an [`Extent`].
+    pub const fn extent(&self) -> Extent {
+        Extent::new(self.offset, self.size)
+    }
+}
+
+/// A snapshot of an allocator's state. All sizes in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Bytes in all managed regions.
+    pub managed_bytes: u64,
+    /// Requested bytes of all live allocations.
+    pub live_bytes: u64,
+    /// Number of live allocations.
+    pub live_blocks: u64,
+    /// Bytes held by live allocations beyond what was requested: alignment
+    /// gaps and rounding. `live + padding + free == managed`.
+    pub padding_bytes: u64,
+    /// Bytes in free blocks.
+    pub free_bytes: u64,
+    /// Number of free blocks.
+    pub free_blocks: u64,
+    /// Size of the largest free block.
+    pub largest_free: u64,
+    /// One past the highest byte any live allocation has ever occupied.
+    pub high_water: u64,
+    /// One past the highest byte a live allocation occupies now (0 if none).
+    pub top: u64,
+}
+
+impl Stats {
+    /// External fragmentation: `1 - largest_free / free_bytes`, 0 when
+    /// nothing is free.
+    pub fn external_fragmentation(&self) -> f64 {
+        if self.free_bytes == 0 {
+            0.0
+        } else {
+            1.0 - self.largest_free as f64 / self.free_bytes as f64
+        }
+    }
+}
+
+/// A free-list allocator over an abstract address space.
+///
+/// Implementations manage one or more regions added with
+/// [`add_region`](Allocator::add_region); they never touch memory, they only
+/// hand out offsets.
+pub trait Allocator {
+    /// Reserve `size` bytes at an offset that is a multiple of `align`
+    /// (a power of two up to [`MAX_ALIGN`]).
+    fn allocate(&mut self, size: u64, align: u64) -> Result<Allocation>;
+
+    /// Give a live allocation back. Freeing one that is not live (already
+    /// freed, from another allocator, or forged) is
+    /// [`Error::UnknownAllocation`] and changes nothing.
+    fn free(&mut self, allocation: Allocation) -> Result<()>;
+
+    /// Manage `[offset, offset + size)` too. A region that starts where an
+    /// existing one ends extends it, and the free space on both sides of the
+    /// seam coalesces.
+    fn add_region(&mut self, offset: u64, size: u64) -> Result<()>;
+
+    /// Stop managing the free block at the very end of the highest region,
+    /// if there is one of at least `min_bytes`, and return it. This is how a
+    /// pool shrinks: the caller gives the range back to the device.
+    fn release_tail(&mut self, min_bytes: u64) -> Option<Extent>;
+
+    /// Forget every allocation and lay the managed regions out anew with
+    /// exactly `used` in use. `used` is sorted by offset, its extents do not
+    /// overlap and lie inside managed regions; each extent's own bytes are
+    /// what the new allocation covers (offset and size). Returns one
+    /// allocation per extent, in order. Compaction commits through this.
+    fn rebuild(&mut self, used: &[Extent]) -> Result<Vec<Allocation>>;
+
+    /// The managed regions, sorted by offset, adjacent ones merged.
+    fn regions(&self) -> Vec<Extent>;
+
+    /// Free blocks, sorted by offset.
+    fn free_extents(&self) -> Vec<Extent>;
+
+    /// Current figures.
+    fn stats(&self) -> Stats;
+}
+
+/// Check an alignment: a power of two no larger than [`MAX_ALIGN`].
+pub fn check_align(align: u64) -> Result<()> {
+    if align.is_power_of_two() && align <= MAX_ALIGN {
+        Ok(())
+    } else {
+        Err(Error::InvalidAlignment {
+            align,
+            max: MAX_ALIGN,
+        })
+    }
+}
+
+/// Round `value` up to a multiple of `align` (a power of two), or `None` on
+/// overflow.
+pub const fn align_up(value: u64, align: u64) -> Option<u64> {
+    match value.checked_add(align - 1) {
+        Some(v) => Some(v & !(align - 1)),
+        None => None,
+    }
+}

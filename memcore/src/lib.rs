@@ -1,0 +1,22 @@
+#![doc = include_str!("../README.md")]
+#![no_std]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+extern crate alloc;
+
+mod alloc_api;
+mod compact;
+mod error;
+mod freelist;
+mod handle;
+mod tlsf;
+
+pub use alloc_api::{
+    Allocation, Allocator, DEFAULT_ALIGN, Extent, MAX_ALIGN, Stats, align_up, check_align,
+};
+pub use compact::{CompactionPlan, Move};
+pub use error::{Error, Result};
+pub use freelist::{Fit, FreeList};
+pub use handle::{BlockFlags, BlockInfo, Handle, Heap};
+pub use tlsf::Tlsf;
