@@ -1,7 +1,13 @@
 //! Relocatable handles: blocks named by a [`Handle`] rather than an offset,
 //! so compaction can move them.
 
-use crate::{Allocation, Allocator, Extent, Result, Stats};
+use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
+
+use slab::Slab;
+
+use crate::compact::{self, CompactionPlan, Placed};
+use crate::{Allocation, Allocator, Error, Extent, Result, Stats, check_align};
 
 bitflags::bitflags! {
     /// Per-block flags.
@@ -23,6 +29,15 @@ pub struct Handle {
     pub(crate) generation: u32,
 }
 
+impl Handle {
+    /// Index of the handle's slot: unique among live handles, reused after
+    /// a free (with a new generation). Lets callers keep per-block data in a
+    /// `Vec` indexed by it.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
 /// What a heap knows of one live block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockInfo {
@@ -36,40 +51,395 @@ pub struct BlockInfo {
     pub flags: BlockFlags,
 }
 
-/// PLACEHOLDER (being written): relocatable heap.
-#[derive(Debug)]
-pub struct Heap<A: Allocator> { allocator: A }
-impl<A: Allocator> Heap<A> {
-    /// New heap.
-    pub fn new(allocator: A) -> Self { Self { allocator } }
-    /// Allocate.
-    pub fn allocate(&mut self, _size: u64, _align: u64, _flags: BlockFlags) -> Result<Handle> { todo!() }
-    /// Free.
-    pub fn free(&mut self, _h: Handle) -> Result<BlockInfo> { todo!() }
-    /// Look up.
-    pub fn get(&self, _h: Handle) -> Option<BlockInfo> { todo!() }
-    /// Offset.
-    pub fn offset(&self, _h: Handle) -> Result<u64> { todo!() }
-    /// Flags.
-    pub fn set_flags(&mut self, _h: Handle, _f: BlockFlags) -> Result<()> { todo!() }
-    /// Blocks.
-    pub fn blocks(&self) -> impl Iterator<Item = (Handle, BlockInfo)> + '_ { core::iter::empty() }
-    /// Count.
-    pub fn len(&self) -> usize { todo!() }
-    /// Empty.
-    pub fn is_empty(&self) -> bool { todo!() }
-    /// Region.
-    pub fn add_region(&mut self, o: u64, s: u64) -> Result<()> { self.allocator.add_region(o, s) }
-    /// Tail.
-    pub fn release_tail(&mut self, m: u64) -> Option<Extent> { self.allocator.release_tail(m) }
-    /// Stats.
-    pub fn stats(&self) -> Stats { self.allocator.stats() }
-    /// Allocator.
-    pub fn allocator(&self) -> &A { &self.allocator }
-    /// Full plan.
-    pub fn plan_full(&self) -> crate::CompactionPlan { todo!() }
-    /// Room plan.
-    pub fn plan_room(&self, _s: u64, _a: u64) -> Result<crate::CompactionPlan> { todo!() }
-    /// Commit.
-    pub fn commit(&mut self, _p: crate::CompactionPlan) -> Result<()> { let _ = Allocation { offset: 0, size: 0, id: 0 }; todo!() }
+/// What the heap keeps per live block.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    allocation: Allocation,
+    align: u64,
+    flags: BlockFlags,
 }
+
+impl Entry {
+    fn info(&self) -> BlockInfo {
+        BlockInfo {
+            offset: self.allocation.offset,
+            size: self.allocation.size,
+            align: self.align,
+            flags: self.flags,
+        }
+    }
+}
+
+/// A slot of the slab. A slot whose generation counter has run out is kept
+/// `Retired` forever, so its handles can never come back to life.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Live(Entry),
+    Retired,
+}
+
+/// Relocatable blocks over any [`Allocator`]: callers hold [`Handle`]s, and
+/// compaction may move the bytes behind them.
+///
+/// The heap never touches memory. Compaction is a three-step protocol: make a
+/// [`CompactionPlan`] ([`plan_full`](Heap::plan_full) or
+/// [`plan_room`](Heap::plan_room)), copy each of its moves on the device in
+/// order, then [`commit`](Heap::commit) it, after which every handle reports
+/// its block's new offset. Any change to the heap in between makes the plan
+/// stale, so a plan cannot be applied to a layout it was not made for.
+///
+/// ```
+/// use memcore::{BlockFlags, Fit, FreeList, Heap};
+///
+/// let mut heap = Heap::new(FreeList::new(Fit::First));
+/// heap.add_region(0, 1 << 20)?;
+/// let a = heap.allocate(1000, 256, BlockFlags::empty())?;
+/// let b = heap.allocate(1000, 256, BlockFlags::PINNED)?;
+/// assert_eq!(heap.offset(b)?, 1024);
+/// heap.free(a)?;
+/// assert_eq!(heap.free(a), Err(memcore::Error::StaleHandle(a)));
+/// assert_eq!(heap.len(), 1);
+/// # Ok::<(), memcore::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Heap<A: Allocator> {
+    allocator: A,
+    slots: Slab<Slot>,
+    /// Current generation of each slot ever used, indexed by slot.
+    generations: Vec<u32>,
+    /// Live blocks (the slab also holds retired slots).
+    live: usize,
+    /// Bumped by every change, so plans can tell they are stale.
+    epoch: u64,
+}
+
+impl<A: Allocator> Heap<A> {
+    /// A heap over `allocator`, with no blocks. Regions the allocator
+    /// already manages are used as they are.
+    pub fn new(allocator: A) -> Self {
+        Self {
+            allocator,
+            slots: Slab::new(),
+            generations: Vec::new(),
+            live: 0,
+            epoch: 0,
+        }
+    }
+
+    /// Reserve `size` bytes at a multiple of `align` bytes (a power of two up
+    /// to [`crate::MAX_ALIGN`]); the block keeps that alignment when it moves.
+    ///
+    /// Errors are the allocator's: [`Error::ZeroSize`],
+    /// [`Error::InvalidAlignment`], [`Error::OutOfMemory`].
+    pub fn allocate(&mut self, size: u64, align: u64, flags: BlockFlags) -> Result<Handle> {
+        check_align(align)?;
+        let key = self.slots.vacant_key();
+        let slot = u32::try_from(key).map_err(|_| Error::Corrupt("more than 2^32 handle slots"))?;
+        if key == self.generations.len() {
+            self.generations.push(0);
+        }
+        let generation = *self
+            .generations
+            .get(key)
+            .ok_or(Error::Corrupt("slab slot without a generation"))?;
+        let allocation = self.allocator.allocate(size, align)?;
+        self.slots.insert(Slot::Live(Entry {
+            allocation,
+            align,
+            flags,
+        }));
+        self.live += 1;
+        self.epoch += 1;
+        Ok(Handle { slot, generation })
+    }
+
+    /// Give the block back and return what it was. A handle that is not live
+    /// (freed already, or never from this heap) is [`Error::StaleHandle`]
+    /// and changes nothing.
+    pub fn free(&mut self, handle: Handle) -> Result<BlockInfo> {
+        let entry = *self.entry(handle)?;
+        self.allocator.free(entry.allocation)?;
+        let key = handle.slot as usize;
+        match self.generations.get_mut(key) {
+            Some(generation) if *generation < u32::MAX => {
+                *generation += 1;
+                self.slots.remove(key);
+            }
+            _ => {
+                if let Some(slot) = self.slots.get_mut(key) {
+                    *slot = Slot::Retired;
+                }
+            }
+        }
+        self.live -= 1;
+        self.epoch += 1;
+        Ok(entry.info())
+    }
+
+    /// The block behind `handle`, or `None` if the handle is not live.
+    pub fn get(&self, handle: Handle) -> Option<BlockInfo> {
+        self.entry(handle).ok().map(Entry::info)
+    }
+
+    /// The block's current offset in bytes; [`Error::StaleHandle`] if the
+    /// handle is not live.
+    pub fn offset(&self, handle: Handle) -> Result<u64> {
+        self.entry(handle).map(|e| e.allocation.offset)
+    }
+
+    /// Replace the block's flags, e.g. pin it while a kernel holds its
+    /// address. Plans made before are stale afterwards.
+    pub fn set_flags(&mut self, handle: Handle, flags: BlockFlags) -> Result<()> {
+        let live = self.generations.get(handle.slot as usize) == Some(&handle.generation);
+        match self.slots.get_mut(handle.slot as usize) {
+            Some(Slot::Live(entry)) if live => {
+                entry.flags = flags;
+                self.epoch += 1;
+                Ok(())
+            }
+            _ => Err(Error::StaleHandle(handle)),
+        }
+    }
+
+    /// Every live block, in no particular order.
+    pub fn blocks(&self) -> impl Iterator<Item = (Handle, BlockInfo)> + '_ {
+        self.slots.iter().filter_map(|(key, slot)| match slot {
+            Slot::Live(entry) => Some((
+                Handle {
+                    slot: u32::try_from(key).ok()?,
+                    generation: *self.generations.get(key)?,
+                },
+                entry.info(),
+            )),
+            Slot::Retired => None,
+        })
+    }
+
+    /// Number of live blocks.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Whether no block is live.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Manage `[offset, offset + size)` too (bytes); see
+    /// [`Allocator::add_region`].
+    pub fn add_region(&mut self, offset: u64, size: u64) -> Result<()> {
+        self.allocator.add_region(offset, size)?;
+        self.epoch += 1;
+        Ok(())
+    }
+
+    /// Stop managing the free tail of the highest region if it is at least
+    /// `min_bytes` long, and return it; see [`Allocator::release_tail`].
+    pub fn release_tail(&mut self, min_bytes: u64) -> Option<Extent> {
+        let released = self.allocator.release_tail(min_bytes)?;
+        self.epoch += 1;
+        Some(released)
+    }
+
+    /// The allocator's figures (bytes).
+    pub fn stats(&self) -> Stats {
+        self.allocator.stats()
+    }
+
+    /// The allocator underneath, to inspect it.
+    pub fn allocator(&self) -> &A {
+        &self.allocator
+    }
+
+    /// Slide every movable block toward the low end of its region, keeping
+    /// its alignment (and at least 256 bytes' for a block on such a
+    /// boundary, see [`CompactionPlan`]). Pinned blocks stay; a block that
+    /// does not fit before the next pinned block goes past it, and a later
+    /// block that fits there fills the gap. Blocks that stay produce no move.
+    ///
+    /// ```
+    /// use memcore::{BlockFlags, Fit, FreeList, Heap};
+    ///
+    /// let mut heap = Heap::new(FreeList::new(Fit::First));
+    /// heap.add_region(0, 1 << 20)?;
+    /// let a = heap.allocate(512, 256, BlockFlags::empty())?;
+    /// let pin = heap.allocate(512, 256, BlockFlags::PINNED)?;
+    /// let b = heap.allocate(512, 256, BlockFlags::empty())?;
+    /// heap.free(a)?;
+    /// let plan = heap.plan_full();
+    /// heap.commit(plan)?;
+    /// assert_eq!((heap.offset(b)?, heap.offset(pin)?), (0, 512));
+    /// # Ok::<(), memcore::Error>(())
+    /// ```
+    pub fn plan_full(&self) -> CompactionPlan {
+        let moves = compact::by_region(&self.allocator.regions(), self.placed())
+            .iter()
+            .flat_map(|(region, blocks)| compact::slide(*region, blocks))
+            .collect::<Vec<_>>();
+        CompactionPlan {
+            relayout: !moves.is_empty(),
+            moves,
+            epoch: self.epoch,
+        }
+    }
+
+    /// The cheapest plan (fewest bytes copied) after which a `size`-byte,
+    /// `align`-aligned request fits. Empty if it fits already.
+    ///
+    /// The room made is `size` rounded up to 256 bytes at a multiple of 256
+    /// bytes (or of `align` if larger), which any allocator here can use;
+    /// "fits already" is judged the same way.
+    ///
+    /// [`Error::OutOfMemory`] if fewer than `size` bytes are free, or no plan
+    /// was found: pinned blocks in the way, or the evicted blocks not fitting
+    /// in the holes left.
+    ///
+    /// ```
+    /// use memcore::{BlockFlags, Fit, FreeList, Heap};
+    ///
+    /// let mut heap = Heap::new(FreeList::new(Fit::First));
+    /// heap.add_region(0, 4096)?;
+    /// let blocks: Vec<_> = (0..4)
+    ///     .map(|_| heap.allocate(1024, 1024, BlockFlags::empty()))
+    ///     .collect::<Result<_, _>>()?;
+    /// heap.free(blocks[0])?;
+    /// heap.free(blocks[2])?;
+    /// assert!(heap.allocate(2048, 1024, BlockFlags::empty()).is_err());
+    /// let plan = heap.plan_room(2048, 1024)?;
+    /// assert_eq!(plan.bytes_moved(), 1024);
+    /// heap.commit(plan)?;
+    /// assert!(heap.allocate(2048, 1024, BlockFlags::empty()).is_ok());
+    /// # Ok::<(), memcore::Error>(())
+    /// ```
+    pub fn plan_room(&self, size: u64, align: u64) -> Result<CompactionPlan> {
+        if size == 0 {
+            return Err(Error::ZeroSize);
+        }
+        check_align(align)?;
+        let stats = self.allocator.stats();
+        let out_of_memory = Error::OutOfMemory {
+            requested: size,
+            align,
+            free_bytes: stats.free_bytes,
+            largest_free: stats.largest_free,
+        };
+        let (window, window_align) =
+            compact::request_window(size, align).ok_or(out_of_memory.clone())?;
+        let fits_now = self
+            .allocator
+            .free_extents()
+            .into_iter()
+            .any(|hole| compact::fit_in(hole, size, window_align).is_some());
+        if fits_now {
+            return Ok(CompactionPlan {
+                moves: Vec::new(),
+                epoch: self.epoch,
+                relayout: false,
+            });
+        }
+        // Padding counts as free: the commit lays the allocator out anew,
+        // so even a plan without moves makes room by giving padding back.
+        if stats.managed_bytes.saturating_sub(stats.live_bytes) < window {
+            return Err(out_of_memory);
+        }
+        let layout = compact::by_region(&self.allocator.regions(), self.placed());
+        let moves = compact::make_room(&layout, window, window_align).ok_or(out_of_memory)?;
+        Ok(CompactionPlan {
+            moves,
+            epoch: self.epoch,
+            relayout: true,
+        })
+    }
+
+    /// Record that the caller has executed `plan`'s moves: every moved block
+    /// now lives at its destination, and the allocator is laid out anew with
+    /// exactly the live blocks in use (which also gives back alignment
+    /// padding). Handles stay valid. A plan that neither moves nor frees
+    /// anything leaves the allocator as it is. Either way the plan is used
+    /// up: committing it again is [`Error::StalePlan`].
+    ///
+    /// [`Error::StalePlan`] if the heap changed since the plan was made (or
+    /// the plan is from another heap); nothing changes then.
+    pub fn commit(&mut self, plan: CompactionPlan) -> Result<()> {
+        if plan.epoch != self.epoch {
+            return Err(Error::StalePlan);
+        }
+        if !plan.relayout {
+            self.epoch += 1;
+            return Ok(());
+        }
+        let mut destinations = BTreeMap::new();
+        for m in &plan.moves {
+            let entry = self.entry(m.handle).map_err(|_| Error::StalePlan)?;
+            let sound = entry.allocation.offset == m.src
+                && entry.allocation.size == m.len
+                && m.dst % entry.align == 0
+                && !entry.flags.contains(BlockFlags::PINNED);
+            if !sound || destinations.insert(m.handle.slot as usize, m.dst).is_some() {
+                return Err(Error::StalePlan);
+            }
+        }
+        let mut layout: Vec<(Extent, usize)> = self
+            .slots
+            .iter()
+            .filter_map(|(key, slot)| match slot {
+                Slot::Live(e) => {
+                    let offset = destinations.get(&key).copied();
+                    let offset = offset.unwrap_or(e.allocation.offset);
+                    Some((Extent::new(offset, e.allocation.size), key))
+                }
+                Slot::Retired => None,
+            })
+            .collect();
+        layout.sort_unstable_by_key(|&(extent, _)| extent);
+        if let Some(pair) = layout.windows(2).find(|p| p[0].0.end() > p[1].0.offset) {
+            let (extent, _) = pair[1];
+            return Err(Error::InvalidLayout {
+                offset: extent.offset,
+                size: extent.size,
+                why: "overlaps another block after the plan",
+            });
+        }
+        let extents: Vec<Extent> = layout.iter().map(|&(extent, _)| extent).collect();
+        let allocations = self.allocator.rebuild(&extents)?;
+        if allocations.len() != layout.len() {
+            return Err(Error::Corrupt(
+                "rebuild returned a different number of blocks",
+            ));
+        }
+        for ((_, key), allocation) in layout.into_iter().zip(allocations) {
+            if let Some(Slot::Live(entry)) = self.slots.get_mut(key) {
+                entry.allocation = allocation;
+            }
+        }
+        self.epoch += 1;
+        Ok(())
+    }
+
+    /// The live entry behind `handle`.
+    fn entry(&self, handle: Handle) -> Result<&Entry> {
+        let key = handle.slot as usize;
+        match (self.generations.get(key), self.slots.get(key)) {
+            (Some(&generation), Some(Slot::Live(entry))) if generation == handle.generation => {
+                Ok(entry)
+            }
+            _ => Err(Error::StaleHandle(handle)),
+        }
+    }
+
+    /// Every live block as the planners see it.
+    fn placed(&self) -> Vec<Placed> {
+        self.blocks()
+            .map(|(handle, info)| Placed {
+                handle,
+                offset: info.offset,
+                size: info.size,
+                align: compact::planning_align(info.offset, info.align),
+                pinned: info.flags.contains(BlockFlags::PINNED),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

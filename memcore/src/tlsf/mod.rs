@@ -1,0 +1,419 @@
+//! Two-level segregated fit (TLSF): O(1) allocate and free with immediate
+//! coalescing, the policy for long-running device pools.
+//!
+//! Free blocks sit in one list per size class ([`class`]); two bitmaps find
+//! the first non-empty list at or above a class in O(1). A request is
+//! rounded up to the next class boundary before the search ("good fit"), so
+//! any block found fits without scanning. Block metadata lives in a node
+//! table beside the memory ([`node`]), recycled through a spare list, so an
+//! allocator that has warmed up allocates nothing on the host per
+//! operation.
+
+mod check;
+mod class;
+mod layout;
+mod node;
+#[cfg(test)]
+mod tests;
+
+use alloc::vec::Vec;
+
+use crate::{Allocation, Allocator, Error, Extent, Result, Stats, align_up, check_align};
+use class::{Bins, Class, GRANULE};
+use node::{NONE, Nodes, State};
+
+/// A managed region: its extent and the nodes of its lowest and highest
+/// blocks. Regions that touch are merged into one.
+#[derive(Debug, Clone, Copy)]
+struct Region {
+    extent: Extent,
+    first: u32,
+    last: u32,
+}
+
+/// Two-level segregated fit allocator over an abstract address space.
+///
+/// - Sizes are rounded up to 256 bytes ([`DEFAULT_ALIGN`](crate::DEFAULT_ALIGN))
+///   and every offset it hands out is at least 256-aligned; a split never
+///   leaves a free block under 256 bytes (such a sliver stays with the
+///   allocation and counts as padding).
+/// - Allocate and free are O(1): a request is rounded up to the next class
+///   boundary (plus the worst alignment gap) and the head of the first
+///   non-empty list at or above it always fits. When that finds nothing,
+///   the allocator scans the lists that do not promise a fit (the
+///   request's own class, and the classes a large alignment spans) before
+///   reporting out-of-memory, so it never fails a request that one free
+///   block could hold. That scan only runs near exhaustion or when the
+///   only block that fits sits in the request's own class.
+/// - Within a class the most recently freed block is used first (LIFO), so
+///   placement is deterministic.
+/// - Regions need not touch; ones that do are merged, and free space
+///   coalesces across the seam. Blocks never coalesce across a gap.
+/// - An [`Allocation::id`] names the block's node and its generation:
+///   freeing a stale, forged or already freed allocation is
+///   [`Error::UnknownAllocation`] and changes nothing.
+/// - `stats()` keeps running counters; only `largest_free` (a walk of the
+///   highest non-empty list) and `top` (a look at each region's top two
+///   blocks) are not O(1).
+///
+/// ```
+/// use memcore::{Allocator, Tlsf};
+///
+/// let mut tlsf = Tlsf::new();
+/// tlsf.add_region(0, 1 << 20)?;
+/// let a = tlsf.allocate(1000, 256)?;
+/// let b = tlsf.allocate(4096, 4096)?;
+/// assert_eq!(a.offset % 256, 0);
+/// assert_eq!(b.offset % 4096, 0);
+/// tlsf.free(a)?;
+/// tlsf.free(b)?;
+/// assert_eq!(tlsf.free_extents().len(), 1);
+/// tlsf.check()?;
+/// # Ok::<(), memcore::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Tlsf {
+    nodes: Nodes,
+    bins: Bins,
+    /// Sorted by offset, none touching.
+    regions: Vec<Region>,
+    managed_bytes: u64,
+    live_bytes: u64,
+    live_blocks: u64,
+    padding_bytes: u64,
+    free_bytes: u64,
+    free_blocks: u64,
+    high_water: u64,
+}
+
+impl Default for Tlsf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Tlsf {
+    /// An allocator with no region yet.
+    pub fn new() -> Self {
+        Self::with_capacity(0)
+    }
+
+    /// An allocator with room for `nodes` blocks (live plus free) before
+    /// its node table grows.
+    pub fn with_capacity(nodes: usize) -> Self {
+        Self {
+            nodes: Nodes::with_capacity(nodes),
+            bins: Bins::new(),
+            regions: Vec::new(),
+            managed_bytes: 0,
+            live_bytes: 0,
+            live_blocks: 0,
+            padding_bytes: 0,
+            free_bytes: 0,
+            free_blocks: 0,
+            high_water: 0,
+        }
+    }
+
+    /// Put free block `index` at the head of its class's list.
+    fn link_free(&mut self, index: u32) {
+        let class = Class::of(self.nodes[index].size);
+        let head = self.bins.head(class);
+        let node = &mut self.nodes[index];
+        node.state = State::Free;
+        node.prev_free = NONE;
+        node.next_free = head;
+        self.free_bytes += node.size;
+        self.free_blocks += 1;
+        if head != NONE {
+            debug_assert_eq!(self.nodes[head].prev_free, NONE);
+            self.nodes[head].prev_free = index;
+        }
+        self.bins.set_head(class, index);
+    }
+
+    /// Take free block `index` off its class's list.
+    fn unlink_free(&mut self, index: u32) {
+        let node = &self.nodes[index];
+        debug_assert_eq!(node.state, State::Free);
+        let (prev, next, size) = (node.prev_free, node.next_free, node.size);
+        if prev == NONE {
+            let class = Class::of(size);
+            debug_assert_eq!(self.bins.head(class), index);
+            self.bins.set_head(class, next);
+        } else {
+            self.nodes[prev].next_free = next;
+        }
+        if next != NONE {
+            self.nodes[next].prev_free = prev;
+        }
+        self.free_bytes -= size;
+        self.free_blocks -= 1;
+    }
+
+    /// The index of the region holding byte `offset`.
+    fn region_of(&self, offset: u64) -> usize {
+        self.regions.partition_point(|r| r.extent.end() <= offset)
+    }
+
+    /// Cut block `index` at `at`: it keeps `[offset, at)` and a new node
+    /// takes `[at, end)`, which is returned. Neither is on a free list.
+    fn split(&mut self, index: u32, at: u64) -> u32 {
+        let (end, next) = (self.nodes[index].end(), self.nodes[index].next_phys);
+        debug_assert!(self.nodes[index].offset < at && at < end);
+        let upper = self.nodes.take(at, end - at);
+        self.nodes[index].size = at - self.nodes[index].offset;
+        self.nodes[index].next_phys = upper;
+        self.nodes[upper].prev_phys = index;
+        self.nodes[upper].next_phys = next;
+        if next == NONE {
+            let region = self.region_of(at);
+            self.regions[region].last = upper;
+        } else {
+            self.nodes[next].prev_phys = upper;
+        }
+        upper
+    }
+
+    /// Merge block `lower`'s physical successor into it and give the
+    /// successor's node back. Neither is on a free list.
+    fn absorb_next(&mut self, lower: u32) {
+        let upper = self.nodes[lower].next_phys;
+        debug_assert_ne!(upper, NONE);
+        let (size, next) = (self.nodes[upper].size, self.nodes[upper].next_phys);
+        self.nodes[lower].size += size;
+        self.nodes[lower].next_phys = next;
+        if next == NONE {
+            let region = self.region_of(self.nodes[lower].offset);
+            self.regions[region].last = lower;
+        } else {
+            self.nodes[next].prev_phys = lower;
+        }
+        self.nodes.give_back(upper);
+    }
+
+    /// Make block `index` free: coalesce it with free physical neighbours
+    /// (keeping the lowest node) and list the result.
+    fn release_block(&mut self, index: u32) {
+        let mut block = index;
+        let prev = self.nodes[block].prev_phys;
+        if prev != NONE && self.nodes[prev].state == State::Free {
+            self.unlink_free(prev);
+            self.absorb_next(prev);
+            block = prev;
+        }
+        let next = self.nodes[block].next_phys;
+        if next != NONE && self.nodes[next].state == State::Free {
+            self.unlink_free(next);
+            self.absorb_next(block);
+        }
+        self.link_free(block);
+    }
+
+    /// Where a `size`-byte request aligned to `align` (>= the granule)
+    /// would start inside block `index`, if it fits there.
+    fn fit_in(&self, index: u32, size: u64, align: u64) -> Option<u64> {
+        let node = &self.nodes[index];
+        let at = align_up(node.offset, align)?;
+        (at.checked_add(size)? <= node.end()).then_some(at)
+    }
+
+    /// A free block that holds the request. Good fit first: the list at or
+    /// above the request rounded up to a class boundary (plus the worst
+    /// alignment gap) is non-empty only if its head fits. If that finds
+    /// nothing, scan the lists from the request's own class upward, which
+    /// may hold a block that fits even though its class does not promise it.
+    fn find_block(&self, size: u64, rounded: u64, align: u64) -> Option<u32> {
+        let good_fit = rounded
+            .checked_add(align - GRANULE)
+            .and_then(Class::at_least)
+            .and_then(|class| self.bins.first_nonempty_from(class))
+            .map(|class| self.bins.head(class))
+            .filter(|&head| self.fit_in(head, size, align).is_some());
+        if good_fit.is_some() {
+            return good_fit;
+        }
+        let mut class = Some(Class::of(size));
+        while let Some(from) = class {
+            let found = self.bins.first_nonempty_from(from)?;
+            let mut index = self.bins.head(found);
+            while index != NONE {
+                if self.fit_in(index, size, align).is_some() {
+                    return Some(index);
+                }
+                index = self.nodes[index].next_free;
+            }
+            class = found.next();
+        }
+        None
+    }
+
+    /// Turn free, unlisted block `index` into an allocation of `size` bytes
+    /// at an `align`-aligned offset, splitting off a leading gap and a tail
+    /// of at least a granule as free blocks.
+    fn carve(&mut self, index: u32, size: u64, rounded: u64, align: u64) -> Allocation {
+        let mut block = index;
+        let at = align_up(self.nodes[block].offset, align).unwrap_or(u64::MAX);
+        if at - self.nodes[block].offset >= GRANULE {
+            let lower = block;
+            block = self.split(lower, at);
+            // Its neighbour below is live or absent: it was part of a
+            // coalesced free block.
+            self.link_free(lower);
+        }
+        let held_end = at.saturating_add(rounded).min(self.nodes[block].end());
+        if self.nodes[block].end() - held_end >= GRANULE {
+            let tail = self.split(block, held_end);
+            self.link_free(tail);
+        }
+        self.mark_used(block, at, size)
+    }
+
+    /// Mark block `index` live with `size` bytes at `offset`.
+    fn mark_used(&mut self, index: u32, offset: u64, size: u64) -> Allocation {
+        let node = &mut self.nodes[index];
+        node.state = State::Used;
+        node.alloc_offset = offset;
+        node.alloc_size = size;
+        let (held, generation) = (node.size, node.generation);
+        self.live_bytes += size;
+        self.live_blocks += 1;
+        self.padding_bytes += held - size;
+        self.high_water = self.high_water.max(offset + size);
+        Allocation {
+            offset,
+            size,
+            id: u64::from(generation) << 32 | u64::from(index),
+        }
+    }
+
+    fn out_of_memory(&self, requested: u64, align: u64) -> Error {
+        Error::OutOfMemory {
+            requested,
+            align,
+            free_bytes: self.free_bytes,
+            largest_free: self.largest_free(),
+        }
+    }
+
+    /// Size of the largest free block, bytes: the largest in the highest
+    /// non-empty class.
+    fn largest_free(&self) -> u64 {
+        let Some(class) = self.bins.highest_nonempty() else {
+            return 0;
+        };
+        let mut largest = 0;
+        let mut index = self.bins.head(class);
+        while index != NONE {
+            largest = largest.max(self.nodes[index].size);
+            index = self.nodes[index].next_free;
+        }
+        largest
+    }
+
+    /// One past the highest byte a live allocation occupies now. Free
+    /// blocks never touch, so each region's top two blocks decide.
+    fn top(&self) -> u64 {
+        for region in self.regions.iter().rev() {
+            let mut index = region.last;
+            while index != NONE {
+                let node = &self.nodes[index];
+                if node.state == State::Used {
+                    return node.alloc_offset + node.alloc_size;
+                }
+                index = node.prev_phys;
+            }
+        }
+        0
+    }
+}
+
+impl Allocator for Tlsf {
+    fn allocate(&mut self, size: u64, align: u64) -> Result<Allocation> {
+        check_align(align)?;
+        if size == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let effective_align = align.max(GRANULE);
+        let rounded = align_up(size, GRANULE).unwrap_or(u64::MAX);
+        if !self.nodes.can_take(2) {
+            return Err(self.out_of_memory(size, align));
+        }
+        match self.find_block(size, rounded, effective_align) {
+            Some(index) => {
+                self.unlink_free(index);
+                Ok(self.carve(index, size, rounded, effective_align))
+            }
+            None => Err(self.out_of_memory(size, align)),
+        }
+    }
+
+    fn free(&mut self, allocation: Allocation) -> Result<()> {
+        let index = allocation.id as u32;
+        let generation = (allocation.id >> 32) as u32;
+        let live = self.nodes.get(index).filter(|node| {
+            node.state == State::Used
+                && node.generation == generation
+                && node.alloc_offset == allocation.offset
+                && node.alloc_size == allocation.size
+        });
+        let Some(node) = live else {
+            return Err(Error::UnknownAllocation {
+                offset: allocation.offset,
+            });
+        };
+        let held = node.size;
+        self.live_bytes -= allocation.size;
+        self.live_blocks -= 1;
+        self.padding_bytes -= held - allocation.size;
+        let node = &mut self.nodes[index];
+        node.generation = node.generation.wrapping_add(1);
+        self.release_block(index);
+        Ok(())
+    }
+
+    fn add_region(&mut self, offset: u64, size: u64) -> Result<()> {
+        self.add_region_impl(offset, size)
+    }
+
+    fn release_tail(&mut self, min_bytes: u64) -> Option<Extent> {
+        self.release_tail_impl(min_bytes)
+    }
+
+    fn rebuild(&mut self, used: &[Extent]) -> Result<Vec<Allocation>> {
+        self.rebuild_impl(used)
+    }
+
+    fn regions(&self) -> Vec<Extent> {
+        self.regions.iter().map(|r| r.extent).collect()
+    }
+
+    fn free_extents(&self) -> Vec<Extent> {
+        let mut free = Vec::with_capacity(self.free_blocks as usize);
+        for region in &self.regions {
+            let mut index = region.first;
+            while index != NONE {
+                let node = &self.nodes[index];
+                if node.state == State::Free {
+                    free.push(Extent::new(node.offset, node.size));
+                }
+                index = node.next_phys;
+            }
+        }
+        free
+    }
+
+    fn stats(&self) -> Stats {
+        Stats {
+            managed_bytes: self.managed_bytes,
+            live_bytes: self.live_bytes,
+            live_blocks: self.live_blocks,
+            padding_bytes: self.padding_bytes,
+            free_bytes: self.free_bytes,
+            free_blocks: self.free_blocks,
+            largest_free: self.largest_free(),
+            high_water: self.high_water,
+            top: self.top(),
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Block metadata kept beside the managed memory (the allocator never
+//! touches the memory itself), in a table whose entries are recycled.
+
+use alloc::vec::Vec;
+
+/// The null link.
+pub(super) const NONE: u32 = u32::MAX;
+
+/// What a table entry currently describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum State {
+    /// Not a block; on the spare list.
+    Spare,
+    /// A free block, on its class's list.
+    Free,
+    /// A live allocation.
+    Used,
+}
+
+/// One block of a region: `[offset, offset + size)` bytes, linked to its
+/// physical neighbours and, when free, to the others of its size class.
+#[derive(Debug, Clone)]
+pub(super) struct Node {
+    /// First byte of the block.
+    pub(super) offset: u64,
+    /// Bytes the block covers, padding included.
+    pub(super) size: u64,
+    /// The block just below, [`NONE`] at the start of a region.
+    pub(super) prev_phys: u32,
+    /// The block just above, [`NONE`] at the end of a region.
+    pub(super) next_phys: u32,
+    /// Previous block of the same class list (free blocks only).
+    pub(super) prev_free: u32,
+    /// Next block of the same class list (free blocks), or the next spare
+    /// entry (spare entries).
+    pub(super) next_free: u32,
+    pub(super) state: State,
+    /// Bumped whenever a live allocation ends, so its id goes stale.
+    pub(super) generation: u32,
+    /// Aligned start handed to the caller, bytes (used blocks only).
+    pub(super) alloc_offset: u64,
+    /// Bytes the caller asked for (used blocks only).
+    pub(super) alloc_size: u64,
+}
+
+impl Node {
+    pub(super) fn end(&self) -> u64 {
+        self.offset + self.size
+    }
+}
+
+/// The node table and its list of spare entries.
+#[derive(Debug, Clone)]
+pub(super) struct Nodes {
+    table: Vec<Node>,
+    spare_head: u32,
+    spare: usize,
+}
+
+impl Nodes {
+    pub(super) fn with_capacity(capacity: usize) -> Self {
+        Self {
+            table: Vec::with_capacity(capacity),
+            spare_head: NONE,
+            spare: 0,
+        }
+    }
+
+    /// Entries in the table, spare ones included.
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether `count` more entries can be taken without running out of
+    /// 32-bit indices.
+    pub(super) fn can_take(&self, count: usize) -> bool {
+        self.spare >= count || self.table.len() + count - self.spare < NONE as usize
+    }
+
+    /// An entry for a new block, spare if there is one. Its links are
+    /// cleared; the caller sets the rest. Callers check
+    /// [`can_take`](Self::can_take) first.
+    pub(super) fn take(&mut self, offset: u64, size: u64) -> u32 {
+        let links = |node: &mut Node| {
+            node.offset = offset;
+            node.size = size;
+            node.prev_phys = NONE;
+            node.next_phys = NONE;
+            node.prev_free = NONE;
+            node.next_free = NONE;
+            node.alloc_offset = 0;
+            node.alloc_size = 0;
+        };
+        if self.spare_head != NONE {
+            let index = self.spare_head;
+            let node = &mut self.table[index as usize];
+            debug_assert_eq!(node.state, State::Spare);
+            self.spare_head = node.next_free;
+            self.spare -= 1;
+            links(node);
+            node.state = State::Free;
+            index
+        } else {
+            let index = self.table.len();
+            debug_assert!(index < NONE as usize);
+            self.table.push(Node {
+                offset,
+                size,
+                prev_phys: NONE,
+                next_phys: NONE,
+                prev_free: NONE,
+                next_free: NONE,
+                state: State::Free,
+                generation: 0,
+                alloc_offset: 0,
+                alloc_size: 0,
+            });
+            index as u32
+        }
+    }
+
+    /// Put an entry back on the spare list; ids naming it go stale.
+    pub(super) fn give_back(&mut self, index: u32) {
+        let spare_head = self.spare_head;
+        let node = &mut self.table[index as usize];
+        node.state = State::Spare;
+        node.generation = node.generation.wrapping_add(1);
+        node.next_free = spare_head;
+        self.spare_head = index;
+        self.spare += 1;
+    }
+
+    /// Make every entry spare (all ids go stale), keeping the table's
+    /// memory.
+    pub(super) fn give_back_all(&mut self) {
+        self.spare_head = NONE;
+        self.spare = 0;
+        for index in (0..self.table.len() as u32).rev() {
+            if self.table[index as usize].state == State::Spare {
+                // Already stale; relink only.
+                let node = &mut self.table[index as usize];
+                node.next_free = self.spare_head;
+                self.spare_head = index;
+                self.spare += 1;
+            } else {
+                self.give_back(index);
+            }
+        }
+    }
+
+    /// Entry `index`, if it exists.
+    pub(super) fn get(&self, index: u32) -> Option<&Node> {
+        self.table.get(index as usize)
+    }
+
+    /// Head of the spare list and its length, for the consistency check.
+    pub(super) fn spare_list(&self) -> (u32, usize) {
+        (self.spare_head, self.spare)
+    }
+}
+
+impl core::ops::Index<u32> for Nodes {
+    type Output = Node;
+    fn index(&self, index: u32) -> &Node {
+        &self.table[index as usize]
+    }
+}
+
+impl core::ops::IndexMut<u32> for Nodes {
+    fn index_mut(&mut self, index: u32) -> &mut Node {
+        &mut self.table[index as usize]
+    }
+}
