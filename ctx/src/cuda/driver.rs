@@ -1,0 +1,185 @@
+//! The CUDA driver entry points this backend calls, and how their results become
+//! [`Error`]s.
+//!
+//! The functions are declared here rather than called through `cust::sys` because
+//! bindgen declared them returning `CUresult`, a Rust enum generated from the CUDA 11.4
+//! headers. A newer driver (580 is CUDA 13) returns codes that enum lacks
+//! (`CUDA_ERROR_DEVICE_UNAVAILABLE` = 46, `CUDA_ERROR_INVALID_CLUSTER_SIZE` = 912, ...),
+//! and a Rust enum holding an undeclared value is undefined behaviour. Declared with a
+//! plain `i32` result, any code is sound, and the driver itself names it
+//! ([`cuGetErrorName`]). Argument types (structs and enums we pass in, never read back)
+//! still come from `cust::sys`, and `cust_raw`'s build script still finds `libcuda`.
+//!
+//! Every symbol here is also declared by `cust_raw`, so the stub `libcuda` that
+//! `cargo xtask` builds from those declarations links these too.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
+
+use cust::sys::{
+    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction,
+    CUfunction_attribute, CUjit_option, CUlimit, CUmemAccessDesc, CUmemAllocationGranularity_flags,
+    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPool_attribute, CUmemoryPool, CUmodule,
+    CUstream,
+};
+
+use crate::{Error, Result};
+
+/// A `CUresult` as the driver returns it: any `i32`, 0 meaning success.
+pub(crate) type RawResult = i32;
+
+/// `CUDA_SUCCESS`.
+const SUCCESS: RawResult = 0;
+
+#[link(name = "cuda")]
+unsafe extern "C" {
+    pub(crate) fn cuInit(flags: c_uint) -> RawResult;
+    pub(crate) fn cuDriverGetVersion(version: *mut c_int) -> RawResult;
+    pub(crate) fn cuGetErrorName(error: RawResult, name: *mut *const c_char) -> RawResult;
+
+    pub(crate) fn cuDeviceGetCount(count: *mut c_int) -> RawResult;
+    pub(crate) fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> RawResult;
+    pub(crate) fn cuDeviceGetName(name: *mut c_char, len: c_int, device: CUdevice) -> RawResult;
+    pub(crate) fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CUdevice) -> RawResult;
+    pub(crate) fn cuDeviceGetAttribute(
+        value: *mut c_int,
+        attribute: CUdevice_attribute,
+        device: CUdevice,
+    ) -> RawResult;
+    pub(crate) fn cuDevicePrimaryCtxRetain(context: *mut CUcontext, device: CUdevice) -> RawResult;
+    pub(crate) fn cuDevicePrimaryCtxRelease_v2(device: CUdevice) -> RawResult;
+
+    pub(crate) fn cuCtxSetCurrent(context: CUcontext) -> RawResult;
+    pub(crate) fn cuCtxSynchronize() -> RawResult;
+    pub(crate) fn cuCtxGetLimit(value: *mut usize, limit: CUlimit) -> RawResult;
+    pub(crate) fn cuCtxSetLimit(limit: CUlimit, value: usize) -> RawResult;
+
+    pub(crate) fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> RawResult;
+    pub(crate) fn cuMemAlloc_v2(address: *mut CUdeviceptr, bytes: usize) -> RawResult;
+    pub(crate) fn cuMemFree_v2(address: CUdeviceptr) -> RawResult;
+    pub(crate) fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> RawResult;
+    pub(crate) fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> RawResult;
+    pub(crate) fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> RawResult;
+
+    pub(crate) fn cuMemGetAllocationGranularity(
+        granularity: *mut usize,
+        prop: *const CUmemAllocationProp,
+        option: CUmemAllocationGranularity_flags,
+    ) -> RawResult;
+    pub(crate) fn cuMemAddressReserve(
+        address: *mut CUdeviceptr,
+        bytes: usize,
+        alignment: usize,
+        fixed_address: CUdeviceptr,
+        flags: c_ulonglong,
+    ) -> RawResult;
+    pub(crate) fn cuMemAddressFree(address: CUdeviceptr, bytes: usize) -> RawResult;
+    pub(crate) fn cuMemCreate(
+        handle: *mut CUmemGenericAllocationHandle,
+        bytes: usize,
+        prop: *const CUmemAllocationProp,
+        flags: c_ulonglong,
+    ) -> RawResult;
+    pub(crate) fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> RawResult;
+    pub(crate) fn cuMemMap(
+        address: CUdeviceptr,
+        bytes: usize,
+        offset: usize,
+        handle: CUmemGenericAllocationHandle,
+        flags: c_ulonglong,
+    ) -> RawResult;
+    pub(crate) fn cuMemUnmap(address: CUdeviceptr, bytes: usize) -> RawResult;
+    pub(crate) fn cuMemSetAccess(
+        address: CUdeviceptr,
+        bytes: usize,
+        desc: *const CUmemAccessDesc,
+        count: usize,
+    ) -> RawResult;
+
+    pub(crate) fn cuMemAllocAsync(
+        address: *mut CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+    ) -> RawResult;
+    pub(crate) fn cuMemFreeAsync(address: CUdeviceptr, stream: CUstream) -> RawResult;
+    pub(crate) fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, device: CUdevice)
+    -> RawResult;
+    pub(crate) fn cuMemPoolSetAttribute(
+        pool: CUmemoryPool,
+        attribute: CUmemPool_attribute,
+        value: *mut c_void,
+    ) -> RawResult;
+
+    pub(crate) fn cuModuleLoadDataEx(
+        module: *mut CUmodule,
+        image: *const c_void,
+        option_count: c_uint,
+        options: *mut CUjit_option,
+        option_values: *mut *mut c_void,
+    ) -> RawResult;
+    pub(crate) fn cuModuleUnload(module: CUmodule) -> RawResult;
+    pub(crate) fn cuModuleGetFunction(
+        function: *mut CUfunction,
+        module: CUmodule,
+        name: *const c_char,
+    ) -> RawResult;
+    pub(crate) fn cuFuncGetAttribute(
+        value: *mut c_int,
+        attribute: CUfunction_attribute,
+        function: CUfunction,
+    ) -> RawResult;
+    pub(crate) fn cuLaunchKernel(
+        function: CUfunction,
+        grid_x: c_uint,
+        grid_y: c_uint,
+        grid_z: c_uint,
+        block_x: c_uint,
+        block_y: c_uint,
+        block_z: c_uint,
+        shared_bytes: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> RawResult;
+
+    pub(crate) fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> RawResult;
+    pub(crate) fn cuStreamSynchronize(stream: CUstream) -> RawResult;
+    pub(crate) fn cuStreamDestroy_v2(stream: CUstream) -> RawResult;
+
+    pub(crate) fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> RawResult;
+    pub(crate) fn cuEventRecord(event: CUevent, stream: CUstream) -> RawResult;
+    pub(crate) fn cuEventSynchronize(event: CUevent) -> RawResult;
+    pub(crate) fn cuEventElapsedTime(
+        milliseconds: *mut f32,
+        start: CUevent,
+        end: CUevent,
+    ) -> RawResult;
+    pub(crate) fn cuEventDestroy_v2(event: CUevent) -> RawResult;
+}
+
+/// `Ok(())` for `CUDA_SUCCESS`, else [`Error::Device`] naming `op` and the code.
+pub(crate) fn check(op: &'static str, code: RawResult) -> Result<()> {
+    if code == SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Device {
+            op,
+            detail: result_name(code),
+        })
+    }
+}
+
+/// The driver's name for a `CUresult` (`"CUDA_ERROR_OUT_OF_MEMORY"`), or the number when
+/// the driver has no name for it (the stub library names nothing).
+pub(crate) fn result_name(code: RawResult) -> String {
+    let mut name: *const c_char = std::ptr::null();
+    // SAFETY: `name` is a valid out-pointer; the driver accepts any code and writes a
+    // pointer to a static NUL-terminated string only when it returns success.
+    let found = unsafe { cuGetErrorName(code, &mut name) };
+    if found == SUCCESS && !name.is_null() {
+        // SAFETY: on success `name` points to a static NUL-terminated string.
+        let name = unsafe { CStr::from_ptr(name) };
+        name.to_string_lossy().into_owned()
+    } else {
+        format!("CUresult {code} (the driver gave no name)")
+    }
+}

@@ -1,0 +1,335 @@
+//! PTX modules, their kernels, and launching them.
+
+use std::{
+    ffi::{CString, c_int, c_uint, c_void},
+    sync::Arc,
+};
+
+use cust::sys::{CUfunction, CUfunction_attribute, CUjit_option, CUmodule};
+
+use super::{
+    CudaContext, Stream,
+    driver::{self, check},
+};
+use crate::{Error, Result};
+
+/// Bytes of JIT error log kept when a module fails to load.
+const JIT_LOG_BYTES: usize = 8192;
+
+/// Largest kernel parameter block the driver accepts (32,764 bytes since CUDA 12.1),
+/// rounded up. Parameters are copied into a zeroed buffer this big, so the driver can
+/// never read past host memory we own even if the kernel expects more than was given.
+const PARAM_BUFFER_BYTES: usize = 32 * 1024;
+
+/// `CU_LAUNCH_PARAM_*` markers of `cuLaunchKernel`'s `extra` array (`#define`s in
+/// `cuda.h`, so bindgen did not emit them).
+const LAUNCH_PARAM_END: usize = 0;
+const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+
+/// A loaded PTX module; unloaded when the last clone (and every [`Function`] from it)
+/// drops.
+#[derive(Clone, Debug)]
+pub struct Module {
+    inner: Arc<Loaded>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    context: CudaContext,
+    raw: CUmodule,
+    name: String,
+}
+
+// SAFETY: a CUmodule is a driver handle usable from any thread with its context current;
+// every use binds the context first.
+unsafe impl Send for Loaded {}
+// SAFETY: as above; nothing in `Loaded` changes after loading.
+unsafe impl Sync for Loaded {}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        if self.context.bind().is_ok() {
+            // SAFETY: `raw` is a module we loaded and nothing refers to it any more
+            // (functions hold the module alive). Drop cannot report a failure.
+            let _ = unsafe { driver::cuModuleUnload(self.raw) };
+        }
+    }
+}
+
+impl CudaContext {
+    /// Loads PTX text into this context, JIT-compiled for the device (no JIT target
+    /// option: the driver picks the context's architecture, which cust's `JitTarget`
+    /// cannot name for sm_90).
+    ///
+    /// `name` identifies the module in errors. A failure is
+    /// [`Error::Device`] with `op: "cuModuleLoadData"` and a detail naming the module,
+    /// the driver's error name and the JIT log.
+    pub fn load_ptx(&self, name: &str, ptx: &str) -> Result<Module> {
+        let image = CString::new(ptx).map_err(|_| Error::Device {
+            op: "cuModuleLoadData",
+            detail: format!("module `{name}`: the PTX text contains a NUL byte"),
+        })?;
+        self.bind()?;
+        let mut log = vec![0u8; JIT_LOG_BYTES];
+        let mut options = [
+            CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        ];
+        // The size option's value is the number itself, passed in the pointer slot.
+        let mut values = [
+            log.as_mut_ptr().cast::<c_void>(),
+            JIT_LOG_BYTES as *mut c_void,
+        ];
+        let mut raw: CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is NUL-terminated PTX; `options` and `values` have the same
+        // length (2); the log buffer is JIT_LOG_BYTES long, as its size option says, and
+        // outlives the call; `raw` is a valid out-pointer.
+        let code = unsafe {
+            driver::cuModuleLoadDataEx(
+                &mut raw,
+                image.as_ptr().cast(),
+                options.len() as c_uint,
+                options.as_mut_ptr(),
+                values.as_mut_ptr(),
+            )
+        };
+        if let Err(Error::Device { op, detail }) = check("cuModuleLoadData", code) {
+            let log_end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            let log = String::from_utf8_lossy(&log[..log_end]);
+            let log = log.trim();
+            let detail = if log.is_empty() {
+                format!("module `{name}`: {detail}")
+            } else {
+                format!("module `{name}`: {detail}; JIT log: {log}")
+            };
+            return Err(Error::Device { op, detail });
+        }
+        Ok(Module {
+            inner: Arc::new(Loaded {
+                context: self.clone(),
+                raw,
+                name: name.to_owned(),
+            }),
+        })
+    }
+}
+
+impl Module {
+    /// The name given at load time.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The kernel called `name` (its PTX `.entry` name).
+    pub fn function(&self, name: &str) -> Result<Function> {
+        let entry = CString::new(name).map_err(|_| Error::Device {
+            op: "cuModuleGetFunction",
+            detail: format!("kernel name {name:?} contains a NUL byte"),
+        })?;
+        self.inner.context.bind()?;
+        let mut raw: CUfunction = std::ptr::null_mut();
+        // SAFETY: the module is loaded; `entry` is NUL-terminated; `raw` a valid out-pointer.
+        let code = unsafe { driver::cuModuleGetFunction(&mut raw, self.inner.raw, entry.as_ptr()) };
+        check("cuModuleGetFunction", code).map_err(|error| match error {
+            Error::Device { op, detail } => Error::Device {
+                op,
+                detail: format!("kernel `{name}` in module `{}`: {detail}", self.inner.name),
+            },
+            other => other,
+        })?;
+        Ok(Function {
+            module: self.clone(),
+            raw,
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// A kernel of a loaded [`Module`]; keeps the module loaded.
+#[derive(Clone, Debug)]
+pub struct Function {
+    module: Module,
+    raw: CUfunction,
+    name: String,
+}
+
+// SAFETY: a CUfunction is a driver handle valid while its module is loaded (we hold the
+// module); every use binds the context first.
+unsafe impl Send for Function {}
+// SAFETY: as above; the handle never changes.
+unsafe impl Sync for Function {}
+
+/// What the compiler decided about one kernel (`cuFuncGetAttribute`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct FunctionAttributes {
+    /// Local memory (stack and spills) per thread, bytes.
+    pub local_bytes: u64,
+    /// Static shared memory per block, bytes.
+    pub shared_bytes: u64,
+    /// Constant memory, bytes.
+    pub const_bytes: u64,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Most threads per block this kernel can launch with.
+    pub max_threads_per_block: u32,
+}
+
+/// Grid and block shape of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, bytes.
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// A one-dimensional launch: `blocks` blocks of `threads` threads, no dynamic shared
+    /// memory.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        LaunchConfig {
+            grid: [blocks, 1, 1],
+            block: [threads, 1, 1],
+            shared_bytes: 0,
+        }
+    }
+
+    /// Enough blocks of `threads` threads to cover `items` items, one item per thread.
+    pub fn covering(items: u64, threads: u32) -> Self {
+        let threads = threads.max(1);
+        let blocks = items.div_ceil(u64::from(threads)).max(1);
+        Self::linear(u32::try_from(blocks).unwrap_or(u32::MAX), threads)
+    }
+}
+
+/// The kernel parameter block as the driver reads it: 16-byte aligned like any kernel
+/// parameter may need, zero beyond what the caller gave.
+#[repr(C, align(16))]
+struct ParamBuffer([u8; PARAM_BUFFER_BYTES]);
+
+impl Function {
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The module the kernel belongs to.
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    fn attribute(&self, attribute: CUfunction_attribute) -> Result<u64> {
+        self.module.inner.context.bind()?;
+        let mut value: c_int = 0;
+        // SAFETY: `value` is a valid out-pointer; the function's module is loaded.
+        check("cuFuncGetAttribute", unsafe {
+            driver::cuFuncGetAttribute(&mut value, attribute, self.raw)
+        })?;
+        Ok(u64::try_from(value).unwrap_or(0))
+    }
+
+    /// Local memory per thread, bytes (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`). On driver
+    /// 580 reading it can raise the context's stack limit to this size.
+    pub fn local_bytes(&self) -> Result<u64> {
+        self.attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+    }
+
+    /// All the attributes of [`FunctionAttributes`].
+    pub fn attributes(&self) -> Result<FunctionAttributes> {
+        use CUfunction_attribute as A;
+        Ok(FunctionAttributes {
+            local_bytes: self.attribute(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            shared_bytes: self.attribute(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            const_bytes: self.attribute(A::CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES)?,
+            registers: u32::try_from(self.attribute(A::CU_FUNC_ATTRIBUTE_NUM_REGS)?)
+                .unwrap_or(u32::MAX),
+            max_threads_per_block: u32::try_from(
+                self.attribute(A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            )
+            .unwrap_or(u32::MAX),
+        })
+    }
+
+    /// Queues the kernel on `stream` (`None`: the legacy default stream) with `params`,
+    /// the bytes of the kernel's parameter list laid out as in memory (for kernels that
+    /// take one `#[repr(C)]` struct by value: `bytemuck::bytes_of(&params)`).
+    ///
+    /// Returns once the launch is queued; [`CudaContext::synchronize`] (or the stream's)
+    /// waits for it, and reports faults the kernel hit. The call is safe for the host:
+    /// the parameter block is copied into a zeroed buffer as large as any kernel's
+    /// parameters can be, so a kernel expecting more bytes reads zeros, and this crate
+    /// maps no host memory into the device, so a wrong device address in `params` faults
+    /// on the device (a `CUDA_ERROR_ILLEGAL_ADDRESS` from the next synchronization), never
+    /// in the host.
+    pub fn launch(
+        &self,
+        config: &LaunchConfig,
+        params: &[u8],
+        stream: Option<&Stream>,
+    ) -> Result<()> {
+        if params.len() > PARAM_BUFFER_BYTES {
+            return Err(Error::Device {
+                op: "cuLaunchKernel",
+                detail: format!(
+                    "kernel `{}`: {} parameter bytes exceed the {PARAM_BUFFER_BYTES}-byte limit",
+                    self.name,
+                    params.len()
+                ),
+            });
+        }
+        let context = &self.module.inner.context;
+        if stream.is_some_and(|stream| !stream.context().is_same(context)) {
+            return Err(Error::Device {
+                op: "cuLaunchKernel",
+                detail: format!(
+                    "kernel `{}`: the stream belongs to another context",
+                    self.name
+                ),
+            });
+        }
+        context.bind()?;
+        let mut buffer = Box::new(ParamBuffer([0; PARAM_BUFFER_BYTES]));
+        buffer.0[..params.len()].copy_from_slice(params);
+        let mut size = params.len();
+        let mut extra = [
+            LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
+            buffer.0.as_mut_ptr().cast::<c_void>(),
+            LAUNCH_PARAM_BUFFER_SIZE as *mut c_void,
+            (&mut size as *mut usize).cast::<c_void>(),
+            LAUNCH_PARAM_END as *mut c_void,
+        ];
+        let raw_stream = stream.map_or(std::ptr::null_mut(), Stream::raw);
+        let [gx, gy, gz] = config.grid;
+        let [bx, by, bz] = config.block;
+        // SAFETY: the function's module is loaded in the current context; `extra` is a
+        // END-terminated marker list whose buffer pointer addresses PARAM_BUFFER_BYTES
+        // bytes we own and whose size pointer addresses a live usize, all outliving the
+        // call (the driver copies the parameters before returning); kernelParams is null
+        // as required when `extra` is used; `raw_stream` is null or a live stream.
+        let code = unsafe {
+            driver::cuLaunchKernel(
+                self.raw,
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                config.shared_bytes,
+                raw_stream,
+                std::ptr::null_mut(),
+                extra.as_mut_ptr(),
+            )
+        };
+        check("cuLaunchKernel", code).map_err(|error| match error {
+            Error::Device { op, detail } => Error::Device {
+                op,
+                detail: format!("kernel `{}` ({config:?}): {detail}", self.name),
+            },
+            other => other,
+        })
+    }
+}

@@ -1,0 +1,86 @@
+//! The backend interface: what a pool needs from a device.
+//!
+//! Two implementations exist: [`crate::sim::SimDevice`] (host memory, for
+//! tests and trace replays) and, behind the `cuda` feature, the CUDA driver.
+
+use crate::Result;
+
+/// Device memory figures as `cuMemGetInfo` reports them, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct MemInfo {
+    /// Bytes still available for allocation.
+    pub free: u64,
+    /// Bytes of device memory in all.
+    pub total: u64,
+}
+
+/// A stream an allocation is used on; `StreamId(0)` is the default stream.
+///
+/// The pool only records it; see [`crate::Pool`] for what it does (and does
+/// not) synchronize.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The default (legacy) stream.
+    pub const DEFAULT: StreamId = StreamId(0);
+}
+
+/// Device memory as a pool uses it: virtual address reservations that are
+/// mapped and unmapped in granularity-sized pages (VMM), plain chunk
+/// allocations when there is no VMM, copies and host transfers.
+///
+/// All addresses are absolute device addresses and never zero; all sizes are
+/// bytes.
+pub trait DeviceMemory: Send {
+    /// A short human-readable name of the device.
+    fn name(&self) -> String;
+
+    /// The VMM page in bytes (2 MiB on an H200): reservation sizes, mapping
+    /// addresses and mapping sizes are multiples of it. Chunk sizes are
+    /// rounded to it by the pool as well.
+    fn granularity(&self) -> u64;
+
+    /// Whether [`reserve`](Self::reserve)/[`map`](Self::map) work.
+    fn supports_vmm(&self) -> bool;
+
+    /// Reserve `size` bytes of virtual address space, no physical memory;
+    /// returns the base address.
+    fn reserve(&mut self, size: u64) -> Result<u64>;
+
+    /// Give back a reservation made by [`reserve`](Self::reserve); nothing in
+    /// it may be mapped any more.
+    fn release(&mut self, base: u64, size: u64) -> Result<()>;
+
+    /// Back `[addr, addr + size)`, which lies inside a reservation and is not
+    /// mapped yet, with physical memory readable and writable by the device.
+    fn map(&mut self, addr: u64, size: u64) -> Result<()>;
+
+    /// Drop the physical memory behind `[addr, addr + size)`. As with
+    /// `cuMemUnmap`, the range must consist of whole ranges earlier passed to
+    /// [`map`](Self::map): a part of one mapping cannot be unmapped.
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<()>;
+
+    /// Allocate `size` bytes outside any reservation (`cuMemAlloc`); returns
+    /// the address, aligned to at least 256 bytes.
+    fn alloc_chunk(&mut self, size: u64) -> Result<u64>;
+
+    /// Free a chunk made by [`alloc_chunk`](Self::alloc_chunk), whole.
+    fn free_chunk(&mut self, addr: u64, size: u64) -> Result<()>;
+
+    /// Copy `len` bytes from `src` to `dst` on the device, memmove semantics
+    /// (the ranges may overlap). Ordered after all earlier work on the device.
+    fn copy_within(&mut self, src: u64, dst: u64, len: u64) -> Result<()>;
+
+    /// Copy host bytes to the device at `dst`.
+    fn write(&mut self, dst: u64, data: &[u8]) -> Result<()>;
+
+    /// Copy device bytes at `src` to the host.
+    fn read(&mut self, src: u64, out: &mut [u8]) -> Result<()>;
+
+    /// Free and total device memory now.
+    fn mem_info(&self) -> Result<MemInfo>;
+
+    /// Wait until all work queued on the device, on every stream, is done.
+    fn synchronize(&mut self) -> Result<()>;
+}

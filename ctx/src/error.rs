@@ -1,0 +1,69 @@
+//! The one error type of the crate.
+
+/// Why a device, pool or ledger operation failed.
+///
+/// A failed driver (or simulated driver) call is [`Error::Device`]; a pool
+/// that cannot find room even after growing and compacting is
+/// [`Error::OutOfMemory`], which carries enough figures to tell
+/// fragmentation (free bytes large, largest free block small) from
+/// exhaustion, and the pool from the rest of the context.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The allocator or heap underneath rejected the operation (stale
+    /// handle, bad alignment, zero size, ...).
+    #[error(transparent)]
+    Memcore(#[from] memcore::Error),
+    /// The pool could not place a request: growth is capped or the device
+    /// is full, and compaction (if allowed) could not make room either.
+    #[error(
+        "out of device memory: requested {requested} bytes aligned to {align}; \
+         pool holds {pool_bytes} bytes of which {free_bytes} are free \
+         (largest free block {largest_free} bytes); the rest of the context \
+         holds {context_reserved_bytes} bytes"
+    )]
+    OutOfMemory {
+        /// Requested size in bytes.
+        requested: u64,
+        /// Requested alignment in bytes.
+        align: u64,
+        /// Free bytes inside the pool.
+        free_bytes: u64,
+        /// Largest free block inside the pool, bytes.
+        largest_free: u64,
+        /// Device memory the pool holds (mapped or allocated chunks), bytes.
+        pool_bytes: u64,
+        /// Device memory in use outside this pool: `total - free - pool_bytes`
+        /// from the device's memory info, bytes (driver, context, other
+        /// allocations).
+        context_reserved_bytes: u64,
+    },
+    /// A driver call (or its simulation) failed. For CUDA, `detail` holds the
+    /// `CUresult` name.
+    #[error("device call {op} failed: {detail}")]
+    Device {
+        /// The operation, e.g. `"map"`, `"cuMemCreate"`.
+        op: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
+    /// An access to device memory that is not mapped, or past the end of a
+    /// pool block.
+    #[error("invalid address range [{addr:#x}, +{len}): {why}")]
+    InvalidAddress {
+        /// First byte of the access.
+        addr: u64,
+        /// Length of the access in bytes.
+        len: u64,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A configuration that cannot work (e.g. a VMM pool reserving nothing).
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(&'static str),
+    /// The operation needs something this device or configuration lacks.
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,334 @@
+//! A compacting device-memory pool: [`memcore::Heap`] over
+//! [`memcore::Tlsf`], whose offsets are device addresses, on top of a
+//! [`DeviceMemory`].
+//!
+//! The heap's regions are exactly the device memory the pool holds: with
+//! [`Growth::Vmm`] one address reservation, mapped from its start in whole
+//! pages as requests need them; with [`Growth::Chunks`] plain chunk
+//! allocations. Blocks are named by [`Handle`]s, so compaction can move them
+//! (one device copy each) and the handles stay valid; raw device addresses
+//! ([`Pool::device_ptr`]) are valid until the next compaction unless the
+//! block is [pinned](Pool::pin).
+//!
+//! Streams: an allocation may name the stream it is used on; the pool
+//! records it ([`Pool::stream`]) but does not track stream completion. Freed
+//! bytes are reused at once, as with stream-ordered allocation on one
+//! stream: the caller must not free a block that work on another stream
+//! still uses. Compaction and shrinking synchronize the whole device before
+//! they copy or unmap anything.
+
+mod memory;
+mod state;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use memcore::{Handle, Stats};
+
+use crate::Result;
+use crate::device::{DeviceMemory, StreamId};
+use state::PoolState;
+
+/// How a pool gets device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Growth {
+    /// Reserve address space once, map pages at the end of the mapped part:
+    /// the pool stays one contiguous region. Needs
+    /// [`DeviceMemory::supports_vmm`].
+    Vmm,
+    /// Allocate chunks of at least `chunk_bytes` (`cuMemAlloc`); the pool is
+    /// a set of separate regions, and only whole chunks at the top of the
+    /// highest one can be given back.
+    Chunks,
+}
+
+/// When a pool moves blocks to make room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum CompactionPolicy {
+    /// Never move blocks on its own; only grow ([`Pool::compact`] still
+    /// works).
+    Never,
+    /// When a request does not fit, first compact just enough for it
+    /// (fewest bytes moved), grow only if compaction cannot make room: the
+    /// smallest footprint.
+    BeforeGrow,
+    /// When a request does not fit, grow; compact only when growth is capped
+    /// by `max_bytes` or the device is full.
+    WhenGrowFails,
+}
+
+/// How a pool behaves. Sizes in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PoolConfig {
+    /// Where memory comes from.
+    pub growth: Growth,
+    /// When blocks move on their own.
+    pub compaction: CompactionPolicy,
+    /// Address space reserved once for [`Growth::Vmm`], rounded up to whole
+    /// pages; the pool never holds more. Ignored for chunks.
+    pub reserve_bytes: u64,
+    /// The most device memory the pool holds (mapped or in chunks).
+    pub max_bytes: u64,
+    /// Smallest chunk for [`Growth::Chunks`], rounded up to whole pages.
+    /// Ignored for VMM.
+    pub chunk_bytes: u64,
+}
+
+impl PoolConfig {
+    /// A VMM pool reserving `reserve_bytes` of address space, compacting
+    /// before it grows, capped only by the reservation.
+    pub const fn vmm(reserve_bytes: u64) -> Self {
+        Self {
+            growth: Growth::Vmm,
+            compaction: CompactionPolicy::BeforeGrow,
+            reserve_bytes,
+            max_bytes: u64::MAX,
+            chunk_bytes: 0,
+        }
+    }
+
+    /// A chunk pool allocating at least `chunk_bytes` at a time, compacting
+    /// before it grows, uncapped.
+    pub const fn chunks(chunk_bytes: u64) -> Self {
+        Self {
+            growth: Growth::Chunks,
+            compaction: CompactionPolicy::BeforeGrow,
+            reserve_bytes: 0,
+            max_bytes: u64::MAX,
+            chunk_bytes,
+        }
+    }
+}
+
+/// A snapshot of a pool. Sizes in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStats {
+    /// The heap's own figures (live, free, largest free block, ...).
+    pub heap: Stats,
+    /// Device memory the pool holds now: mapped pages or chunks.
+    pub mapped_bytes: u64,
+    /// The most device memory the pool has held at once: its footprint.
+    pub peak_mapped_bytes: u64,
+    /// Address space reserved (VMM), 0 for chunks.
+    pub reserved_va_bytes: u64,
+    /// Bytes copied by compactions so far.
+    pub bytes_moved: u64,
+    /// Compactions that moved at least one block.
+    pub compactions: u64,
+    /// Times the pool took memory from the device.
+    pub grows: u64,
+    /// Calls to [`Pool::shrink`] that gave memory back.
+    pub shrinks: u64,
+}
+
+/// What one [`Pool::compact`] did. Sizes in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct CompactionReport {
+    /// Blocks copied.
+    pub moves: usize,
+    /// Bytes copied.
+    pub bytes_moved: u64,
+    /// Free bytes in the pool afterwards.
+    pub free_bytes: u64,
+    /// Largest free block before.
+    pub largest_free_before: u64,
+    /// Largest free block after.
+    pub largest_free_after: u64,
+}
+
+/// A compacting device-memory pool, shareable between threads; see the
+/// [module docs](self).
+///
+/// ```
+/// use ctx::{Pool, PoolConfig, SimConfig, SimDevice};
+///
+/// let pool = Pool::new(SimDevice::new(SimConfig::small(1 << 20)), PoolConfig::vmm(1 << 20))?;
+/// let a = pool.allocate(1000, 256, None)?;
+/// let b = pool.allocate(1000, 256, None)?;
+/// pool.write(b, 0, b"kept")?;
+/// pool.free(a)?;
+/// let report = pool.compact()?;
+/// assert_eq!(report.bytes_moved, 1000);
+/// let mut out = [0; 4];
+/// pool.read(b, 0, &mut out)?;
+/// assert_eq!(&out, b"kept");
+/// assert_eq!(pool.stats().mapped_bytes, 64 << 10); // one 64 KiB page
+/// # Ok::<(), ctx::Error>(())
+/// ```
+///
+/// Dropping the pool drops the device, which gives back what it holds; use
+/// [`Pool::into_device`] to keep the device.
+#[derive(Debug)]
+pub struct Pool<D: DeviceMemory> {
+    state: Mutex<PoolState<D>>,
+}
+
+impl<D: DeviceMemory> Pool<D> {
+    /// A pool on `device`. A VMM pool reserves its address space now; no
+    /// memory is mapped until the first allocation.
+    pub fn new(device: D, config: PoolConfig) -> Result<Self> {
+        Ok(Self {
+            state: Mutex::new(PoolState::new(device, config)?),
+        })
+    }
+
+    /// Take the lock to run several operations under it.
+    ///
+    /// A panic while the lock was held does not poison the pool: the pool
+    /// reports broken state as errors rather than panicking, so the state is
+    /// taken as is.
+    pub fn lock(&self) -> PoolGuard<'_, D> {
+        PoolGuard {
+            state: self.state.lock().unwrap_or_else(PoisonError::into_inner),
+        }
+    }
+
+    /// Allocate `size` bytes aligned to `align` (a power of two), growing
+    /// and compacting as [`PoolConfig`] says; `stream` is recorded with the
+    /// block. O(1) without heap allocation when the request fits.
+    pub fn allocate(&self, size: u64, align: u64, stream: Option<StreamId>) -> Result<Handle> {
+        self.lock().allocate(size, align, stream)
+    }
+
+    /// Free a block; its bytes are reusable at once.
+    pub fn free(&self, handle: Handle) -> Result<()> {
+        self.lock().free(handle)
+    }
+
+    /// The block's device address now; valid until the next compaction
+    /// unless the block is pinned.
+    pub fn device_ptr(&self, handle: Handle) -> Result<u64> {
+        self.lock().device_ptr(handle)
+    }
+
+    /// The stream the block was allocated for, if one was named.
+    pub fn stream(&self, handle: Handle) -> Result<Option<StreamId>> {
+        self.lock().stream(handle)
+    }
+
+    /// Keep the block where it is through compactions.
+    pub fn pin(&self, handle: Handle) -> Result<()> {
+        self.lock().pin(handle)
+    }
+
+    /// Let compaction move the block again.
+    pub fn unpin(&self, handle: Handle) -> Result<()> {
+        self.lock().unpin(handle)
+    }
+
+    /// Copy host bytes into the block at `offset` bytes from its start.
+    pub fn write(&self, handle: Handle, offset: u64, data: &[u8]) -> Result<()> {
+        self.lock().write(handle, offset, data)
+    }
+
+    /// Copy bytes of the block from `offset` bytes on into `out`.
+    pub fn read(&self, handle: Handle, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.lock().read(handle, offset, out)
+    }
+
+    /// Slide every unpinned block toward the start of its region; handles
+    /// stay valid, device addresses change.
+    pub fn compact(&self) -> Result<CompactionReport> {
+        self.lock().compact()
+    }
+
+    /// Give whole free pages (or chunks) at the top back to the device;
+    /// returns the bytes given back. Compact first to give back more.
+    pub fn shrink(&self) -> Result<u64> {
+        self.lock().shrink()
+    }
+
+    /// Current figures.
+    pub fn stats(&self) -> PoolStats {
+        self.lock().stats()
+    }
+
+    /// The configuration the pool was made with.
+    pub fn config(&self) -> PoolConfig {
+        self.lock().state.config
+    }
+
+    /// Give all the pool's memory back to the device (live blocks included)
+    /// and return the device. Best effort: a device call that fails leaves
+    /// the rest held; [`Pool::try_into_device`] tells.
+    pub fn into_device(self) -> D {
+        self.try_into_device().0
+    }
+
+    /// As [`Pool::into_device`], with the outcome of giving memory back.
+    pub fn try_into_device(self) -> (D, Result<()>) {
+        self.state
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+            .into_device()
+    }
+}
+
+/// The pool's lock, held: the same operations as [`Pool`], without taking
+/// the lock again for each.
+#[derive(Debug)]
+pub struct PoolGuard<'a, D: DeviceMemory> {
+    state: MutexGuard<'a, PoolState<D>>,
+}
+
+impl<D: DeviceMemory> PoolGuard<'_, D> {
+    /// See [`Pool::allocate`].
+    pub fn allocate(&mut self, size: u64, align: u64, stream: Option<StreamId>) -> Result<Handle> {
+        self.state.allocate(size, align, stream)
+    }
+
+    /// See [`Pool::free`].
+    pub fn free(&mut self, handle: Handle) -> Result<()> {
+        self.state.free(handle)
+    }
+
+    /// See [`Pool::device_ptr`].
+    pub fn device_ptr(&self, handle: Handle) -> Result<u64> {
+        self.state.device_ptr(handle)
+    }
+
+    /// See [`Pool::stream`].
+    pub fn stream(&self, handle: Handle) -> Result<Option<StreamId>> {
+        self.state.stream(handle)
+    }
+
+    /// See [`Pool::pin`].
+    pub fn pin(&mut self, handle: Handle) -> Result<()> {
+        self.state.set_pinned(handle, true)
+    }
+
+    /// See [`Pool::unpin`].
+    pub fn unpin(&mut self, handle: Handle) -> Result<()> {
+        self.state.set_pinned(handle, false)
+    }
+
+    /// See [`Pool::write`].
+    pub fn write(&mut self, handle: Handle, offset: u64, data: &[u8]) -> Result<()> {
+        self.state.write(handle, offset, data)
+    }
+
+    /// See [`Pool::read`].
+    pub fn read(&mut self, handle: Handle, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.state.read(handle, offset, out)
+    }
+
+    /// See [`Pool::compact`].
+    pub fn compact(&mut self) -> Result<CompactionReport> {
+        self.state.compact()
+    }
+
+    /// See [`Pool::shrink`].
+    pub fn shrink(&mut self) -> Result<u64> {
+        self.state.shrink()
+    }
+
+    /// See [`Pool::stats`].
+    pub fn stats(&self) -> PoolStats {
+        self.state.stats()
+    }
+
+    /// The device, to read its figures. Changing its memory behind the
+    /// pool's back is not offered.
+    pub fn device(&self) -> &D {
+        &self.state.device
+    }
+}

@@ -1,0 +1,341 @@
+//! What a pool keeps behind its lock, and the allocation path: fit in the
+//! heap; if that fails, compact and/or grow as the policy says.
+
+use memcore::{BlockFlags, CompactionPlan, Handle, Heap, Tlsf};
+
+use super::memory::PoolMemory;
+use super::{CompactionPolicy, CompactionReport, Growth, PoolConfig, PoolStats};
+use crate::device::{DeviceMemory, StreamId};
+use crate::{Error, Result};
+
+/// How often the grow path retries with more memory when the allocator
+/// still finds no block after a growth that should have been enough (a
+/// segregated-fit allocator may skip a free block only slightly larger than
+/// the request). Each retry doubles the extra, starting at one page.
+const GROW_ATTEMPTS: u32 = 8;
+
+/// A pool's state; every field is guarded by the pool's one mutex.
+#[derive(Debug)]
+pub(super) struct PoolState<D: DeviceMemory> {
+    pub(super) device: D,
+    pub(super) config: PoolConfig,
+    heap: Heap<Tlsf>,
+    memory: PoolMemory,
+    /// Device page, bytes; a power of two.
+    granularity: u64,
+    /// Stream of each live block that was allocated with one, indexed by
+    /// handle slot; `None` for the rest.
+    streams: Vec<Option<StreamId>>,
+    peak_held_bytes: u64,
+    bytes_moved: u64,
+    compactions: u64,
+    grows: u64,
+    shrinks: u64,
+}
+
+impl<D: DeviceMemory> PoolState<D> {
+    pub(super) fn new(mut device: D, config: PoolConfig) -> Result<Self> {
+        let granularity = device.granularity();
+        if !granularity.is_power_of_two() {
+            return Err(Error::Device {
+                op: "granularity",
+                detail: format!("{granularity} bytes is not a power of two"),
+            });
+        }
+        let memory = match config.growth {
+            Growth::Vmm => {
+                if !device.supports_vmm() {
+                    return Err(Error::Unsupported("Growth::Vmm on a device without VMM"));
+                }
+                let reserve = memcore::align_up(config.reserve_bytes, granularity)
+                    .filter(|r| *r > 0)
+                    .ok_or(Error::InvalidConfig(
+                        "Growth::Vmm needs reserve_bytes between 1 and 2^64 - page",
+                    ))?;
+                PoolMemory::reserve(&mut device, reserve)?
+            }
+            Growth::Chunks => PoolMemory::chunks(),
+        };
+        Ok(Self {
+            device,
+            config,
+            heap: Heap::new(Tlsf::new()),
+            memory,
+            granularity,
+            streams: Vec::new(),
+            peak_held_bytes: 0,
+            bytes_moved: 0,
+            compactions: 0,
+            grows: 0,
+            shrinks: 0,
+        })
+    }
+
+    pub(super) fn allocate(
+        &mut self,
+        size: u64,
+        align: u64,
+        stream: Option<StreamId>,
+    ) -> Result<Handle> {
+        let handle = match self.heap.allocate(size, align, BlockFlags::empty()) {
+            Ok(handle) => handle,
+            Err(memcore::Error::OutOfMemory { .. }) => self.allocate_slow(size, align)?,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(stream) = stream {
+            let slot = handle.slot() as usize;
+            if slot >= self.streams.len() {
+                self.streams.resize(slot + 1, None);
+            }
+            self.streams[slot] = Some(stream);
+        }
+        Ok(handle)
+    }
+
+    /// The request did not fit: compact and/or grow, as the policy says.
+    #[cold]
+    fn allocate_slow(&mut self, size: u64, align: u64) -> Result<Handle> {
+        use CompactionPolicy::{BeforeGrow, Never, WhenGrowFails};
+        let policy = self.config.compaction;
+        let mut found = match policy {
+            Never | WhenGrowFails => self.grow_and_fit(size, align)?,
+            BeforeGrow => self.make_room_and_fit(size, align)?,
+        };
+        if found.is_none() {
+            found = match policy {
+                Never => None,
+                WhenGrowFails => self.make_room_and_fit(size, align)?,
+                BeforeGrow => self.grow_and_fit(size, align)?,
+            };
+        }
+        if found.is_none() && policy != Never {
+            found = self.grow_to_limit_and_make_room(size, align)?;
+        }
+        found.ok_or_else(|| self.out_of_memory(size, align))
+    }
+
+    /// `Some` if the heap has a block for the request now.
+    fn try_fit(&mut self, size: u64, align: u64) -> Result<Option<Handle>> {
+        match self.heap.allocate(size, align, BlockFlags::empty()) {
+            Ok(handle) => Ok(Some(handle)),
+            Err(memcore::Error::OutOfMemory { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Grow by what the request needs (whole pages, at least a chunk), then
+    /// fit; `None` if growth is capped or the device is full.
+    fn grow_and_fit(&mut self, size: u64, align: u64) -> Result<Option<Handle>> {
+        let mut extra = 0u64;
+        for _ in 0..GROW_ATTEMPTS {
+            let need = self
+                .memory
+                .growth_for(&self.heap, size, align)
+                .saturating_add(extra);
+            let mut bytes = memcore::align_up(need.max(1), self.granularity).unwrap_or(u64::MAX);
+            if self.config.growth == Growth::Chunks {
+                let chunk = memcore::align_up(self.config.chunk_bytes, self.granularity);
+                bytes = bytes.max(chunk.unwrap_or(u64::MAX));
+            }
+            if !self.try_grow(bytes)? {
+                return Ok(None);
+            }
+            if let Some(handle) = self.try_fit(size, align)? {
+                return Ok(Some(handle));
+            }
+            extra = self.granularity.max(extra.saturating_mul(2));
+        }
+        Ok(None)
+    }
+
+    /// Compact just enough for the request, then fit; `None` if no plan can
+    /// make room.
+    fn make_room_and_fit(&mut self, size: u64, align: u64) -> Result<Option<Handle>> {
+        let plan = match self.heap.plan_room(size, align) {
+            Ok(plan) => plan,
+            Err(memcore::Error::OutOfMemory { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        self.execute(plan)?;
+        self.try_fit(size, align)
+    }
+
+    /// Last resort of the compacting policies: take whatever headroom is
+    /// left (VMM only, where it extends the top region), then compact.
+    fn grow_to_limit_and_make_room(&mut self, size: u64, align: u64) -> Result<Option<Handle>> {
+        if self.config.growth != Growth::Vmm {
+            return Ok(None);
+        }
+        let device_free = self.device.mem_info()?.free;
+        let page_mask = !(self.granularity - 1);
+        let bytes = self.memory.headroom(self.config.max_bytes).min(device_free) & page_mask;
+        if bytes == 0 || self.heap.stats().free_bytes.saturating_add(bytes) < size {
+            return Ok(None);
+        }
+        if !self.try_grow(bytes)? {
+            return Ok(None);
+        }
+        match self.try_fit(size, align)? {
+            Some(handle) => Ok(Some(handle)),
+            None => self.make_room_and_fit(size, align),
+        }
+    }
+
+    /// Take `bytes` (whole pages) more from the device; `false` if that
+    /// would pass `max_bytes` or the reservation, or the device reports less
+    /// free memory. A device that refuses despite reporting enough free
+    /// memory is an error.
+    fn try_grow(&mut self, bytes: u64) -> Result<bool> {
+        if bytes > self.memory.headroom(self.config.max_bytes) {
+            return Ok(false);
+        }
+        if self.device.mem_info()?.free < bytes {
+            return Ok(false);
+        }
+        self.memory.grow(&mut self.device, &mut self.heap, bytes)?;
+        self.grows += 1;
+        self.peak_held_bytes = self.peak_held_bytes.max(self.memory.held_bytes());
+        Ok(true)
+    }
+
+    /// Copy the plan's moves on the device and commit it. Synchronizes the
+    /// device first: queued work may still use the blocks that move.
+    /// Returns the number of moves and the bytes copied.
+    ///
+    /// If a copy fails, the error is returned and the plan is not
+    /// committed; blocks moved by the plan may then hold partly copied data.
+    fn execute(&mut self, plan: CompactionPlan) -> Result<(usize, u64)> {
+        let moves = plan.moves().len();
+        let bytes = plan.bytes_moved();
+        if moves > 0 {
+            self.device.synchronize()?;
+            for m in plan.moves() {
+                self.device.copy_within(m.src, m.dst, m.len)?;
+            }
+        }
+        // An empty plan is committed too: relaying the allocator gives back
+        // alignment padding.
+        self.heap.commit(plan)?;
+        if moves > 0 {
+            self.compactions += 1;
+            self.bytes_moved += bytes;
+        }
+        Ok((moves, bytes))
+    }
+
+    fn out_of_memory(&self, size: u64, align: u64) -> Error {
+        let stats = self.heap.stats();
+        let pool_bytes = self.memory.held_bytes();
+        // The error is the news; a failing memory query only blanks a figure.
+        let context_reserved_bytes = self.device.mem_info().map_or(0, |info| {
+            info.total
+                .saturating_sub(info.free)
+                .saturating_sub(pool_bytes)
+        });
+        Error::OutOfMemory {
+            requested: size,
+            align,
+            free_bytes: stats.free_bytes,
+            largest_free: stats.largest_free,
+            pool_bytes,
+            context_reserved_bytes,
+        }
+    }
+
+    pub(super) fn free(&mut self, handle: Handle) -> Result<()> {
+        self.heap.free(handle)?;
+        if let Some(stream) = self.streams.get_mut(handle.slot() as usize) {
+            *stream = None;
+        }
+        Ok(())
+    }
+
+    pub(super) fn device_ptr(&self, handle: Handle) -> Result<u64> {
+        Ok(self.heap.offset(handle)?)
+    }
+
+    pub(super) fn stream(&self, handle: Handle) -> Result<Option<StreamId>> {
+        self.heap.offset(handle)?;
+        Ok(self.streams.get(handle.slot() as usize).copied().flatten())
+    }
+
+    pub(super) fn set_pinned(&mut self, handle: Handle, pinned: bool) -> Result<()> {
+        let info = self
+            .heap
+            .get(handle)
+            .ok_or(memcore::Error::StaleHandle(handle))?;
+        let mut flags = info.flags;
+        flags.set(BlockFlags::PINNED, pinned);
+        Ok(self.heap.set_flags(handle, flags)?)
+    }
+
+    /// Device address of `[offset, offset + len)` inside the block.
+    fn block_range(&self, handle: Handle, offset: u64, len: u64) -> Result<u64> {
+        let info = self
+            .heap
+            .get(handle)
+            .ok_or(memcore::Error::StaleHandle(handle))?;
+        match offset.checked_add(len) {
+            Some(end) if end <= info.size => Ok(info.offset + offset),
+            _ => Err(Error::InvalidAddress {
+                addr: info.offset.saturating_add(offset),
+                len,
+                why: "past the end of the block",
+            }),
+        }
+    }
+
+    pub(super) fn write(&mut self, handle: Handle, offset: u64, data: &[u8]) -> Result<()> {
+        let addr = self.block_range(handle, offset, data.len() as u64)?;
+        self.device.write(addr, data)
+    }
+
+    pub(super) fn read(&mut self, handle: Handle, offset: u64, out: &mut [u8]) -> Result<()> {
+        let addr = self.block_range(handle, offset, out.len() as u64)?;
+        self.device.read(addr, out)
+    }
+
+    pub(super) fn compact(&mut self) -> Result<CompactionReport> {
+        let before = self.heap.stats();
+        let plan = self.heap.plan_full();
+        let (moves, bytes_moved) = self.execute(plan)?;
+        let after = self.heap.stats();
+        Ok(CompactionReport {
+            moves,
+            bytes_moved,
+            free_bytes: after.free_bytes,
+            largest_free_before: before.largest_free,
+            largest_free_after: after.largest_free,
+        })
+    }
+
+    pub(super) fn shrink(&mut self) -> Result<u64> {
+        let released = self.memory.shrink(&mut self.device, &mut self.heap)?;
+        if released > 0 {
+            self.shrinks += 1;
+        }
+        Ok(released)
+    }
+
+    pub(super) fn stats(&self) -> PoolStats {
+        PoolStats {
+            heap: self.heap.stats(),
+            mapped_bytes: self.memory.held_bytes(),
+            peak_mapped_bytes: self.peak_held_bytes,
+            reserved_va_bytes: self.memory.reserved_bytes(),
+            bytes_moved: self.bytes_moved,
+            compactions: self.compactions,
+            grows: self.grows,
+            shrinks: self.shrinks,
+        }
+    }
+
+    /// Give all device memory back and hand out the device.
+    pub(super) fn into_device(mut self) -> (D, Result<()>) {
+        let result = self
+            .device
+            .synchronize()
+            .and_then(|()| self.memory.release_all(&mut self.device));
+        (self.device, result)
+    }
+}

@@ -1,0 +1,195 @@
+//! What the ledger needs to know about a GPU model, for the models it knows
+//! without a device at hand.
+//!
+//! Sources differ per figure and are named on each profile: "measured" means
+//! read from the device with the driver on the lent H200 machine; "datasheet"
+//! means NVIDIA's published specifications; "reported" means the total that
+//! `nvidia-smi` prints for such a card in public reports, not measured here.
+//!
+//! The H200 costs were measured on 2026-11-30 (driver 580.159.04) with small
+//! driver-API programs, each step in a fresh primary context, as the drop of
+//! `cuMemGetInfo` free bytes (which moves in whole 2 MiB pages):
+//! - a fresh context takes 552,402,944 bytes, of which 276,824,064 are the
+//!   local memory for the default 1024-byte stack (setting the stack limit to
+//!   0 gives exactly that back); the rest, 275,578,880, is the baseline here;
+//! - the local memory reservation follows `132 x 2048 x stack` (stack rounded
+//!   up to 16 bytes) to within one 2 MiB page, for stack limits from 0 to
+//!   64 KiB; launching a kernel with a 16 KiB frame cost exactly
+//!   `270,336 x (16384 - 1024)` bytes and left the stack limit at 16384;
+//! - loading a module costs nothing visible unless its kernels call device
+//!   `printf` (the first such module: 67,108,864 bytes, whatever the FIFO
+//!   limit, 1 MiB to 64 MiB) or `malloc` (the first such module:
+//!   144,703,488 bytes; a module with both: 146,800,640);
+//! - the malloc heap is taken at the first launch of a kernel that calls
+//!   `malloc`: the heap limit (at least 4 MiB) plus 2 MiB.
+
+/// The default rounding of per-thread local memory, in bytes: on the H200
+/// the reservation grows in steps of 16 bytes per thread (measured).
+pub const LOCAL_MEMORY_GRANULE: u64 = 16;
+
+/// A GPU model as the ledger sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceProfile {
+    /// Short lowercase name: `h200`, `h100`, `a100-80gb`, `rtx4090`, `gtx280`.
+    pub name: &'static str,
+    /// The marketing name.
+    pub full_name: &'static str,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Most threads resident on one multiprocessor.
+    pub max_threads_per_sm: u32,
+    /// Device memory in all, bytes, as `cuMemGetInfo` reports the total.
+    pub total_bytes: u64,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// What the driver and a fresh context take besides the local memory
+    /// of the default stack, bytes: `total - free` right after the context
+    /// is created, minus that local memory reservation. `None` where nobody
+    /// measured it.
+    pub context_baseline_bytes: Option<u64>,
+    /// What loading the first module whose kernels call neither device
+    /// `printf` nor `malloc` costs, bytes; `None` where nobody measured it.
+    pub first_module_bytes: Option<u64>,
+    /// What loading the first module whose kernels call device `printf`
+    /// costs, bytes (the printf FIFO included); `None` where unmeasured.
+    pub printf_module_bytes: Option<u64>,
+    /// What loading the first module whose kernels call device `malloc`
+    /// costs, bytes (the heap itself comes at the first launch); `None`
+    /// where unmeasured.
+    pub malloc_module_bytes: Option<u64>,
+    /// Per-thread local memory is rounded up to a multiple of this, bytes.
+    pub local_memory_granule_bytes: u64,
+    /// Where the figures come from.
+    pub source: &'static str,
+}
+
+static BUILTIN: [DeviceProfile; 5] = [
+    DeviceProfile {
+        name: "h200",
+        full_name: "NVIDIA H200",
+        sm_count: 132,
+        max_threads_per_sm: 2048,
+        total_bytes: 150_109_880_320,
+        compute_capability: (9, 0),
+        // 552,402,944 at context creation minus 276,824,064 of local memory.
+        context_baseline_bytes: Some(275_578_880),
+        first_module_bytes: Some(0),
+        // 64 MiB and 138 MiB.
+        printf_module_bytes: Some(67_108_864),
+        malloc_module_bytes: Some(144_703_488),
+        local_memory_granule_bytes: LOCAL_MEMORY_GRANULE,
+        source: "measured on the lent H200 (driver 580.159.04): SMs, threads, total, \
+                 context baseline, module costs, local memory granule",
+    },
+    DeviceProfile {
+        name: "h100",
+        full_name: "NVIDIA H100 SXM5 80GB",
+        sm_count: 132,
+        max_threads_per_sm: 2048,
+        // 81,559 MiB.
+        total_bytes: 85_520_809_984,
+        compute_capability: (9, 0),
+        context_baseline_bytes: None,
+        first_module_bytes: None,
+        printf_module_bytes: None,
+        malloc_module_bytes: None,
+        local_memory_granule_bytes: LOCAL_MEMORY_GRANULE,
+        source: "datasheet: SMs, threads, compute capability; total as reported \
+                 (81,559 MiB), not measured here",
+    },
+    DeviceProfile {
+        name: "a100-80gb",
+        full_name: "NVIDIA A100 80GB",
+        sm_count: 108,
+        max_threads_per_sm: 2048,
+        // 80 GiB.
+        total_bytes: 85_899_345_920,
+        compute_capability: (8, 0),
+        context_baseline_bytes: None,
+        first_module_bytes: None,
+        printf_module_bytes: None,
+        malloc_module_bytes: None,
+        local_memory_granule_bytes: LOCAL_MEMORY_GRANULE,
+        source: "datasheet: SMs, threads, compute capability; total is the vendor \
+                 figure of 80 GiB, not measured here",
+    },
+    DeviceProfile {
+        name: "rtx4090",
+        full_name: "NVIDIA GeForce RTX 4090",
+        sm_count: 128,
+        max_threads_per_sm: 1536,
+        // 24,564 MiB.
+        total_bytes: 25_757_220_864,
+        compute_capability: (8, 9),
+        context_baseline_bytes: None,
+        first_module_bytes: None,
+        printf_module_bytes: None,
+        malloc_module_bytes: None,
+        local_memory_granule_bytes: LOCAL_MEMORY_GRANULE,
+        source: "datasheet: SMs, threads, compute capability; total as reported \
+                 (24,564 MiB), not measured here",
+    },
+    DeviceProfile {
+        name: "gtx280",
+        full_name: "NVIDIA GeForce GTX 280",
+        sm_count: 30,
+        max_threads_per_sm: 1024,
+        // 1 GiB.
+        total_bytes: 1_073_741_824,
+        compute_capability: (1, 3),
+        context_baseline_bytes: None,
+        first_module_bytes: None,
+        printf_module_bytes: None,
+        malloc_module_bytes: None,
+        local_memory_granule_bytes: LOCAL_MEMORY_GRANULE,
+        source: "datasheet: 30 SMs, 1024 threads per SM (compute capability 1.3), \
+                 1 GiB; not measured here",
+    },
+];
+
+impl DeviceProfile {
+    /// The built-in profile called `name` (see [`DeviceProfile::name`]).
+    ///
+    /// ```
+    /// let h200 = ctx::DeviceProfile::builtin("h200").unwrap();
+    /// assert_eq!(h200.sm_count, 132);
+    /// assert!(ctx::DeviceProfile::builtin("voodoo2").is_none());
+    /// ```
+    pub fn builtin(name: &str) -> Option<Self> {
+        BUILTIN.iter().find(|p| p.name == name).copied()
+    }
+
+    /// Every built-in profile.
+    pub fn all() -> &'static [DeviceProfile] {
+        &BUILTIN
+    }
+
+    /// Most threads resident on the whole device at once.
+    pub fn max_resident_threads(&self) -> u64 {
+        u64::from(self.sm_count) * u64::from(self.max_threads_per_sm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_short_and_lowercase() {
+        for (i, p) in DeviceProfile::all().iter().enumerate() {
+            assert_eq!(p.name, p.name.to_lowercase());
+            assert!(!p.name.contains(' '));
+            assert_eq!(DeviceProfile::builtin(p.name), Some(*p));
+            assert!(DeviceProfile::all()[..i].iter().all(|q| q.name != p.name));
+            assert!(p.local_memory_granule_bytes.is_power_of_two());
+        }
+    }
+
+    #[test]
+    fn h200_matches_the_measured_device() {
+        let p = DeviceProfile::builtin("h200").unwrap();
+        assert_eq!(p.max_resident_threads(), 270_336);
+        assert_eq!(p.total_bytes, 150_109_880_320);
+        assert_eq!(p.compute_capability, (9, 0));
+    }
+}

@@ -1,0 +1,594 @@
+//! A simulated device in host memory, for tests and trace replays.
+//!
+//! It keeps the rules of the CUDA driver that a pool can break: mappings lie
+//! inside reservations, on granularity boundaries; only whole mappings can
+//! be unmapped; a reservation is released only when nothing in it is mapped;
+//! accesses must stay inside mapped memory or chunks; and mapped memory plus
+//! chunks plus the context's own share never exceed the capacity.
+//!
+//! With `backed: false` it keeps the bookkeeping only: writes are dropped and
+//! reads return zeros, so replays of multi-GB traces fit in host RAM.
+
+use std::collections::BTreeMap;
+
+use crate::device::{DeviceMemory, MemInfo};
+use crate::{Error, Result};
+
+/// Where the simulated address space starts. Nonzero and high, so simulated
+/// device pointers look like real ones and address zero is never valid.
+pub const SIM_BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+
+/// How a [`SimDevice`] behaves. All sizes in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Device memory in all, as `mem_info().total` reports it.
+    pub capacity_bytes: u64,
+    /// VMM page: reservations and mappings are multiples of it; a power of
+    /// two.
+    pub granularity_bytes: u64,
+    /// What the driver and context hold before any allocation; counted
+    /// against the capacity.
+    pub context_reserved_bytes: u64,
+    /// Whether the VMM calls (`reserve`, `map`, ...) work.
+    pub vmm: bool,
+    /// Whether memory holds data (host allocations) or only bookkeeping.
+    pub backed: bool,
+}
+
+impl SimConfig {
+    /// An H200 as measured: 150,109,880,320 bytes total, 2 MiB VMM pages,
+    /// 552,402,944 bytes taken by a fresh context (its default-stack local
+    /// memory included; see [`crate::profile`]); unbacked, for trace
+    /// replays.
+    pub const fn h200_like() -> Self {
+        Self {
+            capacity_bytes: 150_109_880_320,
+            granularity_bytes: 2 << 20,
+            context_reserved_bytes: 552_402_944,
+            vmm: true,
+            backed: false,
+        }
+    }
+
+    /// A small backed device for tests: `capacity_bytes` in all, 64 KiB
+    /// pages, nothing reserved by the context, VMM on.
+    pub const fn small(capacity_bytes: u64) -> Self {
+        Self {
+            capacity_bytes,
+            granularity_bytes: 64 << 10,
+            context_reserved_bytes: 0,
+            vmm: true,
+            backed: true,
+        }
+    }
+}
+
+/// Counts of the calls a [`SimDevice`] has served, for tests and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SimCounters {
+    /// Successful `map` calls.
+    pub maps: u64,
+    /// Successful `unmap` calls.
+    pub unmaps: u64,
+    /// Successful `alloc_chunk` calls.
+    pub chunk_allocs: u64,
+    /// Successful `free_chunk` calls.
+    pub chunk_frees: u64,
+    /// Successful `copy_within` calls.
+    pub copies: u64,
+    /// Bytes copied by `copy_within`.
+    pub bytes_copied: u64,
+    /// `synchronize` calls.
+    pub synchronizes: u64,
+}
+
+/// What a range of device memory is backed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BackingKind {
+    /// Part of a reservation, made by `map`.
+    Mapping,
+    /// A plain allocation, made by `alloc_chunk`.
+    Chunk,
+}
+
+/// One mapping or chunk; `data` is empty on an unbacked device.
+#[derive(Debug)]
+struct Backing {
+    size: u64,
+    kind: BackingKind,
+    data: Vec<u8>,
+}
+
+/// A part of an access that falls into one backing.
+struct Piece {
+    backing: u64,
+    offset_in_backing: usize,
+    len: usize,
+}
+
+/// A device simulated in host memory; see the [module docs](self).
+#[derive(Debug)]
+pub struct SimDevice {
+    config: SimConfig,
+    next_va: u64,
+    /// Reservation base -> size, bytes.
+    reservations: BTreeMap<u64, u64>,
+    /// Start address -> mapping or chunk; never overlapping.
+    backings: BTreeMap<u64, Backing>,
+    /// Bytes of mappings and chunks.
+    used_bytes: u64,
+    counters: SimCounters,
+}
+
+fn device_error(op: &'static str, detail: impl Into<String>) -> Error {
+    Error::Device {
+        op,
+        detail: detail.into(),
+    }
+}
+
+impl SimDevice {
+    /// A device with the given behaviour. A granularity that is not a power
+    /// of two is reported by the first call that needs it.
+    pub fn new(config: SimConfig) -> Self {
+        Self {
+            config,
+            next_va: SIM_BASE_ADDRESS,
+            reservations: BTreeMap::new(),
+            backings: BTreeMap::new(),
+            used_bytes: 0,
+            counters: SimCounters::default(),
+        }
+    }
+
+    /// The configuration it was made with.
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    /// Bytes of mapped memory and chunks now.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
+    }
+
+    /// Calls served so far.
+    pub fn counters(&self) -> SimCounters {
+        self.counters
+    }
+
+    fn checked_granularity(&self, op: &'static str) -> Result<u64> {
+        let g = self.config.granularity_bytes;
+        if g.is_power_of_two() {
+            Ok(g)
+        } else {
+            Err(device_error(
+                op,
+                format!("CUDA_ERROR_INVALID_VALUE: granularity {g} is not a power of two"),
+            ))
+        }
+    }
+
+    /// Hand out `size` bytes of fresh address space, granularity-aligned,
+    /// with one unused page after it so stray accesses past the end fail.
+    fn take_address_space(&mut self, op: &'static str, size: u64) -> Result<u64> {
+        let g = self.checked_granularity(op)?;
+        let base = memcore::align_up(self.next_va, g);
+        let next = base
+            .and_then(|base| base.checked_add(size))
+            .and_then(|end| end.checked_add(g))
+            .and_then(|end| memcore::align_up(end, g));
+        match (base, next) {
+            (Some(base), Some(next)) => {
+                self.next_va = next;
+                Ok(base)
+            }
+            _ => Err(device_error(
+                op,
+                "CUDA_ERROR_OUT_OF_MEMORY: address space exhausted",
+            )),
+        }
+    }
+
+    /// Take `size` bytes of capacity for a new mapping or chunk.
+    fn charge(&mut self, op: &'static str, size: u64) -> Result<Vec<u8>> {
+        let free = self.free_bytes();
+        if size > free {
+            return Err(device_error(
+                op,
+                format!("CUDA_ERROR_OUT_OF_MEMORY: {size} bytes requested, {free} bytes free"),
+            ));
+        }
+        let mut data = Vec::new();
+        if self.config.backed {
+            let len = usize::try_from(size)
+                .map_err(|_| device_error(op, "backing larger than host address space"))?;
+            data.try_reserve_exact(len).map_err(|_| {
+                device_error(op, format!("host memory for {size} bytes of backing"))
+            })?;
+            data.resize(len, 0);
+        }
+        self.used_bytes += size;
+        Ok(data)
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.config
+            .capacity_bytes
+            .saturating_sub(self.config.context_reserved_bytes)
+            .saturating_sub(self.used_bytes)
+    }
+
+    /// Whether any backing shares a byte with `[addr, end)`.
+    fn overlaps_backing(&self, addr: u64, end: u64) -> bool {
+        let before = self
+            .backings
+            .range(..addr)
+            .next_back()
+            .is_some_and(|(start, b)| start + b.size > addr);
+        before || self.backings.range(addr..end).next().is_some()
+    }
+
+    /// Split `[addr, addr + len)` into pieces of consecutive backings, or
+    /// fail if any byte of it is not backed.
+    fn pieces(&self, addr: u64, len: u64) -> Result<Vec<Piece>> {
+        let invalid = |why| Error::InvalidAddress { addr, len, why };
+        let end = addr
+            .checked_add(len)
+            .ok_or(invalid("range overflows the address space"))?;
+        let mut pieces = Vec::new();
+        let mut cursor = addr;
+        while cursor < end {
+            let (&start, backing) = self
+                .backings
+                .range(..=cursor)
+                .next_back()
+                .filter(|(start, b)| *start + b.size > cursor)
+                .ok_or(invalid("not mapped"))?;
+            let piece_end = end.min(start + backing.size);
+            pieces.push(Piece {
+                backing: start,
+                offset_in_backing: (cursor - start) as usize,
+                len: (piece_end - cursor) as usize,
+            });
+            cursor = piece_end;
+        }
+        Ok(pieces)
+    }
+}
+
+impl DeviceMemory for SimDevice {
+    fn name(&self) -> String {
+        let backing = if self.config.backed {
+            "backed"
+        } else {
+            "unbacked"
+        };
+        format!("sim ({} bytes, {backing})", self.config.capacity_bytes)
+    }
+
+    fn granularity(&self) -> u64 {
+        self.config.granularity_bytes
+    }
+
+    fn supports_vmm(&self) -> bool {
+        self.config.vmm
+    }
+
+    fn reserve(&mut self, size: u64) -> Result<u64> {
+        if !self.config.vmm {
+            return Err(Error::Unsupported("VMM is off on this simulated device"));
+        }
+        let g = self.checked_granularity("reserve")?;
+        if size == 0 || size % g != 0 {
+            return Err(device_error(
+                "reserve",
+                format!("CUDA_ERROR_INVALID_VALUE: size {size} is not a positive multiple of {g}"),
+            ));
+        }
+        let base = self.take_address_space("reserve", size)?;
+        self.reservations.insert(base, size);
+        Ok(base)
+    }
+
+    fn release(&mut self, base: u64, size: u64) -> Result<()> {
+        if self.reservations.get(&base) != Some(&size) {
+            return Err(device_error(
+                "release",
+                format!("CUDA_ERROR_INVALID_VALUE: no reservation [{base:#x}, +{size})"),
+            ));
+        }
+        if self.overlaps_backing(base, base + size) {
+            return Err(device_error(
+                "release",
+                "CUDA_ERROR_INVALID_VALUE: part of the reservation is still mapped",
+            ));
+        }
+        self.reservations.remove(&base);
+        Ok(())
+    }
+
+    fn map(&mut self, addr: u64, size: u64) -> Result<()> {
+        let g = self.checked_granularity("map")?;
+        if size == 0 || size % g != 0 || addr % g != 0 {
+            return Err(device_error(
+                "map",
+                format!("CUDA_ERROR_INVALID_VALUE: [{addr:#x}, +{size}) is not on {g}-byte pages"),
+            ));
+        }
+        let end = addr
+            .checked_add(size)
+            .ok_or_else(|| device_error("map", "CUDA_ERROR_INVALID_VALUE: range overflows"))?;
+        let inside = self
+            .reservations
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(base, rsize)| end <= base + rsize);
+        if !inside {
+            return Err(device_error(
+                "map",
+                format!(
+                    "CUDA_ERROR_INVALID_VALUE: [{addr:#x}, +{size}) is not inside a reservation"
+                ),
+            ));
+        }
+        if self.overlaps_backing(addr, end) {
+            return Err(device_error(
+                "map",
+                format!("CUDA_ERROR_INVALID_VALUE: [{addr:#x}, +{size}) is already mapped"),
+            ));
+        }
+        let data = self.charge("map", size)?;
+        self.backings.insert(
+            addr,
+            Backing {
+                size,
+                kind: BackingKind::Mapping,
+                data,
+            },
+        );
+        self.counters.maps += 1;
+        Ok(())
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {
+        let end = addr.saturating_add(size);
+        let mut cursor = addr;
+        let mut starts = Vec::new();
+        while cursor < end {
+            match self.backings.get(&cursor) {
+                Some(b) if b.kind == BackingKind::Mapping && cursor + b.size <= end => {
+                    starts.push(cursor);
+                    cursor += b.size;
+                }
+                _ => break,
+            }
+        }
+        if size == 0 || cursor != end {
+            return Err(device_error(
+                "unmap",
+                format!(
+                    "CUDA_ERROR_INVALID_VALUE: [{addr:#x}, +{size}) is not a run of whole mappings"
+                ),
+            ));
+        }
+        for start in starts {
+            self.backings.remove(&start);
+        }
+        self.used_bytes -= size;
+        self.counters.unmaps += 1;
+        Ok(())
+    }
+
+    fn alloc_chunk(&mut self, size: u64) -> Result<u64> {
+        if size == 0 {
+            return Err(device_error(
+                "alloc_chunk",
+                "CUDA_ERROR_INVALID_VALUE: zero bytes",
+            ));
+        }
+        // Check capacity before taking address space so a refused chunk
+        // leaves no trace.
+        let data = self.charge("alloc_chunk", size)?;
+        let addr = match self.take_address_space("alloc_chunk", size) {
+            Ok(addr) => addr,
+            Err(e) => {
+                self.used_bytes -= size;
+                return Err(e);
+            }
+        };
+        self.backings.insert(
+            addr,
+            Backing {
+                size,
+                kind: BackingKind::Chunk,
+                data,
+            },
+        );
+        self.counters.chunk_allocs += 1;
+        Ok(addr)
+    }
+
+    fn free_chunk(&mut self, addr: u64, size: u64) -> Result<()> {
+        match self.backings.get(&addr) {
+            Some(b) if b.kind == BackingKind::Chunk && b.size == size => {
+                self.backings.remove(&addr);
+                self.used_bytes -= size;
+                self.counters.chunk_frees += 1;
+                Ok(())
+            }
+            _ => Err(device_error(
+                "free_chunk",
+                format!("CUDA_ERROR_INVALID_VALUE: no chunk [{addr:#x}, +{size})"),
+            )),
+        }
+    }
+
+    fn copy_within(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
+        let from = self.pieces(src, len)?;
+        let to = self.pieces(dst, len)?;
+        if self.config.backed {
+            let mut staging = Vec::with_capacity(len as usize);
+            for p in &from {
+                let data = &self.backings[&p.backing].data;
+                staging.extend_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
+            }
+            self.scatter(&to, &staging);
+        }
+        self.counters.copies += 1;
+        self.counters.bytes_copied += len;
+        Ok(())
+    }
+
+    fn write(&mut self, dst: u64, data: &[u8]) -> Result<()> {
+        let to = self.pieces(dst, data.len() as u64)?;
+        if self.config.backed {
+            self.scatter(&to, data);
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, src: u64, out: &mut [u8]) -> Result<()> {
+        let from = self.pieces(src, out.len() as u64)?;
+        if !self.config.backed {
+            out.fill(0);
+            return Ok(());
+        }
+        let mut pos = 0;
+        for p in from {
+            let data = &self.backings[&p.backing].data;
+            out[pos..pos + p.len]
+                .copy_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
+            pos += p.len;
+        }
+        Ok(())
+    }
+
+    fn mem_info(&self) -> Result<MemInfo> {
+        Ok(MemInfo {
+            free: self.free_bytes(),
+            total: self.config.capacity_bytes,
+        })
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.counters.synchronizes += 1;
+        Ok(())
+    }
+}
+
+impl SimDevice {
+    /// Copy `data` into the pieces, in order; their lengths sum to its length.
+    fn scatter(&mut self, pieces: &[Piece], data: &[u8]) {
+        let mut pos = 0;
+        for p in pieces {
+            if let Some(b) = self.backings.get_mut(&p.backing) {
+                b.data[p.offset_in_backing..p.offset_in_backing + p.len]
+                    .copy_from_slice(&data[pos..pos + p.len]);
+            }
+            pos += p.len;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: u64 = 64 << 10;
+
+    #[test]
+    fn addresses_start_high_and_are_page_aligned() {
+        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
+        let base = dev.reserve(4 * PAGE).unwrap();
+        assert!(base >= SIM_BASE_ADDRESS);
+        assert_eq!(base % PAGE, 0);
+        let chunk = dev.alloc_chunk(1000).unwrap();
+        assert!(
+            chunk >= base + 4 * PAGE,
+            "chunk must not fall inside the reservation"
+        );
+    }
+
+    #[test]
+    fn capacity_counts_mappings_chunks_and_context() {
+        let mut config = SimConfig::small(8 * PAGE);
+        config.context_reserved_bytes = 2 * PAGE;
+        let mut dev = SimDevice::new(config);
+        let base = dev.reserve(8 * PAGE).unwrap();
+        dev.map(base, 4 * PAGE).unwrap();
+        assert_eq!(dev.mem_info().unwrap().free, 2 * PAGE);
+        let chunk = dev.alloc_chunk(2 * PAGE).unwrap();
+        assert_eq!(dev.mem_info().unwrap().free, 0);
+        let err = dev.map(base + 4 * PAGE, PAGE).unwrap_err();
+        assert!(
+            matches!(err, Error::Device { op: "map", ref detail } if detail.contains("OUT_OF_MEMORY"))
+        );
+        assert!(dev.alloc_chunk(1).is_err());
+        dev.free_chunk(chunk, 2 * PAGE).unwrap();
+        dev.map(base + 4 * PAGE, PAGE).unwrap();
+        assert_eq!(dev.used_bytes(), 5 * PAGE);
+    }
+
+    #[test]
+    fn unmap_takes_whole_mappings_only() {
+        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
+        let base = dev.reserve(4 * PAGE).unwrap();
+        dev.map(base, 2 * PAGE).unwrap();
+        dev.map(base + 2 * PAGE, PAGE).unwrap();
+        assert!(dev.unmap(base, PAGE).is_err(), "half a mapping");
+        assert!(dev.release(base, 4 * PAGE).is_err(), "still mapped");
+        dev.unmap(base, 3 * PAGE).unwrap();
+        assert_eq!(dev.used_bytes(), 0);
+        dev.release(base, 4 * PAGE).unwrap();
+    }
+
+    #[test]
+    fn map_rejects_ranges_outside_reservations_or_overlapping() {
+        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
+        let base = dev.reserve(2 * PAGE).unwrap();
+        assert!(dev.map(base + PAGE, 2 * PAGE).is_err());
+        assert!(dev.map(base + 1, PAGE).is_err());
+        dev.map(base, 2 * PAGE).unwrap();
+        assert!(dev.map(base + PAGE, PAGE).is_err());
+    }
+
+    #[test]
+    fn data_crosses_mapping_boundaries_and_copies_overlap() {
+        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
+        let base = dev.reserve(2 * PAGE).unwrap();
+        dev.map(base, PAGE).unwrap();
+        dev.map(base + PAGE, PAGE).unwrap();
+        let pattern: Vec<u8> = (0..200u32).map(|i| i as u8).collect();
+        let at = base + PAGE - 100;
+        dev.write(at, &pattern).unwrap();
+        dev.copy_within(at, at + 50, 200).unwrap();
+        let mut out = vec![0; 200];
+        dev.read(at + 50, &mut out).unwrap();
+        assert_eq!(out, pattern);
+        let err = dev.read(base + 2 * PAGE - 10, &mut out).unwrap_err();
+        assert!(matches!(err, Error::InvalidAddress { .. }));
+    }
+
+    #[test]
+    fn unbacked_device_keeps_bookkeeping_only() {
+        let mut dev = SimDevice::new(SimConfig::h200_like());
+        let info = dev.mem_info().unwrap();
+        assert_eq!(info.total - info.free, 552_402_944);
+        let base = dev.reserve(64 << 30).unwrap();
+        dev.map(base, 64 << 30).unwrap();
+        dev.write(base, &[1, 2, 3]).unwrap();
+        let mut out = [9; 3];
+        dev.read(base, &mut out).unwrap();
+        assert_eq!(out, [0; 3]);
+        assert!(dev.read(base + (64 << 30), &mut out).is_err());
+    }
+
+    #[test]
+    fn vmm_off_refuses_reservations() {
+        let mut config = SimConfig::small(1 << 20);
+        config.vmm = false;
+        let mut dev = SimDevice::new(config);
+        assert!(matches!(dev.reserve(PAGE), Err(Error::Unsupported(_))));
+        assert!(dev.alloc_chunk(PAGE).is_ok());
+    }
+}

@@ -1,0 +1,338 @@
+//! Hand-built pool scenarios on a backed simulated device: fragmentation
+//! that only compaction can fix, growth and shrink figures, pins, streams,
+//! errors, and sharing between threads.
+
+use ctx::{
+    CompactionPolicy, DeviceMemory, Error, Growth, Pool, PoolConfig, SimConfig, SimDevice, StreamId,
+};
+
+const PAGE: u64 = 64 << 10;
+const BLOCK: u64 = 4 * PAGE;
+
+fn pool(growth: Growth, compaction: CompactionPolicy, max_bytes: u64) -> Pool<SimDevice> {
+    let config = PoolConfig {
+        growth,
+        compaction,
+        reserve_bytes: 64 * PAGE,
+        max_bytes,
+        // One chunk holds the whole cap, so chunk pools fragment like VMM ones.
+        chunk_bytes: max_bytes,
+    };
+    Pool::new(SimDevice::new(SimConfig::small(64 * PAGE)), config).unwrap()
+}
+
+/// Fill a pool capped at 4 blocks, free blocks 0 and 2, write a marker into
+/// block 3; then ask for 2 blocks' worth, which fits only after a move.
+fn fragmented_request(
+    growth: Growth,
+    compaction: CompactionPolicy,
+) -> (Pool<SimDevice>, Result<memcore::Handle, Error>) {
+    let pool = pool(growth, compaction, 4 * BLOCK);
+    let blocks: Vec<_> = (0..4)
+        .map(|_| pool.allocate(BLOCK, 256, None).unwrap())
+        .collect();
+    for (i, b) in blocks.iter().enumerate() {
+        pool.write(*b, 0, &[i as u8; 64]).unwrap();
+    }
+    pool.free(blocks[0]).unwrap();
+    pool.free(blocks[2]).unwrap();
+    let result = pool.allocate(2 * BLOCK, 256, None);
+    let mut marker = [0; 64];
+    pool.read(blocks[1], 0, &mut marker).unwrap();
+    assert_eq!(marker, [1; 64]);
+    pool.read(blocks[3], 0, &mut marker).unwrap();
+    assert_eq!(marker, [3; 64]);
+    (pool, result)
+}
+
+#[test]
+fn fragmentation_at_the_cap_needs_compaction() {
+    for growth in [Growth::Vmm, Growth::Chunks] {
+        let (pool, result) = fragmented_request(growth, CompactionPolicy::Never);
+        match result {
+            Err(Error::OutOfMemory {
+                requested,
+                free_bytes,
+                largest_free,
+                pool_bytes,
+                ..
+            }) => {
+                assert_eq!(requested, 2 * BLOCK);
+                assert_eq!(free_bytes, 2 * BLOCK);
+                assert_eq!(largest_free, BLOCK);
+                assert_eq!(pool_bytes, 4 * BLOCK);
+            }
+            other => panic!("{growth:?}: expected out of memory, got {other:?}"),
+        }
+        assert_eq!(pool.stats().bytes_moved, 0);
+
+        for policy in [
+            CompactionPolicy::BeforeGrow,
+            CompactionPolicy::WhenGrowFails,
+        ] {
+            let (pool, result) = fragmented_request(growth, policy);
+            let big = result.unwrap_or_else(|e| panic!("{growth:?} {policy:?}: {e}"));
+            let stats = pool.stats();
+            assert!(
+                stats.bytes_moved >= BLOCK,
+                "{growth:?} {policy:?}: {stats:?}"
+            );
+            assert_eq!(stats.compactions, 1);
+            assert_eq!(stats.peak_mapped_bytes, 4 * BLOCK);
+            pool.write(big, 2 * BLOCK - 1, &[7]).unwrap();
+        }
+    }
+}
+
+#[test]
+fn before_grow_compacts_where_when_grow_fails_grows() {
+    // Same fragmentation, but room to grow: the policies differ in footprint.
+    let fragment = |policy| {
+        let pool = pool(Growth::Vmm, policy, 16 * BLOCK);
+        let blocks: Vec<_> = (0..4)
+            .map(|_| pool.allocate(BLOCK, 256, None).unwrap())
+            .collect();
+        pool.free(blocks[0]).unwrap();
+        pool.free(blocks[2]).unwrap();
+        pool.allocate(2 * BLOCK, 256, None).unwrap();
+        pool.stats()
+    };
+    let compacting = fragment(CompactionPolicy::BeforeGrow);
+    assert_eq!(compacting.peak_mapped_bytes, 4 * BLOCK);
+    assert!(compacting.bytes_moved > 0);
+    let growing = fragment(CompactionPolicy::WhenGrowFails);
+    assert_eq!(growing.peak_mapped_bytes, 6 * BLOCK);
+    assert_eq!(growing.bytes_moved, 0);
+}
+
+#[test]
+fn vmm_growth_maps_whole_pages_at_the_top_and_shrink_unmaps_them() {
+    let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 64 * PAGE);
+    let a = pool.allocate(1000, 256, None).unwrap();
+    assert_eq!(pool.stats().mapped_bytes, PAGE);
+    let b = pool.allocate(PAGE, 256, None).unwrap();
+    // The tail after `a` is reused: one more page is enough.
+    assert_eq!(pool.stats().mapped_bytes, 2 * PAGE);
+    assert_eq!(
+        pool.device_ptr(b).unwrap(),
+        pool.device_ptr(a).unwrap() + 1024
+    );
+    let c = pool.allocate(3 * PAGE, 256, None).unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.mapped_bytes, 5 * PAGE);
+    assert_eq!(stats.grows, 3);
+    assert_eq!(stats.reserved_va_bytes, 64 * PAGE);
+
+    pool.free(c).unwrap();
+    // b ends 1024 bytes into page 1; pages 2..5 (one mapping) go back.
+    assert_eq!(pool.shrink().unwrap(), 3 * PAGE);
+    assert_eq!(pool.stats().mapped_bytes, 2 * PAGE);
+    assert_eq!(pool.lock().device().used_bytes(), 2 * PAGE);
+    pool.free(a).unwrap();
+    // b straddles pages 0 and 1: nothing whole is free at the top.
+    assert_eq!(pool.shrink().unwrap(), 0);
+    // Slid to the start, b fits in page 0 and page 1 goes back.
+    pool.compact().unwrap();
+    assert_eq!(pool.shrink().unwrap(), PAGE);
+    pool.free(b).unwrap();
+    assert_eq!(pool.shrink().unwrap(), PAGE);
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.mapped_bytes, stats.peak_mapped_bytes, stats.shrinks),
+        (0, 5 * PAGE, 3)
+    );
+    let counters = pool.into_device().counters();
+    assert_eq!(counters.maps, counters.unmaps);
+}
+
+#[test]
+fn chunk_growth_takes_at_least_a_chunk_and_gives_whole_chunks_back() {
+    let config = PoolConfig {
+        max_bytes: 32 * PAGE,
+        ..PoolConfig::chunks(2 * PAGE)
+    };
+    let pool = Pool::new(SimDevice::new(SimConfig::small(64 * PAGE)), config).unwrap();
+    let a = pool.allocate(100, 256, None).unwrap();
+    assert_eq!(pool.stats().mapped_bytes, 2 * PAGE);
+    let big = pool.allocate(5 * PAGE, 256, None).unwrap();
+    assert_eq!(pool.stats().mapped_bytes, 7 * PAGE);
+    pool.free(big).unwrap();
+    assert_eq!(pool.shrink().unwrap(), 5 * PAGE);
+    pool.free(a).unwrap();
+    assert_eq!(pool.shrink().unwrap(), 2 * PAGE);
+    let device = pool.into_device();
+    assert_eq!(device.used_bytes(), 0);
+    assert_eq!(device.counters().chunk_allocs, 2);
+    assert_eq!(device.counters().chunk_frees, 2);
+}
+
+#[test]
+fn pinned_blocks_stay_put() {
+    let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 16 * BLOCK);
+    let a = pool.allocate(BLOCK, 256, None).unwrap();
+    let b = pool.allocate(BLOCK, 256, None).unwrap();
+    let c = pool.allocate(BLOCK, 256, None).unwrap();
+    pool.free(a).unwrap();
+    pool.pin(b).unwrap();
+    let base = pool.device_ptr(b).unwrap() - BLOCK;
+    let b_at = pool.device_ptr(b).unwrap();
+    pool.compact().unwrap();
+    assert_eq!(pool.device_ptr(b).unwrap(), b_at);
+    pool.unpin(b).unwrap();
+    pool.compact().unwrap();
+    let mut at = [pool.device_ptr(b).unwrap(), pool.device_ptr(c).unwrap()];
+    at.sort_unstable();
+    assert_eq!(
+        at,
+        [base, base + BLOCK],
+        "unpinned, both slide to the start"
+    );
+}
+
+#[test]
+fn compaction_synchronizes_the_device_first() {
+    let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 16 * BLOCK);
+    let a = pool.allocate(BLOCK, 256, None).unwrap();
+    let _b = pool.allocate(BLOCK, 256, None).unwrap();
+    pool.free(a).unwrap();
+    let before = pool.lock().device().counters();
+    pool.compact().unwrap();
+    let after = pool.lock().device().counters();
+    assert_eq!(after.synchronizes, before.synchronizes + 1);
+    assert_eq!(after.copies, before.copies + 1);
+    assert_eq!(after.bytes_copied, BLOCK);
+}
+
+#[test]
+fn streams_are_recorded_per_block() {
+    let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 16 * BLOCK);
+    let a = pool.allocate(100, 256, Some(StreamId(7))).unwrap();
+    let b = pool.allocate(100, 256, None).unwrap();
+    assert_eq!(pool.stream(a).unwrap(), Some(StreamId(7)));
+    assert_eq!(pool.stream(b).unwrap(), None);
+    pool.free(a).unwrap();
+    assert!(pool.stream(a).is_err());
+    let c = pool.allocate(100, 256, None).unwrap();
+    assert_eq!(
+        pool.stream(c).unwrap(),
+        None,
+        "a reused slot must not inherit a stream"
+    );
+}
+
+#[test]
+fn bad_requests_are_errors() {
+    let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 16 * BLOCK);
+    assert!(matches!(
+        pool.allocate(0, 256, None),
+        Err(Error::Memcore(memcore::Error::ZeroSize))
+    ));
+    assert!(matches!(
+        pool.allocate(10, 3, None),
+        Err(Error::Memcore(memcore::Error::InvalidAlignment { .. }))
+    ));
+    let a = pool.allocate(10, 256, None).unwrap();
+    assert!(matches!(
+        pool.write(a, 8, &[0; 3]),
+        Err(Error::InvalidAddress { .. })
+    ));
+    assert!(matches!(
+        pool.read(a, u64::MAX, &mut [0; 1]),
+        Err(Error::InvalidAddress { .. })
+    ));
+    pool.free(a).unwrap();
+    assert!(matches!(
+        pool.free(a),
+        Err(Error::Memcore(memcore::Error::StaleHandle(_)))
+    ));
+    assert!(matches!(
+        pool.device_ptr(a),
+        Err(Error::Memcore(memcore::Error::StaleHandle(_)))
+    ));
+
+    let mut no_vmm = SimConfig::small(16 * PAGE);
+    no_vmm.vmm = false;
+    let refused = Pool::new(SimDevice::new(no_vmm), PoolConfig::vmm(PAGE));
+    assert!(matches!(refused, Err(Error::Unsupported(_))));
+    let refused = Pool::new(SimDevice::new(SimConfig::small(PAGE)), PoolConfig::vmm(0));
+    assert!(matches!(refused, Err(Error::InvalidConfig(_))));
+}
+
+#[test]
+fn a_full_device_is_out_of_memory_with_the_context_share_named() {
+    let mut config = SimConfig::small(16 * PAGE);
+    config.context_reserved_bytes = 4 * PAGE;
+    let pool = Pool::new(SimDevice::new(config), PoolConfig::vmm(64 * PAGE)).unwrap();
+    let _a = pool.allocate(10 * PAGE, 256, None).unwrap();
+    match pool.allocate(4 * PAGE, 256, None) {
+        Err(Error::OutOfMemory {
+            pool_bytes,
+            context_reserved_bytes,
+            ..
+        }) => {
+            assert_eq!(pool_bytes, 10 * PAGE);
+            assert_eq!(context_reserved_bytes, 4 * PAGE);
+        }
+        other => panic!("expected out of memory, got {other:?}"),
+    }
+    // What is left still serves a request that fits.
+    pool.allocate(2 * PAGE, 256, None).unwrap();
+    let info = pool.lock().device().mem_info().unwrap();
+    assert_eq!(info.free, 0);
+}
+
+#[test]
+fn threads_share_one_pool() {
+    let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 64 * PAGE);
+    std::thread::scope(|scope| {
+        for t in 0..4u8 {
+            let pool = &pool;
+            scope.spawn(move || {
+                for i in 0..200u32 {
+                    let size = 256 + u64::from(i % 7) * 512;
+                    let h = pool
+                        .allocate(size, 256, Some(StreamId(u64::from(t))))
+                        .unwrap();
+                    pool.write(h, 0, &[t; 16]).unwrap();
+                    if i % 50 == 0 {
+                        pool.compact().unwrap();
+                    }
+                    let mut out = [0; 16];
+                    pool.read(h, 0, &mut out).unwrap();
+                    assert_eq!(out, [t; 16]);
+                    pool.free(h).unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(pool.stats().heap.live_blocks, 0);
+}
+
+#[test]
+fn an_unbacked_h200_replays_gigabytes_without_host_memory() {
+    const GIB: u64 = 1 << 30;
+    let device = SimDevice::new(SimConfig::h200_like());
+    let pool = Pool::new(device, PoolConfig::vmm(160 * GIB)).unwrap();
+    let blocks: Vec<_> = (0..10)
+        .map(|_| pool.allocate(10 * GIB, 256, None).unwrap())
+        .collect();
+    for b in blocks.iter().step_by(2) {
+        pool.free(*b).unwrap();
+    }
+    // 50 GiB free in 10 GiB holes; 20 GiB fit after moving one block.
+    let big = pool.allocate(20 * GIB, 2 << 20, None).unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.bytes_moved, 10 * GIB);
+    assert_eq!(stats.peak_mapped_bytes, 100 * GIB);
+    // 100 GiB cannot fit even after compaction: 50 GiB are free in the pool
+    // and the device has about 39 GiB left to map.
+    pool.free(big).unwrap();
+    let refused = pool.allocate(100 * GIB, 256, None);
+    assert!(
+        matches!(refused, Err(Error::OutOfMemory { .. })),
+        "{refused:?}"
+    );
+    let mut out = [1u8; 8];
+    pool.read(blocks[1], 0, &mut out).unwrap();
+    assert_eq!(out, [0; 8], "unbacked reads are zeros");
+}
