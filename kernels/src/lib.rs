@@ -1,1 +1,12 @@
-//! kernels (being written)
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod heap;
+mod kernel;
+pub mod local;
+mod module;
+pub mod pattern;
+
+pub use kernel::{BLOCK_THREADS, Kernel, LaunchShape};
+pub use module::{KernelInfo, MODULES, Module};

@@ -1,0 +1,169 @@
+// Runs the kernels of kernels/cuda on the host, one thread after another,
+// and checks what they compute. Prints FAIL lines and exits 1 on any failure;
+// prints the first pattern words so the Rust test can compare them with
+// kernels::pattern::word. Built and run by kernels/tests/host_emulation.rs.
+#include <initializer_list>
+
+#include "cuda_host.h"
+
+#include "../../cuda/heap.cu"
+#include "../../cuda/local.cu"
+#include "../../cuda/pattern.cu"
+
+static int failures = 0;
+
+static void expect(bool ok, const char *what, unsigned long long got, unsigned long long want)
+{
+    if (!ok) {
+        printf("FAIL %s: got %llu, want %llu\n", what, got, want);
+        failures++;
+    }
+}
+
+template <class P>
+static void launch(void (*kernel)(P), P params, unsigned threads, unsigned block = 64)
+{
+    gridDim.x = (threads + block - 1) / block;
+    blockDim.x = block;
+    for (unsigned b = 0; b < gridDim.x; b++) {
+        for (unsigned t = 0; t < block; t++) {
+            blockIdx.x = b;
+            threadIdx.x = t;
+            kernel(params);
+        }
+    }
+}
+
+static void pattern_kernels()
+{
+    static unsigned char buf[1 << 14] __attribute__((aligned(64)));
+    u64 counter = 0;
+    for (u64 offset = 0; offset < 9; offset++) {
+        for (u64 len : {0ull, 1ull, 7ull, 8ull, 9ull, 100ull, 4097ull}) {
+            memset(buf, 0, sizeof buf);
+            PatternParams p{(u64)(buf + offset), len, 42, (u64)&counter, 0};
+            launch(pattern_fill, p, 32);
+            u64 wrong = 0;
+            for (u64 i = 0; i < len; i++) {
+                wrong += buf[offset + i] != (unsigned char)(pattern_word(42, i / 8) >> (8 * (i % 8)));
+            }
+            expect(wrong == 0, "fill writes the pattern", wrong, 0);
+            expect(offset == 0 || buf[offset - 1] == 0, "fill stays inside (before)", buf[offset - 1], 0);
+            expect(buf[offset + len] == 0, "fill stays inside (after)", buf[offset + len], 0);
+            counter = 0;
+            launch(pattern_verify, p, 32);
+            expect(counter == 0, "verify of a filled buffer", counter, 0);
+            if (len > 0) {
+                buf[offset + len / 2] ^= 0x10;
+                buf[offset + len - 1] ^= 0x01;
+                counter = 0;
+                launch(pattern_verify, p, 32);
+                u64 want = len == 1 ? 1 : 2; // len 1: one byte, flipped twice
+                expect(counter == want, "verify counts flipped bytes", counter, want);
+            }
+        }
+    }
+}
+
+static void heap_kernels()
+{
+    const unsigned threads = 64;
+    u64 slots[threads];
+    HeapCounters c{};
+    HeapParams p{(u64)&c, (u64)slots, 100, threads, 1, 7};
+
+    launch(heap_malloc_free, p, threads + 36);
+    expect(c.allocations == threads && c.frees == threads, "malloc_free counts", c.allocations, threads);
+    expect(c.mismatches == 0 && c.bytes == threads * 100, "malloc_free bytes", c.bytes, threads * 100);
+
+    c = HeapCounters{};
+    launch(heap_malloc_hold, p, threads);
+    launch(heap_check_free_held, p, threads);
+    expect(c.allocations == threads && c.frees == threads, "held blocks freed later", c.frees, threads);
+    expect(c.mismatches == 0, "held blocks intact", c.mismatches, 0);
+
+    // Ten blocks per thread of 1, 2, 3, 4, 1, 2, 3, 4, 1, 2 KiB: 23 KiB.
+    c = HeapCounters{};
+    p.size = 1024;
+    p.max_per_thread = 10;
+    launch(heap_fragment_fill, p, threads);
+    expect(c.allocations == threads * 10, "fragment fill blocks", c.allocations, threads * 10);
+    expect(c.bytes == threads * 23 * 1024ull, "fragment fill bytes", c.bytes, threads * 23 * 1024ull);
+    expect(c.capped == threads && c.nulls == 0, "fragment fill stops at the bound", c.capped, threads);
+
+    // The list runs newest first: blocks 9..0; the 2nd, 4th, ... are blocks
+    // 8, 6, 4, 2, 0 of 1, 3, 1, 3, 1 KiB.
+    c = HeapCounters{};
+    launch(heap_fragment_punch, p, threads);
+    expect(c.frees == threads * 5, "punch frees every other block", c.frees, threads * 5);
+    expect(c.bytes == threads * 9 * 1024ull, "punch counts freed bytes", c.bytes, threads * 9 * 1024ull);
+    expect(c.mismatches == 0, "punched blocks intact", c.mismatches, 0);
+
+    c = HeapCounters{};
+    p.size = 8192;
+    p.max_per_thread = 3;
+    launch(heap_fragment_large, p, threads);
+    expect(c.allocations == threads * 3, "large requests", c.allocations, threads * 3);
+
+    c = HeapCounters{};
+    launch(heap_release_lists, p, threads);
+    expect(c.frees == threads * 8, "release frees what is left", c.frees, threads * 8);
+    expect(c.mismatches == 0, "released blocks intact", c.mismatches, 0);
+    for (unsigned t = 0; t < threads; t++) {
+        expect(slots[t] == 0, "release empties the lists", slots[t], 0);
+    }
+
+    // Sizes under the list header are raised to it.
+    c = HeapCounters{};
+    p.size = 3;
+    p.max_per_thread = 4;
+    launch(heap_exhaust, p, threads);
+    expect(c.bytes == threads * 4 * 16ull, "exhaust raises tiny sizes", c.bytes, threads * 4 * 16ull);
+    launch(heap_release_lists, p, threads);
+    expect(c.frees == threads * 4 && c.mismatches == 0, "exhaust lists release", c.frees, threads * 4);
+}
+
+// What touch_local<bytes> leaves in out[t]: byte q of the array holds
+// (t + i) mod 256 for the i (a multiple of 4) with (index + i) mod bytes = q;
+// the sum reads bytes (7 index + i) mod bytes for i = 0, 64, ...
+static u64 expected_local(u32 bytes, u32 index, u64 t)
+{
+    u64 sum = 0;
+    for (u32 i = 0; i < bytes; i += 64) {
+        u32 q = (index * 7 + i) % bytes;
+        u32 writer = (q + bytes - index % bytes) % bytes;
+        sum += (unsigned char)(t + writer);
+    }
+    return sum;
+}
+
+static void local_kernels()
+{
+    const unsigned threads = 8;
+    u64 out[threads];
+    // index 2: 6 * index is a multiple of 4, so every byte read was written.
+    LocalParams p{(u64)out, threads, 2};
+    launch(local_0, p, threads);
+    expect(out[3] == 5, "local_0 result", out[3], 5);
+    void (*kernels[])(LocalParams) = {local_1k, local_4k, local_16k};
+    u32 sizes[] = {1024, 4096, 16384};
+    for (int k = 0; k < 3; k++) {
+        launch(kernels[k], p, threads);
+        for (unsigned t = 0; t < threads; t++) {
+            u64 want = expected_local(sizes[k], 2, t);
+            expect(out[t] == want, "local kernel reads back what it wrote", out[t], want);
+        }
+    }
+}
+
+int main()
+{
+    pattern_kernels();
+    heap_kernels();
+    local_kernels();
+    for (u64 i = 0; i < 4; i++) {
+        printf("word %llu %llu\n", i, pattern_word(1234567, i));
+    }
+    printf("%s\n", failures == 0 ? "ok" : "failed");
+    return failures == 0 ? 0 : 1;
+}
