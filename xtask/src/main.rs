@@ -1,1 +1,80 @@
-fn main() {}
+//! Project automation, run as `cargo xtask <command>` (alias in
+//! `.cargo/config.toml`).
+//!
+//! - `ci`: everything CI checks, in order, stopping at the first failure.
+//! - `cuda-tools [--nvcc]`: install the pinned CUDA 13.0 wheels (ptxas; with
+//!   `--nvcc` the whole compiler) into `target/cuda-tools`.
+//! - `ptx [--check]`: regenerate `kernels/ptx/` from `kernels/cuda/`, or check
+//!   that the committed PTX is what the sources produce.
+//! - `stub`: build the stub libcuda and print the folder to export as
+//!   `CUDA_LIBRARY_PATH` for a `cuda` build on a machine without a driver.
+//! - `gpu-test`: on a machine with an NVIDIA GPU, build against the real driver
+//!   and run the hardware suite.
+//! - `gpu-bundle DIR`: build the hardware suite here (against a stub libcuda)
+//!   and put it, with a `run.sh`, in DIR for a GPU machine without Rust.
+//!
+//! Depends on anyhow and std only, so it builds in seconds.
+
+mod ci;
+mod cuda_tools;
+mod gpu_bundle;
+mod gpu_test;
+mod ptx;
+mod step;
+mod stub;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  ci                  install tools, then fmt, PTX check, clippy (with and without `cuda`), tests, cuda build
+  cuda-tools [--nvcc] install the pinned CUDA 13.0 wheels into target/cuda-tools (ptxas; --nvcc: nvcc too)
+  ptx [--check]       regenerate kernels/ptx from kernels/cuda (--check: fail if they differ instead)
+  stub                build the stub libcuda; print the folder for CUDA_LIBRARY_PATH
+  gpu-test            on an NVIDIA GPU machine: build with the real driver and run the hardware suite
+  gpu-bundle DIR      build the hardware suite here and put it in DIR with a run.sh for a GPU machine";
+
+fn main() -> ExitCode {
+    match run(std::env::args().skip(1).collect()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Vec<String>) -> Result<()> {
+    let root = workspace_root();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args.as_slice() {
+        ["ci"] => ci::run(&root),
+        ["cuda-tools"] => cuda_tools::install(&root, cuda_tools::ToolSet::Ptxas).map(drop),
+        ["cuda-tools", "--nvcc"] => cuda_tools::install(&root, cuda_tools::ToolSet::Nvcc).map(drop),
+        ["ptx"] => ptx::run(&root, ptx::Mode::Write),
+        ["ptx", "--check"] => ptx::run(&root, ptx::Mode::Check),
+        ["stub"] => {
+            println!("{}", stub::generate(&root)?.display());
+            Ok(())
+        }
+        ["gpu-test"] => gpu_test::run(&root),
+        ["gpu-bundle", dir] => gpu_bundle::run(&root, Path::new(dir)),
+        ["help" | "--help" | "-h"] => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => bail!("unknown arguments {args:?}\n\n{USAGE}"),
+    }
+}
+
+/// The workspace root: the folder above this crate's manifest.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask/ sits in the workspace root")
+        .to_path_buf()
+}

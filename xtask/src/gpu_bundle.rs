@@ -1,0 +1,264 @@
+//! `cargo xtask gpu-bundle DIR`: build the hardware suite here, against the
+//! stub libcuda, and lay it out in DIR for a GPU machine that has no Rust:
+//!
+//! ```text
+//! DIR/bin/gpusuite     the GPU suite (harness, release, `cuda` feature)
+//! DIR/tests/*          ctx's test executables built with the `cuda` feature
+//! DIR/ptx/*.ptx        the kernels' PTX (also embedded in the binaries)
+//! DIR/run.sh           runs them all; logs and summary.md to $1 or $OUT
+//! ```
+//!
+//! Binaries are stripped, and checked to carry no rpath to the stub: on the
+//! GPU machine the loader must find the real `libcuda.so.1`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail, ensure};
+
+use crate::{step, stub};
+
+/// What the device tool carries at most (the whole working tree, too).
+const MAX_BUNDLE_BYTES: u64 = 64 << 20;
+
+/// Marks a folder as one this command made, so a rerun may replace it.
+const MARKER: &str = ".gpu-bundle";
+
+const RUN_SH: &str = r##"#!/usr/bin/env bash
+# Runs the bundled GPU suite and ctx's CUDA test executables on a machine
+# with an NVIDIA GPU. Logs and a summary table go to $1, else $OUT.
+# Exits non-zero if anything failed. Written by `cargo xtask gpu-bundle`.
+set -u
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+dest="${1:-${OUT:-}}"
+if [ -z "$dest" ]; then
+  echo "usage: run.sh LOG_DIR (or set OUT)" >&2
+  exit 2
+fi
+mkdir -p "$dest"
+summary="$dest/summary.md"
+failed=0
+{
+  echo "# GPU bundle run, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo
+  echo '```'
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 \
+    || echo "nvidia-smi failed"
+  echo '```'
+  echo
+  echo "| what | result | seconds | log |"
+  echo "| --- | --- | --- | --- |"
+} > "$summary"
+
+record() { # name exit-status seconds log
+  local result=PASS
+  if [ "$2" -ne 0 ]; then
+    result="FAIL (exit $2)"
+    failed=1
+  fi
+  echo "| $1 | $result | $3 | $4 |" >> "$summary"
+}
+
+: > "$dest/tests.log"
+for t in "$here"/tests/*; do
+  [ -x "$t" ] || continue
+  name="$(basename "$t")"
+  start=$(date +%s)
+  echo "=== $name" >> "$dest/tests.log"
+  # One test at a time: several would share the GPU and its mem_get_info.
+  "$t" --test-threads=1 >> "$dest/tests.log" 2>&1
+  record "test $name" $? $(( $(date +%s) - start )) tests.log
+done
+
+start=$(date +%s)
+"$here/bin/gpusuite" --log "$dest/gpusuite.log" 2>&1 | tee "$dest/gpusuite.out"
+record gpusuite "${PIPESTATUS[0]}" $(( $(date +%s) - start )) "gpusuite.log, gpusuite.out"
+
+cat "$summary"
+exit $failed
+"##;
+
+/// Executables that cargo reports building, from `--message-format=json` output.
+fn executables(json_lines: &str) -> Vec<PathBuf> {
+    json_lines
+        .lines()
+        .filter(|line| line.contains(r#""reason":"compiler-artifact""#))
+        .filter_map(|line| line.split_once(r#""executable":""#))
+        .filter_map(|(_, rest)| rest.split('"').next())
+        .map(PathBuf::from)
+        .collect()
+}
+
+fn build(stub: &Path, root: &Path, args: &[&str]) -> Result<Vec<PathBuf>> {
+    let mut command = step::cargo();
+    command
+        .current_dir(root)
+        .env("CUDA_LIBRARY_PATH", stub)
+        .args(args)
+        .arg("--message-format=json-render-diagnostics");
+    println!("==> cargo {}", args.join(" "));
+    Ok(executables(&step::output(&mut command)?))
+}
+
+/// Empties `dir` if this command made it; refuses to touch anything else.
+fn prepare(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        let empty = fs::read_dir(dir)?.next().is_none();
+        ensure!(
+            empty || dir.join(MARKER).is_file(),
+            "{} exists and is not a bundle this command made; choose another folder",
+            dir.display()
+        );
+        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    for sub in ["bin", "tests", "ptx"] {
+        fs::create_dir_all(dir.join(sub))?;
+    }
+    fs::write(dir.join(MARKER), "made by `cargo xtask gpu-bundle`\n")?;
+    Ok(())
+}
+
+/// The dynamic section of an ELF file, as `readelf -d` prints it.
+fn dynamic_section(path: &Path) -> Result<String> {
+    step::output(Command::new("readelf").arg("-d").arg(path))
+}
+
+/// Whether the executable loads the CUDA driver library.
+fn loads_driver(dynamic: &str) -> bool {
+    dynamic.contains("[libcuda.so.1]")
+}
+
+/// Copies `exe` to `to`, strips it, and checks it has no rpath to the stub.
+fn install_binary(exe: &Path, to: &Path, stub: &Path) -> Result<()> {
+    fs::copy(exe, to).with_context(|| format!("copying {}", exe.display()))?;
+    step::run(
+        &format!("strip {}", to.display()),
+        Command::new("strip").arg("--strip-all").arg(to),
+    )?;
+    let stub_text = stub.to_string_lossy();
+    for line in dynamic_section(to)?.lines() {
+        if (line.contains("RPATH") || line.contains("RUNPATH"))
+            && (line.contains(stub_text.as_ref()) || line.contains("cuda-stub"))
+        {
+            bail!("{} has an rpath to the stub libcuda: {line}", to.display());
+        }
+    }
+    Ok(())
+}
+
+fn bytes_under(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            bytes_under(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
+pub fn run(root: &Path, dir: &Path) -> Result<()> {
+    let dir = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(dir)
+    };
+    let stub = stub::generate(root)?;
+    let suite = build(
+        &stub,
+        root,
+        &[
+            "build",
+            "--release",
+            "-p",
+            "harness",
+            "--features",
+            "cuda",
+            "--bin",
+            "gpusuite",
+        ],
+    )?;
+    let [suite] = suite.as_slice() else {
+        bail!("expected one gpusuite executable, cargo reported {suite:?}");
+    };
+    let tests = build(
+        &stub,
+        root,
+        &[
+            "test",
+            "--release",
+            "-p",
+            "ctx",
+            "--features",
+            "cuda",
+            "--no-run",
+        ],
+    )?;
+
+    ensure!(
+        loads_driver(&dynamic_section(suite)?),
+        "{} does not load libcuda.so.1",
+        suite.display()
+    );
+    // Test executables that never call the driver (the linker dropped
+    // libcuda) run on CI already; only the others need the GPU.
+    let mut gpu_tests = Vec::new();
+    for test in tests {
+        if loads_driver(&dynamic_section(&test)?) {
+            gpu_tests.push(test);
+        } else {
+            println!("    {} does not use the driver; left out", test.display());
+        }
+    }
+
+    prepare(&dir)?;
+    install_binary(suite, &dir.join("bin").join("gpusuite"), &stub)?;
+    for test in &gpu_tests {
+        let name = test.file_name().context("test executable without a name")?;
+        install_binary(test, &dir.join("tests").join(name), &stub)?;
+    }
+    for entry in fs::read_dir(root.join("kernels").join("ptx"))? {
+        let path = entry?.path();
+        if let Some(name) = path.file_name() {
+            fs::copy(&path, dir.join("ptx").join(name))?;
+        }
+    }
+    let run_sh = dir.join("run.sh");
+    fs::write(&run_sh, RUN_SH)?;
+    step::run("chmod run.sh", Command::new("chmod").arg("+x").arg(&run_sh))?;
+
+    let bytes = bytes_under(&dir)?;
+    ensure!(
+        bytes < MAX_BUNDLE_BYTES,
+        "the bundle is {bytes} bytes; the device tool carries at most {MAX_BUNDLE_BYTES}"
+    );
+    println!(
+        "==> bundle in {} ({:.1} MiB: gpusuite + {} test executables); run it with `{}/run.sh LOG_DIR`",
+        dir.display(),
+        bytes as f64 / f64::from(1 << 20),
+        gpu_tests.len(),
+        dir.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executables_come_from_compiler_artifacts_only() {
+        let json = concat!(
+            r#"{"reason":"compiler-artifact","target":{"name":"ctx"},"executable":null}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","target":{"name":"gpusuite"},"executable":"/t/release/gpusuite","fresh":true}"#,
+            "\n",
+            r#"{"reason":"build-finished","success":true}"#,
+        );
+        assert_eq!(executables(json), [PathBuf::from("/t/release/gpusuite")]);
+    }
+}
