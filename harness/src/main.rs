@@ -1,1 +1,70 @@
-fn main() {}
+//! `cudamem`: where did my GPU memory go?
+//!
+//! - `cudamem replay [TRACE...]` replays recorded allocation traces (RMM CSV
+//!   logs, PyTorch memory snapshots) through several allocation policies and
+//!   reports each one's footprint, compaction traffic and speed; with no
+//!   trace it replays a built-in ResNet-50 trace and writes an HTML report.
+//! - `cudamem explain` shows the context ledger: what a CUDA context takes
+//!   before the first allocation (local memory, malloc heap, printf FIFO).
+//! - `cudamem heap` sizes `cudaLimitMallocHeapSize` for an in-kernel malloc
+//!   pattern.
+//!
+//! It is not a profiler: it does not attach to a running program. Run
+//! `cudamem --help` for usage, and see `harness/README.md`.
+
+mod baseline;
+mod byte_size;
+mod explain;
+mod malloc_heap;
+mod memory_map;
+mod policy;
+mod pool_policy;
+mod replay;
+mod replay_command;
+mod report;
+mod rmm_csv;
+mod snapshot;
+mod summary;
+mod trace;
+mod trace_file;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Where did my GPU memory go? Replays allocation traces through allocation
+/// policies, and explains what a CUDA context costs.
+#[derive(Debug, Parser)]
+#[command(name = "cudamem", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay allocation traces through allocation policies (with no trace:
+    /// the built-in ResNet-50 trace, and an HTML report).
+    Replay(replay_command::ReplayArgs),
+    /// What a CUDA context costs before the first allocation, item by item.
+    Explain(explain::ExplainArgs),
+    /// The malloc heap (cudaLimitMallocHeapSize) an in-kernel malloc pattern needs.
+    Heap(malloc_heap::HeapArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => replay_command::run(replay_command::ReplayArgs::default()),
+        Some(Command::Replay(args)) => replay_command::run(args),
+        Some(Command::Explain(args)) => explain::run(args),
+        Some(Command::Heap(args)) => malloc_heap::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("cudamem: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! `cudamem explain`: the context ledger. Where a GPU's memory goes before
+//! the program allocates anything: the driver and context, local memory for
+//! every resident thread, module code, the malloc heap and the printf FIFO.
+//! Predicted from a built-in device profile, or measured on a GPU (feature
+//! `cuda`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, anyhow};
+use ctx::{DeviceProfile, Ledger, LedgerItemKind, Limits};
+use plotters::prelude::*;
+use serde_json::{Map, Value, json};
+
+use crate::byte_size::{self, human};
+use crate::report::{escape, page};
+
+/// Arguments of `cudamem explain`.
+#[derive(Debug, clap::Args)]
+pub struct ExplainArgs {
+    /// Built-in device profile: h200, h100, a100-80gb, rtx4090, gtx280.
+    #[arg(long, default_value = "h200", conflicts_with = "device")]
+    profile: String,
+    /// Measure CUDA device N instead (needs a build with the `cuda` feature).
+    #[arg(long)]
+    device: Option<u32>,
+    /// Stack limit per thread (CU_LIMIT_STACK_SIZE), e.g. 4KiB; default 1024 B.
+    #[arg(long, value_parser = byte_size::parse)]
+    stack_size: Option<u64>,
+    /// In-kernel malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE); default 8 MiB.
+    #[arg(long, value_parser = byte_size::parse)]
+    heap_size: Option<u64>,
+    /// printf FIFO (CU_LIMIT_PRINTF_FIFO_SIZE); default 8,650,752 B.
+    #[arg(long, value_parser = byte_size::parse)]
+    printf_fifo: Option<u64>,
+    /// Local memory per thread of a loaded kernel (repeatable): the largest
+    /// frame sets the reservation when it exceeds the stack limit.
+    #[arg(long = "lmem", value_parser = byte_size::parse)]
+    kernel_local_bytes: Vec<u64>,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Write the ledger as a stacked bar (SVG in HTML) to this file.
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+/// A ledger and where its figures came from.
+struct Explained {
+    profile: DeviceProfile,
+    ledger: Ledger,
+    /// Extra measured figures (name without the `measured_` prefix, bytes).
+    measured_extra: Vec<(&'static str, u64)>,
+}
+
+/// Run `cudamem explain`.
+pub fn run(args: ExplainArgs) -> Result<()> {
+    let defaults = Limits::cuda_default();
+    let limits = Limits {
+        stack_bytes: args.stack_size.unwrap_or(defaults.stack_bytes),
+        malloc_heap_bytes: args.heap_size.unwrap_or(defaults.malloc_heap_bytes),
+        printf_fifo_bytes: args.printf_fifo.unwrap_or(defaults.printf_fifo_bytes),
+    };
+    let explained = match args.device {
+        Some(ordinal) => measure(ordinal, &args)?,
+        None => {
+            let profile = DeviceProfile::builtin(&args.profile).ok_or_else(|| {
+                let known: Vec<&str> = DeviceProfile::all().iter().map(|p| p.name).collect();
+                anyhow!(
+                    "unknown profile {:?}; built-in profiles: {}",
+                    args.profile,
+                    known.join(", ")
+                )
+            })?;
+            let ledger = Ledger::predict(&profile, &limits, &args.kernel_local_bytes, 0);
+            Explained {
+                profile,
+                ledger,
+                measured_extra: Vec::new(),
+            }
+        }
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&to_json(&explained, &args.kernel_local_bytes))?
+        );
+    } else {
+        print!("{}", explained.ledger);
+    }
+    if let Some(path) = &args.report {
+        std::fs::write(path, ledger_page(&explained)?)
+            .with_context(|| format!("writing the report to {}", path.display()))?;
+        if !args.json {
+            println!("report: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn measure(ordinal: u32, _args: &ExplainArgs) -> Result<Explained> {
+    Err(anyhow!(
+        "--device {ordinal}: cudamem was built without the cuda feature; \
+         rebuild with `--features cuda` to measure a GPU, or use --profile"
+    ))
+}
+
+/// Probes of the fragmentation search (a binary search over free memory at
+/// 2 MiB steps needs about 17 on an H200).
+#[cfg(feature = "cuda")]
+const FRAGMENTATION_PROBES: u32 = 24;
+
+#[cfg(feature = "cuda")]
+fn measure(ordinal: u32, args: &ExplainArgs) -> Result<Explained> {
+    use ctx::cuda::{CudaContext, Limit};
+
+    let context = CudaContext::new(ordinal)?;
+    let mut measured_extra = Vec::new();
+    if let Some(stack) = args.stack_size {
+        let delta = context.measure_stack_limit(stack)?;
+        measured_extra.push(("stack_limit_cost_bytes", delta.cost_bytes()));
+    }
+    if let Some(heap) = args.heap_size {
+        context.set_limit(Limit::MallocHeapBytes, heap)?;
+    }
+    if let Some(fifo) = args.printf_fifo {
+        context.set_limit(Limit::PrintfFifoBytes, fifo)?;
+    }
+    let profile = context.profile()?;
+    let limits = context.limits()?;
+    let mut ledger = Ledger::predict(&profile, &limits, &args.kernel_local_bytes, 0);
+    context.fill_measured(&mut ledger, FRAGMENTATION_PROBES)?;
+    Ok(Explained {
+        profile,
+        ledger,
+        measured_extra,
+    })
+}
+
+fn to_json(explained: &Explained, kernel_local_bytes: &[u64]) -> Value {
+    let Explained {
+        profile,
+        ledger,
+        measured_extra,
+    } = explained;
+    let mut object = Map::new();
+    let fields = json!({
+        "device": ledger.device,
+        "full_name": profile.full_name,
+        "sm_count": ledger.sm_count,
+        "max_threads_per_sm": ledger.max_threads_per_sm,
+        "total_bytes": profile.total_bytes,
+        "stack_size_bytes": ledger.limits.stack_bytes,
+        "kernel_local_bytes": kernel_local_bytes,
+        "per_thread_local_bytes": ledger.per_thread_local_bytes,
+        "local_memory_per_sm_bytes": ledger.local_memory_per_sm_bytes,
+        "local_memory_reservation_bytes": ledger.local_memory_reservation_bytes,
+        "malloc_heap_bytes": ledger.limits.malloc_heap_bytes,
+        "printf_fifo_bytes": ledger.limits.printf_fifo_bytes,
+        "items": ledger.items,
+    });
+    if let Value::Object(fields) = fields {
+        object.extend(fields);
+    }
+    let mut measured = false;
+    for item in &ledger.items {
+        if let Some(bytes) = item.measured {
+            measured = true;
+            object.insert(
+                format!("measured_{}_bytes", kind_key(item.kind)),
+                bytes.into(),
+            );
+        }
+    }
+    for &(name, bytes) in measured_extra {
+        measured = true;
+        object.insert(format!("measured_{name}"), bytes.into());
+    }
+    object.insert("measured".into(), measured.into());
+    Value::Object(object)
+}
+
+/// The snake_case name of a ledger line, as serde writes it.
+fn kind_key(kind: LedgerItemKind) -> String {
+    serde_json::to_value(kind)
+        .ok()
+        .and_then(|value| value.as_str().map(str::to_owned))
+        .unwrap_or_else(|| kind.name().replace(' ', "_"))
+}
+
+/// Segment colors of the stacked bar, one per ledger line after the total.
+const ITEM_COLORS: [RGBColor; 8] = [
+    RGBColor(120, 120, 120),
+    RGBColor(213, 94, 0),
+    RGBColor(230, 159, 0),
+    RGBColor(204, 121, 167),
+    RGBColor(86, 180, 233),
+    RGBColor(0, 114, 178),
+    RGBColor(200, 40, 40),
+    RGBColor(210, 235, 210),
+];
+
+/// The longest bar of the chart, bytes.
+fn rows_span(parts: &[&ctx::LedgerItem], has_measured: bool) -> u64 {
+    let predicted: u64 = parts.iter().map(|item| item.predicted).sum();
+    let measured: u64 = parts.iter().filter_map(|item| item.measured).sum();
+    if has_measured {
+        predicted.max(measured)
+    } else {
+        predicted
+    }
+}
+
+/// A bar of the ledger chart.
+#[derive(Debug, Clone, Copy)]
+enum Column {
+    Predicted,
+    Measured,
+}
+
+impl Column {
+    /// The item's bytes in this bar, if known.
+    fn bytes(self, item: &ctx::LedgerItem) -> Option<u64> {
+        match self {
+            Column::Predicted => Some(item.predicted),
+            Column::Measured => item.measured,
+        }
+    }
+}
+
+/// The ledger as an HTML page: a stacked bar of predicted (and measured)
+/// bytes, and the table.
+fn ledger_page(explained: &Explained) -> Result<String> {
+    let ledger = &explained.ledger;
+    let parts: Vec<_> = ledger
+        .items
+        .iter()
+        .filter(|item| !matches!(item.kind, LedgerItemKind::Total | LedgerItemKind::Free))
+        .collect();
+    let has_measured = parts.iter().any(|item| item.measured.is_some());
+    // Free memory is left out: beside it, the items that matter would not show.
+    let span = rows_span(&parts, has_measured).max(1) as f64 / f64::from(1 << 30);
+    let rows: &[Column] = if has_measured {
+        &[Column::Predicted, Column::Measured]
+    } else {
+        &[Column::Predicted]
+    };
+    let mut svg = String::new();
+    {
+        let height = 140 + 60 * rows.len() as u32;
+        let root = SVGBackend::with_string(&mut svg, (960, height)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(90)
+            .caption(
+                format!(
+                    "{}: memory taken before the program's own ({} total; {})",
+                    explained.profile.full_name,
+                    human(explained.profile.total_bytes),
+                    if has_measured {
+                        "lower bar predicted, upper bar measured"
+                    } else {
+                        "predicted"
+                    }
+                ),
+                ("sans-serif", 16),
+            )
+            .build_cartesian_2d(0f64..span * 1.45, 0f64..rows.len() as f64)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc("GiB")
+            .y_labels(0)
+            .draw()?;
+        for (index, item) in parts.iter().enumerate() {
+            let color = ITEM_COLORS[index % ITEM_COLORS.len()];
+            let mut bars = Vec::new();
+            for (row, column) in rows.iter().enumerate() {
+                let start: u64 = parts[..index]
+                    .iter()
+                    .filter_map(|earlier| column.bytes(earlier))
+                    .sum();
+                if let Some(bytes) = column.bytes(item) {
+                    let x0 = start as f64 / f64::from(1 << 30);
+                    let x1 = (start + bytes) as f64 / f64::from(1 << 30);
+                    let y = row as f64;
+                    bars.push(Rectangle::new(
+                        [(x0, y + 0.15), (x1, y + 0.85)],
+                        color.filled(),
+                    ));
+                }
+            }
+            chart
+                .draw_series(bars)?
+                .label(format!("{} ({})", item.name, human(item.predicted)))
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+    }
+    let mut body = svg;
+    body += "<table><tr><th>item</th><th>predicted</th><th>measured</th><th>why</th></tr>\n";
+    for item in &ledger.items {
+        body += &format!(
+            "<tr><td>{}</td><td>{} ({} B)</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>\n",
+            escape(item.name),
+            human(item.predicted),
+            item.predicted,
+            item.measured.map_or_else(
+                || "-".into(),
+                |bytes| format!("{} ({bytes} B)", human(bytes))
+            ),
+            escape(&item.explanation)
+        );
+    }
+    body += "</table>\n";
+    Ok(page(
+        &format!("cudamem explain: {}", explained.profile.full_name),
+        &body,
+    ))
+}

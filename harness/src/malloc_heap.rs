@@ -1,0 +1,347 @@
+//! `cudamem heap`: how large `cudaLimitMallocHeapSize` must be for a
+//! pattern of in-kernel `malloc` calls, every thread holding one block of
+//! each size at once.
+//!
+//! Without a GPU it predicts from a model of the device heap, which NVIDIA
+//! does not document: each block takes its size rounded up to 16 bytes plus
+//! a 16-byte header. On the H200 the real heap runs out sooner when a
+//! million threads allocate at once (`malloc(256)` by 1,048,576 threads got
+//! NULL for 31% of them from a 256 MiB heap, about 370 heap bytes per
+//! 256-byte block), so the recommendation adds half again. With the `cuda`
+//! feature it measures instead: it runs the pattern with the heap set to a
+//! size, and searches for the smallest size with no NULL.
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::byte_size::{self, human};
+
+/// Assumed header of every device-heap block, bytes.
+pub const BLOCK_HEADER_BYTES: u64 = 16;
+/// Assumed rounding of every device-heap block, bytes.
+pub const BLOCK_GRANULE_BYTES: u64 = 16;
+/// Headroom of the recommendation over the model, in percent (see the
+/// module docs for the measurement behind it).
+pub const HEADROOM_PERCENT: u64 = 50;
+
+/// Arguments of `cudamem heap`.
+#[derive(Debug, clap::Args)]
+pub struct HeapArgs {
+    /// Bytes each thread mallocs and holds (repeatable: one block of each size), e.g. 256 or 4KiB.
+    #[arg(long = "size", required = true, value_parser = byte_size::parse)]
+    sizes: Vec<u64>,
+    /// Threads that allocate at once; default: all an H200 holds resident (132 SMs x 2048).
+    #[arg(long, default_value_t = 132 * 2048)]
+    threads: u32,
+    /// Run the pattern on CUDA device N (needs a build with the `cuda`
+    /// feature; such a build uses device 0 unless --predict).
+    #[arg(long, conflicts_with = "predict")]
+    device: Option<u32>,
+    /// Only predict, even in a build that can measure.
+    #[arg(long)]
+    predict: bool,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What the model says a pattern needs. Bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct HeapPrediction {
+    /// Threads allocating at once.
+    pub threads: u32,
+    /// Requested bytes per thread.
+    pub requested_bytes_per_thread: u64,
+    /// Heap bytes per thread under the model (sizes, rounding, headers).
+    pub heap_bytes_per_thread: u64,
+    /// The model's minimum heap, whole MiB.
+    pub minimum_heap_bytes: u64,
+    /// The minimum plus headroom, whole MiB: what to set.
+    pub recommended_heap_bytes: u64,
+}
+
+/// Heap bytes one block of `size` takes under the model; `None` past 2^64.
+pub fn block_bytes(size: u64) -> Option<u64> {
+    (size.div_ceil(BLOCK_GRANULE_BYTES))
+        .checked_mul(BLOCK_GRANULE_BYTES)?
+        .checked_add(BLOCK_HEADER_BYTES)
+}
+
+/// Predict the heap `threads` threads need to each hold one block of every
+/// size in `sizes`.
+pub fn predict(sizes: &[u64], threads: u32) -> Result<HeapPrediction> {
+    let overflow = || anyhow::anyhow!("the pattern needs more than 2^64 bytes");
+    let requested = sizes
+        .iter()
+        .try_fold(0u64, |sum, &size| sum.checked_add(size))
+        .ok_or_else(overflow)?;
+    let per_thread = sizes
+        .iter()
+        .try_fold(0u64, |sum, &size| sum.checked_add(block_bytes(size)?))
+        .ok_or_else(overflow)?;
+    let minimum = per_thread
+        .checked_mul(u64::from(threads))
+        .ok_or_else(overflow)?;
+    let recommended = minimum
+        .checked_mul(100 + HEADROOM_PERCENT)
+        .map(|bytes| bytes / 100)
+        .ok_or_else(overflow)?;
+    let mib = |bytes: u64| bytes.div_ceil(1 << 20) * (1 << 20);
+    Ok(HeapPrediction {
+        threads,
+        requested_bytes_per_thread: requested,
+        heap_bytes_per_thread: per_thread,
+        minimum_heap_bytes: mib(minimum),
+        recommended_heap_bytes: mib(recommended),
+    })
+}
+
+/// Run `cudamem heap`.
+pub fn run(args: HeapArgs) -> Result<()> {
+    if args.sizes.contains(&0) {
+        anyhow::bail!("--size 0: malloc(0) holds no block; give sizes of at least one byte");
+    }
+    if args.threads == 0 {
+        anyhow::bail!("--threads must be at least 1");
+    }
+    let prediction = predict(&args.sizes, args.threads)?;
+    let device = match (args.device, args.predict) {
+        (_, true) => None,
+        (Some(ordinal), false) => Some(ordinal),
+        (None, false) => cfg!(feature = "cuda").then_some(0),
+    };
+    let measured = match device {
+        Some(ordinal) => Some(gpu::search(
+            ordinal,
+            &args.sizes,
+            args.threads,
+            &prediction,
+        )?),
+        None => None,
+    };
+    if args.json {
+        let value = serde_json::json!({
+            "sizes": args.sizes,
+            "prediction": prediction,
+            "model": format!(
+                "each block = size rounded up to {BLOCK_GRANULE_BYTES} B + {BLOCK_HEADER_BYTES} B header; \
+                 recommended = minimum + {HEADROOM_PERCENT}%"
+            ),
+            "measured": measured,
+        });
+        println!("{value}");
+        return Ok(());
+    }
+    println!(
+        "pattern: {} threads, each holding {} ({} requested bytes per thread)",
+        args.threads,
+        args.sizes
+            .iter()
+            .map(|&size| human(size))
+            .collect::<Vec<_>>()
+            .join(" + "),
+        prediction.requested_bytes_per_thread
+    );
+    println!(
+        "prediction (no GPU measured): minimum heap {} ({} B), recommended cudaLimitMallocHeapSize {} ({} B)",
+        human(prediction.minimum_heap_bytes),
+        prediction.minimum_heap_bytes,
+        human(prediction.recommended_heap_bytes),
+        prediction.recommended_heap_bytes
+    );
+    println!(
+        "model: each block takes its size rounded up to {BLOCK_GRANULE_BYTES} B plus a {BLOCK_HEADER_BYTES} B header \
+         (an assumption; NVIDIA does not document the device heap); the recommendation adds \
+         {HEADROOM_PERCENT}% because the H200's heap returned NULL early under a million concurrent callers"
+    );
+    if let Some(measured) = measured {
+        println!(
+            "measured on the GPU: smallest heap with no NULL {}; tried {}",
+            measured.smallest_sufficient_bytes.map_or_else(
+                || "not found".into(),
+                |bytes| format!("{} ({bytes} B)", human(bytes))
+            ),
+            measured
+                .tries
+                .iter()
+                .map(|t| format!(
+                    "{} -> {} NULL of {}",
+                    human(t.heap_bytes),
+                    t.nulls,
+                    t.nulls + t.allocations
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// One run of the pattern on a GPU.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct HeapTry {
+    /// The heap limit it ran with, bytes.
+    pub heap_bytes: u64,
+    /// `malloc` calls that returned a block.
+    pub allocations: u64,
+    /// `malloc` calls that returned NULL.
+    pub nulls: u64,
+}
+
+/// What the GPU search found.
+#[derive(Debug, Clone, Serialize)]
+pub struct HeapMeasurement {
+    /// Every run, in order.
+    pub tries: Vec<HeapTry>,
+    /// The smallest heap that served every call, bytes (to 1/16 of the
+    /// bracket the doubling found).
+    pub smallest_sufficient_bytes: Option<u64>,
+}
+
+#[cfg(not(feature = "cuda"))]
+mod gpu {
+    use super::{HeapMeasurement, HeapPrediction};
+
+    pub fn search(
+        ordinal: u32,
+        _: &[u64],
+        _: u32,
+        _: &HeapPrediction,
+    ) -> anyhow::Result<HeapMeasurement> {
+        anyhow::bail!(
+            "--device {ordinal}: cudamem was built without the cuda feature; \
+             rebuild with `--features cuda` to measure, or drop --device for a prediction"
+        )
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use anyhow::{Context, Result};
+    use ctx::DeviceMemory;
+    use ctx::cuda::{CudaContext, CudaDevice, LaunchConfig, Limit};
+    use kernels::BLOCK_THREADS;
+    use kernels::heap::{CHECK_FREE_HELD, HeapCounters, HeapParams, MALLOC_HOLD};
+
+    use super::{HeapMeasurement, HeapPrediction, HeapTry};
+
+    /// Doublings from the prediction before giving up.
+    const DOUBLINGS: u32 = 6;
+    /// Bisection steps inside the bracket the doubling found.
+    const BISECTIONS: u32 = 4;
+
+    /// Find the smallest heap with no NULL: double from the model's minimum
+    /// until a run serves every call, then bisect the bracket.
+    pub fn search(
+        ordinal: u32,
+        sizes: &[u64],
+        threads: u32,
+        prediction: &HeapPrediction,
+    ) -> Result<HeapMeasurement> {
+        let mib = 1u64 << 20;
+        let mut tries = Vec::new();
+        let mut low = 0u64;
+        let mut high = None;
+        let mut heap = prediction.minimum_heap_bytes.max(mib);
+        for _ in 0..=DOUBLINGS {
+            let run = run_pattern(ordinal, sizes, threads, heap)?;
+            tries.push(run);
+            if run.nulls == 0 {
+                high = Some(heap);
+                break;
+            }
+            low = heap;
+            heap *= 2;
+        }
+        if let Some(mut sufficient) = high {
+            for _ in 0..BISECTIONS {
+                let middle = (low + sufficient) / 2 / mib * mib;
+                if middle <= low || middle >= sufficient {
+                    break;
+                }
+                let run = run_pattern(ordinal, sizes, threads, middle)?;
+                tries.push(run);
+                if run.nulls == 0 {
+                    sufficient = middle;
+                } else {
+                    low = middle;
+                }
+            }
+            high = Some(sufficient);
+        }
+        Ok(HeapMeasurement {
+            tries,
+            smallest_sufficient_bytes: high,
+        })
+    }
+
+    /// One run in a fresh primary context (the heap limit cannot change
+    /// after a kernel that mallocs has run): every thread mallocs and holds
+    /// one block of each size, then checks and frees them.
+    fn run_pattern(ordinal: u32, sizes: &[u64], threads: u32, heap_bytes: u64) -> Result<HeapTry> {
+        let context = CudaContext::new(ordinal)?;
+        context.set_limit(Limit::MallocHeapBytes, heap_bytes)?;
+        let module = context.load_ptx(MALLOC_HOLD.module().name, MALLOC_HOLD.module().ptx)?;
+        let hold = module.function(MALLOC_HOLD.name())?;
+        let release = module.function(CHECK_FREE_HELD.name())?;
+        let mut device = CudaDevice::new(&context)?;
+        let counters = device.alloc_chunk(HeapCounters::BYTES as u64)?;
+        device.write(counters, HeapCounters::default().as_bytes())?;
+        let slot_bytes = u64::from(threads) * 8;
+        let mut slots = Vec::new();
+        for _ in sizes {
+            slots.push(device.alloc_chunk(slot_bytes)?);
+        }
+        let config = LaunchConfig::covering(u64::from(threads), BLOCK_THREADS);
+        let params = |size: u64, slots: u64| HeapParams {
+            counters,
+            slots,
+            size,
+            threads,
+            max_per_thread: 1,
+            seed: size,
+        };
+        for (&size, &slot) in sizes.iter().zip(&slots) {
+            let p = params(size, slot);
+            hold.launch(&config, MALLOC_HOLD.param_bytes(&p), None)?;
+        }
+        context.synchronize().context("running heap_malloc_hold")?;
+        let mut held = [0u8; HeapCounters::BYTES];
+        device.read(counters, &mut held)?;
+        let held = HeapCounters::from_bytes(&held).context("reading the heap counters")?;
+        for (&size, &slot) in sizes.iter().zip(&slots) {
+            let p = params(size, slot);
+            release.launch(&config, CHECK_FREE_HELD.param_bytes(&p), None)?;
+        }
+        context
+            .synchronize()
+            .context("running heap_check_free_held")?;
+        for slot in slots {
+            device.free_chunk(slot, slot_bytes)?;
+        }
+        device.free_chunk(counters, HeapCounters::BYTES as u64)?;
+        Ok(HeapTry {
+            heap_bytes,
+            allocations: held.allocations,
+            nulls: held.nulls,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_rounds_adds_headers_and_headroom() {
+        assert_eq!(block_bytes(1), Some(32));
+        assert_eq!(block_bytes(256), Some(272));
+        assert_eq!(block_bytes(u64::MAX), None);
+        let prediction = predict(&[256, 16], 1 << 20).unwrap();
+        assert_eq!(prediction.requested_bytes_per_thread, 272);
+        assert_eq!(prediction.heap_bytes_per_thread, 272 + 32);
+        assert_eq!(prediction.minimum_heap_bytes, 304 << 20);
+        assert_eq!(prediction.recommended_heap_bytes, 456 << 20);
+        assert!(predict(&[u64::MAX], 2).is_err());
+    }
+}

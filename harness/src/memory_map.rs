@@ -1,0 +1,156 @@
+//! A memory map over time, downsampled: a raster of time buckets (event
+//! index) by address buckets, each cell holding the fraction of its
+//! byte-events that live blocks covered. Drawing one rectangle per cell run
+//! keeps the report small however long the trace is.
+
+use crate::replay::Placement;
+
+/// Occupancy raster; `cells[row][column]` is in 0..=1, row 0 at address 0.
+#[derive(Debug, Clone)]
+pub struct Raster {
+    /// Time buckets.
+    pub columns: usize,
+    /// Address buckets.
+    pub rows: usize,
+    /// Events per column.
+    pub events_per_column: f64,
+    /// Bytes per row.
+    pub bytes_per_row: f64,
+    /// Occupancy, row-major.
+    pub cells: Vec<Vec<f64>>,
+}
+
+impl Raster {
+    /// Rasterize `placement` of a trace with `events` events, whose blocks'
+    /// lifetimes (`(alloc event, free event)` by id) and sizes are given,
+    /// over addresses `0..address_span` bytes.
+    pub fn new(
+        placement: &Placement,
+        lifetimes: &[(usize, usize)],
+        sizes: &[u64],
+        events: usize,
+        address_span: u64,
+        columns: usize,
+        rows: usize,
+    ) -> Self {
+        let events_per_column = (events.max(1) as f64) / columns as f64;
+        let bytes_per_row = (address_span.max(1) as f64) / rows as f64;
+        let mut raster = Raster {
+            columns,
+            rows,
+            events_per_column,
+            bytes_per_row,
+            cells: vec![vec![0.0; columns]; rows],
+        };
+        // Coverage of whole columns goes through a difference array per row,
+        // so a block alive for the whole trace costs O(rows), not O(cells).
+        let mut spans = vec![vec![0.0f64; columns + 1]; rows];
+
+        let mut moves = placement.moves.clone();
+        moves.sort_by_key(|&(event, id, _)| (id, event));
+        let mut next_move = 0;
+        for (id, &(born, died)) in lifetimes.iter().enumerate() {
+            let mut offset = placement.offsets[id];
+            if offset == u64::MAX {
+                continue;
+            }
+            let mut from = born;
+            while next_move < moves.len() && (moves[next_move].1 as usize) < id {
+                next_move += 1;
+            }
+            while next_move < moves.len() && moves[next_move].1 as usize == id {
+                let (event, _, to) = moves[next_move];
+                // The move happened during event `event`: the block sat at
+                // the old offset before it.
+                let until = event.min(died);
+                raster.cover(&mut spans, from, until, offset, sizes[id]);
+                from = until;
+                offset = to;
+                next_move += 1;
+            }
+            raster.cover(&mut spans, from, died, offset, sizes[id]);
+        }
+        for (row, span) in raster.cells.iter_mut().zip(&spans) {
+            let mut running = 0.0;
+            for (cell, delta) in row.iter_mut().zip(span) {
+                running += delta;
+                *cell += running;
+            }
+        }
+        let area = events_per_column * bytes_per_row;
+        for cell in raster.cells.iter_mut().flatten() {
+            *cell = (*cell / area).clamp(0.0, 1.0);
+        }
+        raster
+    }
+
+    /// Add a block of `size` bytes at `offset`, alive over events
+    /// `from..until`, in byte-events.
+    fn cover(&mut self, spans: &mut [Vec<f64>], from: usize, until: usize, offset: u64, size: u64) {
+        if until <= from || size == 0 {
+            return;
+        }
+        let x0 = from as f64 / self.events_per_column;
+        let x1 = until as f64 / self.events_per_column;
+        let first_column = (x0.floor() as usize).min(self.columns - 1);
+        let last_column = ((x1.ceil() as usize).max(1) - 1).min(self.columns - 1);
+        let low = offset as f64;
+        let high = (offset + size) as f64;
+        let first_row = (low / self.bytes_per_row).floor() as usize;
+        let last_row =
+            (((high / self.bytes_per_row).ceil() as usize).max(1) - 1).min(self.rows - 1);
+        let rows = self.cells.iter_mut().zip(spans.iter_mut()).enumerate();
+        for (row, (cells, span)) in rows.take(last_row + 1).skip(first_row) {
+            let row_low = row as f64 * self.bytes_per_row;
+            let bytes = high.min(row_low + self.bytes_per_row) - low.max(row_low);
+            if bytes <= 0.0 {
+                continue;
+            }
+            let weight = bytes * self.events_per_column;
+            if first_column == last_column {
+                cells[first_column] += weight * (x1 - x0);
+            } else {
+                cells[first_column] += weight * (first_column as f64 + 1.0 - x0);
+                cells[last_column] += weight * (x1 - last_column as f64).min(1.0);
+                span[first_column + 1] += weight;
+                span[last_column] -= weight;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_alive_throughout_fills_its_rows() {
+        // Two blocks: one fills the lower half for all 10 events, one the
+        // upper half for the first 5.
+        let placement = Placement {
+            offsets: vec![0, 50],
+            moves: vec![],
+            mapped: vec![(0, 100)],
+        };
+        let raster = Raster::new(&placement, &[(0, 10), (0, 5)], &[50, 50], 10, 100, 10, 2);
+        assert!(
+            raster.cells[0].iter().all(|&c| (c - 1.0).abs() < 1e-9),
+            "{:?}",
+            raster.cells[0]
+        );
+        assert!(raster.cells[1][..5].iter().all(|&c| (c - 1.0).abs() < 1e-9));
+        assert!(raster.cells[1][5..].iter().all(|&c| c.abs() < 1e-9));
+    }
+
+    #[test]
+    fn a_moved_block_shows_at_both_places() {
+        let placement = Placement {
+            offsets: vec![50],
+            moves: vec![(2, 0, 0)],
+            mapped: vec![(0, 100)],
+        };
+        let raster = Raster::new(&placement, &[(0, 4)], &[50], 4, 100, 4, 2);
+        assert_eq!(raster.cells[1], vec![1.0, 1.0, 0.0, 0.0]);
+        assert_eq!(raster.cells[0], vec![0.0, 0.0, 1.0, 1.0]);
+    }
+}

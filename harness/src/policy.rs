@@ -1,0 +1,382 @@
+//! Allocation policies a trace can be replayed through, and the one growth
+//! rule they all share.
+//!
+//! # Footprint
+//! Every policy manages one address space starting at 0 that it *maps* in
+//! [`GRANULE`]-sized (2 MiB) steps at its end, the way a VMM-backed pool
+//! grows. A policy first tries to place a request inside what it has mapped;
+//! only when that fails does it map more, the least whole number of granules
+//! that lets the request fit at the end (the free tail counts). Its
+//! footprint is the most it ever had mapped. The one exception in mechanics,
+//! not in definition, is `offset-allocator`, whose arena cannot grow: it gets
+//! one 1 TiB arena, and it maps (counts) up to the granule above the end of
+//! any block it places, which is the same rule applied after the fact.
+//!
+//! With `--capacity` the arena is fixed at that size from the start, nothing
+//! grows, and a request that does not fit is a failed allocation.
+
+use anyhow::Result;
+use clap::ValueEnum;
+use memcore::{
+    Allocation, Allocator, BlockFlags, DEFAULT_ALIGN, Error, FreeList, Handle, Heap, Tlsf,
+};
+use serde::Serialize;
+
+/// The step in which address space is mapped, in bytes: the H200's VMM
+/// granularity (2 MiB).
+pub const GRANULE: u64 = 2 << 20;
+
+/// How many times one request may grow the arena before it counts as failed.
+/// The first step is the exact need; allocators that round requests up to a
+/// size class (TLSF) may need a little more, which later steps add.
+const GROW_ATTEMPTS: u32 = 16;
+
+/// The policies `cudamem replay` knows, in report order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
+pub enum PolicyName {
+    /// memcore::FreeList, first fit.
+    FirstFit,
+    /// memcore::FreeList, best fit.
+    BestFit,
+    /// memcore::Tlsf.
+    Tlsf,
+    /// memcore::Heap<Tlsf> that compacts before it grows.
+    TlsfCompact,
+    /// ctx::Pool over an unbacked SimDevice with VMM growth.
+    PoolVmm,
+    /// The offset-allocator crate (Sebastian Aaltonen's OffsetAllocator).
+    OffsetAllocator,
+    /// The range-alloc crate (wgpu's range allocator, best fit).
+    RangeAlloc,
+}
+
+impl PolicyName {
+    /// Every policy, in report order.
+    pub const ALL: [PolicyName; 7] = [
+        PolicyName::FirstFit,
+        PolicyName::BestFit,
+        PolicyName::Tlsf,
+        PolicyName::TlsfCompact,
+        PolicyName::PoolVmm,
+        PolicyName::OffsetAllocator,
+        PolicyName::RangeAlloc,
+    ];
+
+    /// The name used on the command line and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::FirstFit => "first-fit",
+            PolicyName::BestFit => "best-fit",
+            PolicyName::Tlsf => "tlsf",
+            PolicyName::TlsfCompact => "tlsf-compact",
+            PolicyName::PoolVmm => "pool-vmm",
+            PolicyName::OffsetAllocator => "offset-allocator",
+            PolicyName::RangeAlloc => "range-alloc",
+        }
+    }
+}
+
+/// The address space a policy starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arena {
+    /// Nothing mapped at first; grows at the end on demand.
+    Growable,
+    /// Exactly this many bytes from the start, never more.
+    Fixed(u64),
+}
+
+/// A policy's address space at one moment, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct ArenaState {
+    /// Bytes mapped (the arena's size).
+    pub mapped_bytes: u64,
+    /// Requested bytes of live blocks.
+    pub live_bytes: u64,
+    /// Mapped bytes in free blocks.
+    pub free_bytes: u64,
+    /// The largest free block inside the mapped bytes.
+    pub largest_free_bytes: u64,
+}
+
+/// One allocation policy under replay.
+///
+/// `allocate` answers `Ok(None)` when the request cannot be served (the
+/// arena is fixed and full); an `Err` is a broken allocator and stops the
+/// replay.
+pub trait Policy {
+    /// What the policy hands out for a live block.
+    type Block: Copy;
+    /// Serve `size` bytes at [`DEFAULT_ALIGN`], growing the arena if allowed.
+    fn allocate(&mut self, size: u64) -> Result<Option<Self::Block>>;
+    /// Give a block back.
+    fn free(&mut self, block: Self::Block) -> Result<()>;
+    /// Where the block lies now, in bytes from the arena start.
+    fn offset(&self, block: Self::Block) -> Result<u64>;
+    /// Bytes mapped now.
+    fn mapped_bytes(&self) -> Result<u64>;
+    /// The most bytes ever mapped: the footprint.
+    fn peak_mapped_bytes(&self) -> Result<u64>;
+    /// Bytes copied by compaction so far.
+    fn bytes_moved(&self) -> Result<u64>;
+    /// How many compactions have moved blocks so far; a change tells a
+    /// recorder to read offsets again.
+    fn relocations(&self) -> Result<u64>;
+    /// The arena now, for reports of a failed request.
+    fn state(&self) -> Result<ArenaState>;
+}
+
+/// Round `bytes` up to whole granules, at least one.
+pub fn granules(bytes: u64) -> u64 {
+    bytes.max(1).div_ceil(GRANULE) * GRANULE
+}
+
+/// How much to grow an arena of `mapped` bytes whose highest live byte ends
+/// at `top` so that a `size`-byte request fits, on the `attempt`-th try.
+pub fn growth(mapped: u64, top: u64, size: u64, attempt: u32) -> u64 {
+    if attempt == 0 {
+        let start = top.div_ceil(DEFAULT_ALIGN) * DEFAULT_ALIGN;
+        granules((start + size).saturating_sub(mapped))
+    } else {
+        granules(size / 8)
+    }
+}
+
+/// A memcore allocator over a growable (or fixed) arena.
+#[derive(Debug)]
+pub struct Grown<A: Allocator> {
+    allocator: A,
+    mapped: u64,
+    growable: bool,
+}
+
+impl<A: Allocator> Grown<A> {
+    /// `allocator`, given `arena`'s initial space.
+    pub fn new(mut allocator: A, arena: Arena) -> Result<Self> {
+        let (mapped, growable) = match arena {
+            Arena::Growable => (0, true),
+            Arena::Fixed(bytes) => {
+                allocator.add_region(0, bytes)?;
+                (bytes, false)
+            }
+        };
+        Ok(Self {
+            allocator,
+            mapped,
+            growable,
+        })
+    }
+}
+
+/// Whether an allocator error means "does not fit" rather than a bug.
+fn is_refusal(err: &Error) -> bool {
+    matches!(err, Error::OutOfMemory { .. } | Error::Overflow { .. })
+}
+
+impl<A: Allocator> Policy for Grown<A> {
+    type Block = Allocation;
+
+    fn allocate(&mut self, size: u64) -> Result<Option<Allocation>> {
+        match self.allocator.allocate(size, DEFAULT_ALIGN) {
+            Ok(block) => return Ok(Some(block)),
+            Err(err) if is_refusal(&err) => {}
+            Err(err) => return Err(err.into()),
+        }
+        if !self.growable {
+            return Ok(None);
+        }
+        for attempt in 0..GROW_ATTEMPTS {
+            let grow = growth(self.mapped, self.allocator.stats().top, size, attempt);
+            self.allocator.add_region(self.mapped, grow)?;
+            self.mapped += grow;
+            match self.allocator.allocate(size, DEFAULT_ALIGN) {
+                Ok(block) => return Ok(Some(block)),
+                Err(err) if is_refusal(&err) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(None)
+    }
+
+    fn free(&mut self, block: Allocation) -> Result<()> {
+        Ok(self.allocator.free(block)?)
+    }
+
+    fn offset(&self, block: Allocation) -> Result<u64> {
+        Ok(block.offset)
+    }
+
+    fn mapped_bytes(&self) -> Result<u64> {
+        Ok(self.mapped)
+    }
+
+    fn peak_mapped_bytes(&self) -> Result<u64> {
+        // Never shrinks.
+        Ok(self.mapped)
+    }
+
+    fn bytes_moved(&self) -> Result<u64> {
+        Ok(0)
+    }
+
+    fn relocations(&self) -> Result<u64> {
+        Ok(0)
+    }
+
+    fn state(&self) -> Result<ArenaState> {
+        Ok(arena_state(self.mapped, &self.allocator.stats()))
+    }
+}
+
+fn arena_state(mapped: u64, stats: &memcore::Stats) -> ArenaState {
+    ArenaState {
+        mapped_bytes: mapped,
+        live_bytes: stats.live_bytes,
+        free_bytes: stats.free_bytes,
+        largest_free_bytes: stats.largest_free,
+    }
+}
+
+/// `memcore::FreeList` with first or best fit.
+pub fn free_list(fit: memcore::Fit, arena: Arena) -> Result<Grown<FreeList>> {
+    Grown::new(FreeList::new(fit), arena)
+}
+
+/// `memcore::Tlsf`.
+pub fn tlsf(arena: Arena) -> Result<Grown<Tlsf>> {
+    Grown::new(Tlsf::new(), arena)
+}
+
+/// A relocatable heap over TLSF that compacts before it grows: first the
+/// fewest moves that make room for the request, and only when no such plan
+/// exists a full slide, so the arena grows by the least.
+#[derive(Debug)]
+pub struct CompactingTlsf {
+    heap: Heap<Tlsf>,
+    mapped: u64,
+    growable: bool,
+    bytes_moved: u64,
+    relocations: u64,
+}
+
+impl CompactingTlsf {
+    /// A heap given `arena`'s initial space.
+    pub fn new(arena: Arena) -> Result<Self> {
+        let mut heap = Heap::new(Tlsf::new());
+        let (mapped, growable) = match arena {
+            Arena::Growable => (0, true),
+            Arena::Fixed(bytes) => {
+                heap.add_region(0, bytes)?;
+                (bytes, false)
+            }
+        };
+        Ok(Self {
+            heap,
+            mapped,
+            growable,
+            bytes_moved: 0,
+            relocations: 0,
+        })
+    }
+
+    fn try_allocate(&mut self, size: u64) -> Result<Option<Handle>> {
+        match self.heap.allocate(size, DEFAULT_ALIGN, BlockFlags::empty()) {
+            Ok(handle) => Ok(Some(handle)),
+            Err(err) if is_refusal(&err) => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Apply a plan: the replay holds no bytes, so executing it is only
+    /// counting what a device would copy.
+    fn commit(&mut self, plan: memcore::CompactionPlan) -> Result<()> {
+        if plan.is_empty() {
+            return Ok(());
+        }
+        self.bytes_moved += plan.bytes_moved();
+        self.relocations += 1;
+        self.heap.commit(plan)?;
+        Ok(())
+    }
+}
+
+impl Policy for CompactingTlsf {
+    type Block = Handle;
+
+    fn allocate(&mut self, size: u64) -> Result<Option<Handle>> {
+        if let Some(handle) = self.try_allocate(size)? {
+            return Ok(Some(handle));
+        }
+        if self.heap.stats().free_bytes >= size {
+            match self.heap.plan_room(size, DEFAULT_ALIGN) {
+                Ok(plan) => {
+                    self.commit(plan)?;
+                    if let Some(handle) = self.try_allocate(size)? {
+                        return Ok(Some(handle));
+                    }
+                }
+                Err(err) if is_refusal(&err) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        if !self.growable {
+            return Ok(None);
+        }
+        let plan = self.heap.plan_full();
+        self.commit(plan)?;
+        for attempt in 0..GROW_ATTEMPTS {
+            let grow = growth(self.mapped, self.heap.stats().top, size, attempt);
+            self.heap.add_region(self.mapped, grow)?;
+            self.mapped += grow;
+            if let Some(handle) = self.try_allocate(size)? {
+                return Ok(Some(handle));
+            }
+        }
+        Ok(None)
+    }
+
+    fn free(&mut self, block: Handle) -> Result<()> {
+        self.heap.free(block)?;
+        Ok(())
+    }
+
+    fn offset(&self, block: Handle) -> Result<u64> {
+        Ok(self.heap.offset(block)?)
+    }
+
+    fn mapped_bytes(&self) -> Result<u64> {
+        Ok(self.mapped)
+    }
+
+    fn peak_mapped_bytes(&self) -> Result<u64> {
+        Ok(self.mapped)
+    }
+
+    fn bytes_moved(&self) -> Result<u64> {
+        Ok(self.bytes_moved)
+    }
+
+    fn relocations(&self) -> Result<u64> {
+        Ok(self.relocations)
+    }
+
+    fn state(&self) -> Result<ArenaState> {
+        Ok(arena_state(self.mapped, &self.heap.stats()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn growth_maps_only_what_the_tail_lacks() {
+        // 1 MiB free at the tail of 4 MiB: a 3 MiB request needs 2 MiB more.
+        assert_eq!(growth(4 << 20, 3 << 20, 3 << 20, 0), 2 << 20);
+        // An empty arena grows by at least one granule.
+        assert_eq!(growth(0, 0, 1, 0), GRANULE);
+        // The start is aligned: a top of 1 byte puts the block at 256.
+        assert_eq!(growth(GRANULE, 1, GRANULE, 0), GRANULE);
+        assert_eq!(growth(GRANULE, 1, GRANULE - 256, 0), GRANULE);
+        assert_eq!(growth(0, 0, 100 << 20, 3), 14 << 20);
+    }
+}

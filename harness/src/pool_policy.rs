@@ -1,0 +1,117 @@
+//! ctx's compacting pool as a replay policy: a VMM pool (2 MiB pages,
+//! compaction before growth) over an unbacked simulated device, so replays
+//! exercise the real allocation path (heap, planner, grow, map) without
+//! holding the trace's gigabytes.
+
+use anyhow::Result;
+use ctx::{CompactionPolicy, Growth, Pool, PoolConfig, PoolGuard, SimConfig, SimDevice};
+use memcore::{DEFAULT_ALIGN, Handle};
+
+use crate::policy::{Arena, ArenaState, GRANULE, Policy};
+
+/// Address space a growable pool reserves, bytes (1 TiB): nothing is mapped
+/// until used, and no trace comes near it.
+const GROWABLE_RESERVE: u64 = 1 << 40;
+
+/// A pool on a simulated device whose only limit is `arena`.
+pub fn pool(arena: Arena) -> Result<Pool<SimDevice>> {
+    let bytes = match arena {
+        Arena::Growable => GROWABLE_RESERVE,
+        Arena::Fixed(bytes) => bytes,
+    };
+    let device = SimDevice::new(SimConfig {
+        capacity_bytes: bytes,
+        granularity_bytes: GRANULE,
+        // The arena is the pool alone; a context's own memory is `explain`'s subject.
+        context_reserved_bytes: 0,
+        vmm: true,
+        backed: false,
+    });
+    let config = PoolConfig {
+        growth: Growth::Vmm,
+        compaction: CompactionPolicy::BeforeGrow,
+        reserve_bytes: bytes,
+        max_bytes: bytes,
+        chunk_bytes: 0,
+    };
+    Ok(Pool::new(device, config)?)
+}
+
+/// A locked pool under replay: one lock for the whole replay, as a
+/// single-threaded caller would hold it.
+pub struct PoolPolicy<'a> {
+    guard: PoolGuard<'a, SimDevice>,
+    /// Device address of the reservation's first byte: offsets are relative
+    /// to it, like every other policy's.
+    base: u64,
+    /// A fixed arena is mapped in full at the first request, so failures are
+    /// judged against the whole capacity.
+    fixed: Option<u64>,
+}
+
+impl<'a> PoolPolicy<'a> {
+    /// Replay through `pool`, built by [`pool`] for `arena`.
+    pub fn new(pool: &'a Pool<SimDevice>, arena: Arena) -> Self {
+        Self {
+            guard: pool.lock(),
+            // The simulated device hands out its first reservation here.
+            base: ctx::sim::SIM_BASE_ADDRESS,
+            fixed: match arena {
+                Arena::Growable => None,
+                Arena::Fixed(bytes) => Some(bytes),
+            },
+        }
+    }
+}
+
+impl Policy for PoolPolicy<'_> {
+    type Block = Handle;
+
+    fn allocate(&mut self, size: u64) -> Result<Option<Handle>> {
+        match self.guard.allocate(size, DEFAULT_ALIGN, None) {
+            Ok(handle) => Ok(Some(handle)),
+            Err(ctx::Error::OutOfMemory { .. }) => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    fn free(&mut self, block: Handle) -> Result<()> {
+        Ok(self.guard.free(block)?)
+    }
+
+    fn offset(&self, block: Handle) -> Result<u64> {
+        Ok(self.guard.device_ptr(block)? - self.base)
+    }
+
+    fn mapped_bytes(&self) -> Result<u64> {
+        Ok(self.fixed.unwrap_or(self.guard.stats().mapped_bytes))
+    }
+
+    fn peak_mapped_bytes(&self) -> Result<u64> {
+        Ok(self.fixed.unwrap_or(self.guard.stats().peak_mapped_bytes))
+    }
+
+    fn bytes_moved(&self) -> Result<u64> {
+        Ok(self.guard.stats().bytes_moved)
+    }
+
+    fn relocations(&self) -> Result<u64> {
+        Ok(self.guard.stats().compactions)
+    }
+
+    fn state(&self) -> Result<ArenaState> {
+        let stats = self.guard.stats();
+        let mapped = self.fixed.unwrap_or(stats.mapped_bytes);
+        // Unmapped headroom of a fixed arena is free too.
+        let unmapped = mapped - stats.mapped_bytes;
+        // Heap offsets are device addresses.
+        let top = stats.heap.top.saturating_sub(self.base);
+        let tail_free = stats.mapped_bytes.saturating_sub(top);
+        Ok(ArenaState {
+            mapped_bytes: mapped,
+            live_bytes: stats.heap.live_bytes,
+            free_bytes: stats.heap.free_bytes + unmapped,
+            largest_free_bytes: stats.heap.largest_free.max(tail_free + unmapped),
+        })
+    }
+}

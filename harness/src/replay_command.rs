@@ -1,0 +1,150 @@
+//! `cudamem replay`: load traces, replay each through the chosen policies,
+//! print a table or JSON lines, and write the HTML report.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::byte_size;
+use crate::policy::{Arena, PolicyName};
+use crate::replay::{self, Outcome, Placement};
+use crate::report::{self, TraceReport};
+use crate::summary::TraceSummary;
+use crate::trace::Trace;
+use crate::trace_file;
+
+/// Where the report goes when `cudamem` runs on the built-in trace.
+const DEFAULT_REPORT: &str = "cudamem-report.html";
+
+/// A trace kept for the report, with what each policy did to it.
+struct Replayed {
+    trace: Trace,
+    summary: TraceSummary,
+    runs: Vec<(Outcome, Placement)>,
+}
+
+/// Arguments of `cudamem replay`.
+#[derive(Debug, Default, clap::Args)]
+pub struct ReplayArgs {
+    /// Trace files: RMM logging_resource_adaptor CSV logs (gzip or plain) or
+    /// PyTorch memory snapshots (torch.cuda.memory._dump_snapshot). None: the
+    /// built-in ResNet-50 trace, with an HTML report.
+    traces: Vec<PathBuf>,
+    /// Replay through this policy only (repeatable); default: all of them.
+    #[arg(long = "policy", value_enum)]
+    policies: Vec<PolicyName>,
+    /// A fixed arena of this many bytes (e.g. 8GiB) instead of a growing one:
+    /// report where each policy first fails.
+    #[arg(long, value_parser = byte_size::parse)]
+    capacity: Option<u64>,
+    /// One JSON object per trace per line, instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Write an HTML report (memory maps, footprint curves) to this file.
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+/// Run `cudamem replay`.
+pub fn run(args: ReplayArgs) -> Result<()> {
+    let arena = match args.capacity {
+        Some(0) => bail!("--capacity must be at least one byte"),
+        Some(bytes) => Arena::Fixed(bytes),
+        None => Arena::Growable,
+    };
+    let policies = if args.policies.is_empty() {
+        PolicyName::ALL.to_vec()
+    } else {
+        let mut chosen = Vec::new();
+        for name in args.policies {
+            if !chosen.contains(&name) {
+                chosen.push(name);
+            }
+        }
+        chosen
+    };
+    let (traces, report_path) = if args.traces.is_empty() {
+        let traces = trace_file::load_embedded()?;
+        (
+            traces,
+            Some(args.report.unwrap_or_else(|| PathBuf::from(DEFAULT_REPORT))),
+        )
+    } else {
+        let mut traces = Vec::new();
+        for path in &args.traces {
+            traces.extend(trace_file::load(path)?);
+        }
+        (traces, args.report)
+    };
+
+    let record = report_path.is_some();
+    let mut replayed: Vec<Replayed> = Vec::new();
+    let stdout = std::io::stdout();
+    for trace in traces {
+        let progress = progress_bar(&trace, policies.len());
+        let mut outcomes = Vec::new();
+        let mut placements = Vec::new();
+        for &name in &policies {
+            progress.set_message(name.as_str());
+            let (outcome, placement) = replay::run(name, &trace, arena, &progress, record)?;
+            outcomes.push(outcome);
+            placements.extend(placement);
+        }
+        progress.finish_and_clear();
+        let summary = TraceSummary::new(&trace, args.capacity, &outcomes);
+        let mut out = stdout.lock();
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(&summary)?)?;
+        } else {
+            writeln!(out, "{}", summary.table())?;
+        }
+        out.flush()?;
+        if record {
+            replayed.push(Replayed {
+                trace,
+                summary,
+                runs: outcomes.into_iter().zip(placements).collect(),
+            });
+        }
+    }
+
+    if let Some(path) = report_path {
+        let reports: Vec<TraceReport<'_>> = replayed
+            .iter()
+            .map(|replayed| TraceReport {
+                trace: &replayed.trace,
+                summary: &replayed.summary,
+                policies: replayed
+                    .runs
+                    .iter()
+                    .map(|(outcome, placement)| (outcome, placement))
+                    .collect(),
+            })
+            .collect();
+        let html = report::replay_page(&reports)?;
+        std::fs::write(&path, html)
+            .with_context(|| format!("writing the report to {}", path.display()))?;
+        if !args.json {
+            println!("report: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// A bar over every event of every policy's replay of `trace`, on stderr
+/// when it is a terminal, hidden otherwise (pipes, CI logs, tests).
+fn progress_bar(trace: &Trace, policies: usize) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let total = (trace.events.len() * policies) as u64;
+    let bar = ProgressBar::new(total);
+    let style = ProgressStyle::with_template("{prefix} {msg:>16} [{bar:40}] {percent:>3}% {eta}")
+        .map(|style| style.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_prefix(trace.name.clone());
+    bar
+}

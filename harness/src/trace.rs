@@ -1,0 +1,332 @@
+//! A recorded allocation trace, reduced to what a replay needs: a compact list
+//! of allocate/free events with pointers replaced by dense ids.
+//!
+//! Readers (RMM CSV logs, PyTorch snapshots) feed a [`TraceBuilder`], which
+//! checks the trace is self-consistent (no free of an unknown pointer, no
+//! second allocation at a live pointer) while it builds, so a replay never
+//! meets a bad event.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// The largest request a trace may carry, in bytes (2^48 = 256 TiB): more
+/// than any GPU's virtual address space, and small enough that offset
+/// arithmetic on it can never overflow.
+pub const MAX_REQUEST_BYTES: u64 = 1 << 48;
+
+/// One allocator call of a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Allocation `id` (dense, in order of first appearance) of `size` bytes.
+    Alloc {
+        /// Dense id of the allocation; ids are `0..Trace::allocations`.
+        id: u32,
+        /// Requested size in bytes, never zero.
+        size: u64,
+    },
+    /// Allocation `id` is freed.
+    Free {
+        /// Dense id of an earlier, still-live allocation.
+        id: u32,
+    },
+}
+
+/// Where an event came from in its source file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location {
+    /// A 1-based line of a CSV file.
+    Line(u64),
+    /// Entry `index` (0-based) of device `device`'s list in a snapshot's
+    /// `device_traces`.
+    Entry {
+        /// CUDA device ordinal.
+        device: usize,
+        /// Index in that device's trace list.
+        index: u64,
+    },
+    /// The file as a whole (it is not a trace at all, or is truncated).
+    File,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Line(line) => write!(f, "line {line}"),
+            Location::Entry { device, index } => {
+                write!(f, "device_traces[{device}] entry {index}")
+            }
+            Location::File => f.write_str("whole file"),
+        }
+    }
+}
+
+/// What is wrong with one record of a trace.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// A row or record that lacks a field or has the wrong shape.
+    #[error("malformed record: {0}")]
+    Malformed(String),
+    /// An action that is neither an allocation, a free nor a known
+    /// bookkeeping record.
+    #[error("unknown action {0:?}")]
+    UnknownAction(String),
+    /// A size field that is not a usable byte count.
+    #[error("size {text:?} {why}")]
+    BadSize {
+        /// The field as written.
+        text: String,
+        /// Why it is unusable.
+        why: &'static str,
+    },
+    /// A pointer field that is not a number.
+    #[error("pointer {0:?} is not a hexadecimal address")]
+    BadPointer(String),
+    /// A free of a pointer that no live allocation holds.
+    #[error("free of unknown pointer {0:#x} (never allocated, or already freed)")]
+    UnknownPointer(u64),
+    /// An allocation at a pointer that is still live.
+    #[error("second allocation at live pointer {0:#x} (its earlier allocation was never freed)")]
+    LivePointer(u64),
+    /// The file could not be read or decompressed.
+    #[error("{0}")]
+    Unreadable(String),
+    /// A pickle that is not a PyTorch memory snapshot.
+    #[error("not a PyTorch memory snapshot: {0}")]
+    NotSnapshot(String),
+    /// More allocations than dense ids can name.
+    #[error("more than {} allocations", u32::MAX)]
+    TooManyAllocations,
+}
+
+/// A trace that cannot be used, with the file and the record that says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {location}: {problem}", path.display())]
+pub struct TraceError {
+    /// The file.
+    pub path: PathBuf,
+    /// The record.
+    pub location: Location,
+    /// What is wrong.
+    pub problem: Problem,
+}
+
+/// A parsed trace, ready to replay.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    /// Name shown in reports: the file name, plus the device for a
+    /// multi-device snapshot.
+    pub name: String,
+    /// The allocator calls in order.
+    pub events: Vec<Event>,
+    /// Where each event came from, parallel to `events`.
+    pub locations: Vec<Location>,
+    /// Number of allocations (dense ids are `0..allocations`).
+    pub allocations: u32,
+    /// Largest sum of requested bytes alive at once: the lower bound on any
+    /// allocator's footprint.
+    pub peak_live_bytes: u64,
+    /// Event index at which `peak_live_bytes` was first reached.
+    pub peak_live_event: usize,
+}
+
+impl Trace {
+    /// Requested bytes alive after each event, one value per event.
+    pub fn live_bytes_curve(&self) -> Vec<u64> {
+        let mut sizes = vec![0u64; self.allocations as usize];
+        let mut live = 0u64;
+        self.events
+            .iter()
+            .map(|event| {
+                match *event {
+                    Event::Alloc { id, size } => {
+                        sizes[id as usize] = size;
+                        live += size;
+                    }
+                    Event::Free { id } => live -= sizes[id as usize],
+                }
+                live
+            })
+            .collect()
+    }
+
+    /// For each allocation id, the index of its allocating event and of the
+    /// event that frees it (`events.len()` when it stays live to the end).
+    pub fn lifetimes(&self) -> Vec<(usize, usize)> {
+        let end = self.events.len();
+        let mut spans = vec![(end, end); self.allocations as usize];
+        for (index, event) in self.events.iter().enumerate() {
+            match *event {
+                Event::Alloc { id, .. } => spans[id as usize].0 = index,
+                Event::Free { id } => spans[id as usize].1 = index,
+            }
+        }
+        spans
+    }
+}
+
+/// Builds a [`Trace`] record by record, checking each against the live set.
+#[derive(Debug)]
+pub struct TraceBuilder {
+    name: String,
+    live: HashMap<u64, (u32, u64)>,
+    events: Vec<Event>,
+    locations: Vec<Location>,
+    allocations: u32,
+    live_bytes: u64,
+    peak_live_bytes: u64,
+    peak_live_event: usize,
+}
+
+impl TraceBuilder {
+    /// An empty trace named `name`.
+    pub fn new(name: String) -> Self {
+        Self {
+            name,
+            live: HashMap::new(),
+            events: Vec::new(),
+            locations: Vec::new(),
+            allocations: 0,
+            live_bytes: 0,
+            peak_live_bytes: 0,
+            peak_live_event: 0,
+        }
+    }
+
+    /// Record an allocation of `size` bytes at `pointer`.
+    pub fn allocate(&mut self, pointer: u64, size: u64, at: Location) -> Result<(), Problem> {
+        if size == 0 {
+            return Err(Problem::BadSize {
+                text: "0".into(),
+                why: "is zero (an allocation needs at least one byte)",
+            });
+        }
+        if size > MAX_REQUEST_BYTES {
+            return Err(Problem::BadSize {
+                text: size.to_string(),
+                why: "exceeds 2^48 bytes (256 TiB), more than any GPU can address",
+            });
+        }
+        if self.live.contains_key(&pointer) {
+            return Err(Problem::LivePointer(pointer));
+        }
+        let id = self.allocations;
+        self.allocations = id.checked_add(1).ok_or(Problem::TooManyAllocations)?;
+        self.live.insert(pointer, (id, size));
+        self.events.push(Event::Alloc { id, size });
+        self.locations.push(at);
+        // Cannot overflow: at most 2^32 allocations of at most 2^48 bytes.
+        self.live_bytes += size;
+        if self.live_bytes > self.peak_live_bytes {
+            self.peak_live_bytes = self.live_bytes;
+            self.peak_live_event = self.events.len() - 1;
+        }
+        Ok(())
+    }
+
+    /// Record the free of the live allocation at `pointer`.
+    pub fn free(&mut self, pointer: u64, at: Location) -> Result<(), Problem> {
+        let (id, size) = self
+            .live
+            .remove(&pointer)
+            .ok_or(Problem::UnknownPointer(pointer))?;
+        self.live_bytes -= size;
+        self.events.push(Event::Free { id });
+        self.locations.push(at);
+        Ok(())
+    }
+
+    /// The finished trace.
+    pub fn finish(self) -> Trace {
+        Trace {
+            name: self.name,
+            events: self.events,
+            locations: self.locations,
+            allocations: self.allocations,
+            peak_live_bytes: self.peak_live_bytes,
+            peak_live_event: self.peak_live_event,
+        }
+    }
+}
+
+/// Parse a byte count field: a non-negative decimal integer.
+pub fn parse_size(text: &str) -> Result<u64, Problem> {
+    let trimmed = text.trim();
+    let bad = |why| Problem::BadSize {
+        text: trimmed.to_string(),
+        why,
+    };
+    if trimmed.starts_with('-')
+        && trimmed[1..].bytes().all(|b| b.is_ascii_digit())
+        && trimmed.len() > 1
+    {
+        return Err(bad("is negative"));
+    }
+    if trimmed.is_empty() || !trimmed.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad("is not a number"));
+    }
+    trimmed
+        .parse::<u64>()
+        .map_err(|_| bad("overflows a 64-bit byte count"))
+}
+
+/// Parse a pointer field: hexadecimal, with or without `0x`.
+pub fn parse_pointer(text: &str) -> Result<u64, Problem> {
+    let trimmed = text.trim();
+    let digits = trimmed
+        .strip_prefix("0x")
+        .or_else(|| trimmed.strip_prefix("0X"))
+        .unwrap_or(trimmed);
+    u64::from_str_radix(digits, 16).map_err(|_| Problem::BadPointer(trimmed.to_string()))
+}
+
+/// The name a report shows for a trace file: its file name.
+pub fn display_name(path: &Path) -> String {
+    path.file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_or_say_why_not() {
+        assert_eq!(parse_size(" 4096 "), Ok(4096));
+        let why = |text| match parse_size(text) {
+            Err(Problem::BadSize { why, .. }) => why,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(why("-5"), "is negative");
+        assert_eq!(why("12ab"), "is not a number");
+        assert_eq!(why(""), "is not a number");
+        assert_eq!(
+            why("99999999999999999999999"),
+            "overflows a 64-bit byte count"
+        );
+    }
+
+    #[test]
+    fn builder_tracks_peak_and_rejects_inconsistent_records() {
+        let mut trace = TraceBuilder::new("t".into());
+        trace.allocate(0x100, 10, Location::Line(2)).unwrap();
+        trace.allocate(0x200, 30, Location::Line(3)).unwrap();
+        assert_eq!(
+            trace.allocate(0x200, 5, Location::Line(4)),
+            Err(Problem::LivePointer(0x200))
+        );
+        trace.free(0x100, Location::Line(5)).unwrap();
+        assert_eq!(
+            trace.free(0x100, Location::Line(6)),
+            Err(Problem::UnknownPointer(0x100))
+        );
+        trace.allocate(0x100, 5, Location::Line(7)).unwrap();
+        let trace = trace.finish();
+        assert_eq!(trace.peak_live_bytes, 40);
+        assert_eq!(trace.peak_live_event, 1);
+        assert_eq!(trace.allocations, 3);
+        assert_eq!(trace.live_bytes_curve(), vec![10, 40, 30, 35]);
+        assert_eq!(trace.lifetimes(), vec![(0, 2), (1, 4), (3, 4)]);
+    }
+}

@@ -1,0 +1,141 @@
+//! `cudamem explain` and `cudamem heap` as a user runs them.
+
+use std::process::{Command, Output};
+
+fn cudamem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cudamem"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json_of(output: &Output) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[test]
+fn h200_ledger_has_the_local_memory_reservation() {
+    let json = json_of(&cudamem(&["explain", "--profile", "h200", "--json"]));
+    assert_eq!(json["device"], "h200");
+    assert_eq!(json["sm_count"], 132);
+    assert_eq!(json["max_threads_per_sm"], 2048);
+    assert_eq!(json["total_bytes"], 150_109_880_320u64);
+    assert_eq!(json["stack_size_bytes"], 1024);
+    assert_eq!(json["local_memory_per_sm_bytes"], 2048 * 1024);
+    assert_eq!(json["local_memory_reservation_bytes"], 132 * 2048 * 1024);
+    assert_eq!(json["malloc_heap_bytes"], 8 << 20);
+    assert_eq!(json["printf_fifo_bytes"], 8_650_752);
+    assert_eq!(json["measured"], false);
+    assert!(
+        json.as_object()
+            .unwrap()
+            .keys()
+            .all(|key| !key.starts_with("measured_"))
+    );
+}
+
+#[test]
+fn limits_and_kernel_frames_change_the_ledger() {
+    let json = json_of(&cudamem(&[
+        "explain",
+        "--stack-size",
+        "2KiB",
+        "--lmem",
+        "16KiB",
+        "--lmem",
+        "512",
+        "--heap-size",
+        "64MiB",
+        "--json",
+    ]));
+    // The largest frame (16 KiB) exceeds the stack limit and sets the reservation.
+    assert_eq!(json["stack_size_bytes"], 2048);
+    assert_eq!(
+        json["local_memory_reservation_bytes"],
+        132u64 * 2048 * 16384
+    );
+    assert_eq!(json["malloc_heap_bytes"], 64 << 20);
+}
+
+#[test]
+fn explain_tells_unknown_profiles_and_missing_cuda_apart() {
+    let output = cudamem(&["explain", "--profile", "voodoo2"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("unknown profile \"voodoo2\"") && stderr.contains("h200"),
+        "{stderr}"
+    );
+
+    let output = cudamem(&["explain", "--device", "0"]);
+    if cfg!(feature = "cuda") {
+        // A cuda build without a GPU fails in the driver, still cleanly.
+        assert!(!String::from_utf8_lossy(&output.stderr).contains("panicked"));
+    } else {
+        assert!(!output.status.success());
+        assert!(String::from_utf8_lossy(&output.stderr).contains("built without the cuda feature"));
+    }
+
+    let output = cudamem(&["explain", "--stack-size", "12 parsecs"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown unit"));
+}
+
+#[test]
+fn explain_draws_the_ledger() {
+    let path = std::env::temp_dir().join(format!("cudamem-explain-{}.html", std::process::id()));
+    let output = cudamem(&[
+        "explain",
+        "--profile",
+        "a100-80gb",
+        "--report",
+        path.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("local memory"), "{stdout}");
+    let html = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(html.matches("<svg").count(), 1);
+    assert!(html.contains("local memory"));
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn heap_predicts_without_a_gpu() {
+    let json = json_of(&cudamem(&[
+        "heap",
+        "--size",
+        "256",
+        "--size",
+        "1KiB",
+        "--threads",
+        "1024",
+        "--predict",
+        "--json",
+    ]));
+    assert_eq!(json["prediction"]["requested_bytes_per_thread"], 1280);
+    // (256 + 16) + (1024 + 16) bytes a thread, 1024 threads, whole MiB.
+    assert_eq!(json["prediction"]["minimum_heap_bytes"], 2 << 20);
+    assert!(json["measured"].is_null());
+    let output = cudamem(&[
+        "heap",
+        "--size",
+        "4096",
+        "--threads",
+        "1048576",
+        "--predict",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("prediction"), "{stdout}");
+    let output = cudamem(&["heap", "--size", "0"]);
+    assert!(!output.status.success());
+}
