@@ -15,9 +15,8 @@
 //! where sliding makes room, moving the fewest bytes; its moves may overlap
 //! their sources, like any slide.
 
-use alloc::vec::Vec;
-
 use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
 
 use super::{Move, Placed, fit_in, holes, slide};
 use crate::{Extent, Handle};

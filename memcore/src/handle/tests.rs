@@ -246,5 +246,8 @@ fn fitting_request_commits_without_relayout() {
     assert!(plan.is_empty());
     heap.commit(plan).unwrap();
     assert_eq!(heap.allocator().free_extents(), [Extent::new(4096, 81)]);
-    assert_eq!(heap.allocate(81, 256, movable()).map(|h| heap.offset(h)), Ok(Ok(4096)));
+    assert_eq!(
+        heap.allocate(81, 256, movable()).map(|h| heap.offset(h)),
+        Ok(Ok(4096))
+    );
 }
