@@ -167,20 +167,10 @@ impl<A: Allocator> Grown<A> {
     }
 }
 
-/// Whether an allocator error means "does not fit" rather than a bug.
-fn is_refusal(err: &Error) -> bool {
-    matches!(err, Error::OutOfMemory { .. } | Error::Overflow { .. })
-}
-
-impl<A: Allocator> Policy for Grown<A> {
-    type Block = Allocation;
-
-    fn allocate(&mut self, size: u64) -> Result<Option<Allocation>> {
-        match self.allocator.allocate(size, DEFAULT_ALIGN) {
-            Ok(block) => return Ok(Some(block)),
-            Err(err) if is_refusal(&err) => {}
-            Err(err) => return Err(err.into()),
-        }
+impl<A: Allocator> Grown<A> {
+    /// Map more and retry, after `size` bytes did not fit.
+    #[cold]
+    fn grow_and_allocate(&mut self, size: u64) -> Result<Option<Allocation>> {
         if !self.growable {
             return Ok(None);
         }
@@ -196,7 +186,28 @@ impl<A: Allocator> Policy for Grown<A> {
         }
         Ok(None)
     }
+}
 
+/// Whether an allocator error means "does not fit" rather than a bug.
+fn is_refusal(err: &Error) -> bool {
+    matches!(err, Error::OutOfMemory { .. } | Error::Overflow { .. })
+}
+
+impl<A: Allocator> Policy for Grown<A> {
+    type Block = Allocation;
+
+    // The replay loop times these calls: inline them, and keep growth out
+    // of line, so the loop holds the allocator's own code and nothing else.
+    #[inline(always)]
+    fn allocate(&mut self, size: u64) -> Result<Option<Allocation>> {
+        match self.allocator.allocate(size, DEFAULT_ALIGN) {
+            Ok(block) => Ok(Some(block)),
+            Err(err) if is_refusal(&err) => self.grow_and_allocate(size),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    #[inline(always)]
     fn free(&mut self, block: Allocation) -> Result<()> {
         Ok(self.allocator.free(block)?)
     }

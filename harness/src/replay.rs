@@ -146,9 +146,12 @@ impl PolicyBody<Outcome> for Timed<'_> {
         let started = Instant::now();
         for (index, event) in trace.events.iter().enumerate() {
             match *event {
-                Event::Alloc { id, size } => match policy.allocate(size)? {
-                    Some(block) => slots[id as usize] = Some(block),
-                    None => {
+                // Matched whole rather than through `?`, which would put
+                // a large block through memory on every call.
+                Event::Alloc { id, size } => match policy.allocate(size) {
+                    Ok(Some(block)) => slots[id as usize] = Some(block),
+                    Err(err) => return Err(err),
+                    Ok(None) => {
                         failed += 1;
                         if first_failure.is_none() {
                             first_failure = Some(Failure {

@@ -82,13 +82,11 @@ impl Tlsf {
                         tally.free_blocks += 1;
                     }
                     State::Used => {
-                        let inside = node.alloc_size > 0
-                            && node.alloc_offset >= node.offset
-                            && node.alloc_offset.checked_add(node.alloc_size) <= Some(node.end());
-                        ensure(inside, "allocation outside its block")?;
-                        tally.live += node.alloc_size;
+                        let padding = u64::from(node.lead) + u64::from(node.trail);
+                        ensure(padding < node.size, "allocation outside its block")?;
+                        tally.live += node.size - padding;
                         tally.live_blocks += 1;
-                        tally.padding += node.size - node.alloc_size;
+                        tally.padding += padding;
                     }
                 }
                 prev_free = node.state == State::Free;
@@ -107,7 +105,7 @@ impl Tlsf {
             live: self.live_bytes,
             live_blocks: self.live_blocks,
             padding: self.padding_bytes,
-            free: self.free_bytes,
+            free: self.free_bytes(),
             free_blocks: self.free_blocks,
         };
         ensure(counters == tally, "counters disagree with the blocks")?;

@@ -25,71 +25,74 @@ pub(super) const LINEAR_LIMIT: u64 = 1 << LINEAR_LOG2;
 /// two from `LINEAR_LIMIT` to `2^63`.
 pub(super) const FL_COUNT: usize = (64 - LINEAR_LOG2 + 1) as usize;
 
-/// A size class.
+/// A size class: its position in the flat table of lists, level `fl`
+/// times [`SL_COUNT`] plus step `sl`, so classes order as their sizes do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Class {
-    fl: usize,
-    sl: usize,
-}
+pub(super) struct Class(u32);
+
+/// Classes in all: [`FL_COUNT`] levels of [`SL_COUNT`] steps.
+const CLASS_COUNT: usize = FL_COUNT * SL_COUNT;
 
 impl Class {
+    const fn new(fl: u32, sl: u32) -> Class {
+        Class(fl << SL_BITS | sl)
+    }
+
+    /// First-level index.
+    #[inline]
+    fn fl(self) -> usize {
+        (self.0 >> SL_BITS) as usize
+    }
+
+    /// Second-level index.
+    #[inline]
+    fn sl(self) -> u32 {
+        self.0 & (SL_COUNT as u32 - 1)
+    }
+
     /// The class whose size range holds `size` bytes.
+    #[inline]
     pub(super) fn of(size: u64) -> Class {
         if size < LINEAR_LIMIT {
-            Class {
-                fl: 0,
-                sl: (size >> GRANULE_LOG2) as usize,
-            }
+            Class((size >> GRANULE_LOG2) as u32)
         } else {
             let log2 = 63 - size.leading_zeros();
-            Class {
-                fl: (log2 - LINEAR_LOG2 + 1) as usize,
-                sl: ((size >> (log2 - SL_BITS)) as usize) & (SL_COUNT - 1),
-            }
+            // `size >> (log2 - SL_BITS)` is SL_COUNT plus the step, which
+            // carries the level one up: level `log2 - LINEAR_LOG2 + 1`.
+            Class(((log2 - LINEAR_LOG2) << SL_BITS) + (size >> (log2 - SL_BITS)) as u32)
         }
     }
 
     /// The lowest class in which every block holds at least `size` bytes:
     /// `size` rounded up to the next class boundary. `None` when that
     /// boundary is past `u64::MAX`.
+    #[inline]
     pub(super) fn at_least(size: u64) -> Option<Class> {
-        let step = if size < LINEAR_LIMIT {
-            GRANULE
-        } else {
-            1 << (63 - size.leading_zeros() - SL_BITS)
-        };
+        if size < LINEAR_LIMIT {
+            // One class per granule; the class past the last linear one is
+            // level 1, step 0, whose lowest size is `LINEAR_LIMIT`.
+            return Some(Class(size.div_ceil(GRANULE) as u32));
+        }
+        let step = 1 << (63 - size.leading_zeros() - SL_BITS);
         let rounded = size.checked_add(step - 1)? & !(step - 1);
         Some(Class::of(rounded))
     }
 
     /// The next class up, if any.
     pub(super) fn next(self) -> Option<Class> {
-        if self.sl + 1 < SL_COUNT {
-            Some(Class {
-                fl: self.fl,
-                sl: self.sl + 1,
-            })
-        } else if self.fl + 1 < FL_COUNT {
-            Some(Class {
-                fl: self.fl + 1,
-                sl: 0,
-            })
-        } else {
-            None
-        }
+        ((self.0 as usize) + 1 < CLASS_COUNT).then_some(Class(self.0 + 1))
     }
 
     /// Position in the flat table of list heads.
+    #[inline]
     pub(super) fn index(self) -> usize {
-        self.fl * SL_COUNT + self.sl
+        self.0 as usize
     }
 
     /// The class at a position of the flat table.
     pub(super) fn from_index(index: usize) -> Class {
-        Class {
-            fl: index / SL_COUNT,
-            sl: index % SL_COUNT,
-        }
+        debug_assert!(index < CLASS_COUNT);
+        Class(index as u32)
     }
 }
 
@@ -108,50 +111,63 @@ pub(super) struct Bins {
 impl Bins {
     pub(super) fn new() -> Self {
         Self {
-            heads: alloc::vec![NONE; FL_COUNT * SL_COUNT],
+            heads: alloc::vec![NONE; CLASS_COUNT],
             fl_map: 0,
             sl_map: [0; FL_COUNT],
         }
     }
 
+    #[inline]
     pub(super) fn head(&self, class: Class) -> u32 {
         self.heads[class.index()]
     }
 
-    /// Point the list of `class` at `node` ([`NONE`] empties it), keeping
-    /// the bitmaps in step.
+    /// Point the list of `class` at `node`. The list was non-empty: its
+    /// bits are set already.
+    #[inline]
     pub(super) fn set_head(&mut self, class: Class, node: u32) {
+        debug_assert!(self.marked(class) && node != NONE);
+        self.heads[class.index()] = node;
+    }
+
+    /// Start the empty list of `class` with `node`, marking it non-empty.
+    #[inline]
+    pub(super) fn set_first(&mut self, class: Class, node: u32) {
+        debug_assert!(node != NONE);
+        self.heads[class.index()] = node;
+        self.sl_map[class.fl()] |= 1 << class.sl();
+        self.fl_map |= 1 << class.fl();
+    }
+
+    /// Point the list of `class` at `node`, which is [`NONE`] when the list
+    /// is now empty; the bitmaps follow.
+    #[inline]
+    pub(super) fn replace_head(&mut self, class: Class, node: u32) {
         self.heads[class.index()] = node;
         if node == NONE {
-            self.sl_map[class.fl] &= !(1 << class.sl);
-            if self.sl_map[class.fl] == 0 {
-                self.fl_map &= !(1 << class.fl);
+            let level = &mut self.sl_map[class.fl()];
+            *level &= !(1 << class.sl());
+            if *level == 0 {
+                self.fl_map &= !(1 << class.fl());
             }
-        } else {
-            self.sl_map[class.fl] |= 1 << class.sl;
-            self.fl_map |= 1 << class.fl;
         }
     }
 
     /// The first non-empty class at or above `from`.
+    #[inline]
     pub(super) fn first_nonempty_from(&self, from: Class) -> Option<Class> {
-        let same_level = self.sl_map[from.fl] & (u32::MAX << from.sl);
+        let fl = from.fl();
+        let same_level = self.sl_map[fl] & (u32::MAX << from.sl());
         if same_level != 0 {
-            return Some(Class {
-                fl: from.fl,
-                sl: same_level.trailing_zeros() as usize,
-            });
+            return Some(Class(from.0 + (same_level.trailing_zeros() - from.sl())));
         }
         // FL_COUNT < 64, so the shift never overflows.
-        let levels = self.fl_map & (u64::MAX << (from.fl + 1));
+        let levels = self.fl_map & (u64::MAX << (fl + 1));
         if levels == 0 {
             return None;
         }
-        let fl = levels.trailing_zeros() as usize;
-        Some(Class {
-            fl,
-            sl: self.sl_map[fl].trailing_zeros() as usize,
-        })
+        let fl = levels.trailing_zeros();
+        Some(Class::new(fl, self.sl_map[fl as usize].trailing_zeros()))
     }
 
     /// The highest non-empty class.
@@ -159,16 +175,16 @@ impl Bins {
         if self.fl_map == 0 {
             return None;
         }
-        let fl = 63 - self.fl_map.leading_zeros() as usize;
-        Some(Class {
+        let fl = 63 - self.fl_map.leading_zeros();
+        Some(Class::new(
             fl,
-            sl: 31 - self.sl_map[fl].leading_zeros() as usize,
-        })
+            31 - self.sl_map[fl as usize].leading_zeros(),
+        ))
     }
 
     /// Whether the bitmaps say the list of `class` is non-empty.
     pub(super) fn marked(&self, class: Class) -> bool {
-        self.sl_map[class.fl] & (1 << class.sl) != 0 && self.fl_map & (1 << class.fl) != 0
+        self.sl_map[class.fl()] & (1 << class.sl()) != 0 && self.fl_map & (1 << class.fl()) != 0
     }
 
     /// Whether level `fl` is marked exactly when one of its lists is.
@@ -199,12 +215,13 @@ mod tests {
         for w in sizes.windows(2) {
             assert!(Class::of(w[0]) <= Class::of(w[1]), "{w:?}");
         }
-        assert_eq!(Class::of(u64::MAX).fl, FL_COUNT - 1);
-        assert_eq!(Class::of(8191), Class { fl: 0, sl: 31 });
-        assert_eq!(Class::of(8192), Class { fl: 1, sl: 0 });
-        assert_eq!(Class::of(8192 + 256), Class { fl: 1, sl: 1 });
-        assert_eq!(Class::of(16384 + 511), Class { fl: 2, sl: 0 });
-        assert_eq!(Class::of(16384 + 512), Class { fl: 2, sl: 1 });
+        assert_eq!(Class::of(u64::MAX).fl(), FL_COUNT - 1);
+        assert_eq!(Class::of(u64::MAX).index(), CLASS_COUNT - 1);
+        assert_eq!(Class::of(8191), Class::new(0, 31));
+        assert_eq!(Class::of(8192), Class::new(1, 0));
+        assert_eq!(Class::of(8192 + 256), Class::new(1, 1));
+        assert_eq!(Class::of(16384 + 511), Class::new(2, 0));
+        assert_eq!(Class::of(16384 + 512), Class::new(2, 1));
     }
 
     #[test]
@@ -233,15 +250,15 @@ mod tests {
     fn bitmaps_find_first_and_highest_lists() {
         let mut bins = Bins::new();
         assert_eq!(bins.first_nonempty_from(Class::of(1)), None);
-        bins.set_head(Class::of(300), 7);
-        bins.set_head(Class::of(1 << 40), 9);
+        bins.set_first(Class::of(300), 7);
+        bins.set_first(Class::of(1 << 40), 9);
         assert_eq!(bins.first_nonempty_from(Class::of(1)), Some(Class::of(300)));
         assert_eq!(
             bins.first_nonempty_from(Class::of(600)),
             Some(Class::of(1 << 40))
         );
         assert_eq!(bins.highest_nonempty(), Some(Class::of(1 << 40)));
-        bins.set_head(Class::of(1 << 40), NONE);
+        bins.replace_head(Class::of(1 << 40), NONE);
         assert_eq!(bins.highest_nonempty(), Some(Class::of(300)));
         assert!(bins.marked(Class::of(300)));
         assert!((0..FL_COUNT).all(|fl| bins.level_marks_agree(fl)));

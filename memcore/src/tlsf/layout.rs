@@ -30,7 +30,7 @@ impl Tlsf {
             return Err(Error::OutOfMemory {
                 requested: size,
                 align: 1,
-                free_bytes: self.free_bytes,
+                free_bytes: self.free_bytes(),
                 largest_free: self.largest_free(),
             });
         }
@@ -85,8 +85,9 @@ impl Tlsf {
         if node.state != State::Free || node.size < min_bytes {
             return None;
         }
+        let node = *node;
         let (extent, prev) = (Extent::new(node.offset, node.size), node.prev_phys);
-        self.unlink_free(tail);
+        self.unlink_free(tail, &node);
         self.nodes.give_back(tail);
         self.managed_bytes -= extent.size;
         if prev == NONE {
@@ -141,7 +142,7 @@ impl Tlsf {
             return Err(Error::OutOfMemory {
                 requested: used.iter().map(|e| e.size).sum(),
                 align: 1,
-                free_bytes: self.free_bytes,
+                free_bytes: self.free_bytes(),
                 largest_free: self.largest_free(),
             });
         }
@@ -150,7 +151,6 @@ impl Tlsf {
         self.live_bytes = 0;
         self.live_blocks = 0;
         self.padding_bytes = 0;
-        self.free_bytes = 0;
         self.free_blocks = 0;
         let mut allocations = Vec::with_capacity(used.len());
         let mut rest = used;
@@ -164,7 +164,7 @@ impl Tlsf {
             for (k, e) in mine.iter().enumerate() {
                 if e.offset - cursor >= GRANULE {
                     last = self.append_block(r, last, cursor, e.offset - cursor);
-                    self.link_free(last);
+                    self.link_free(last, e.offset - cursor);
                     cursor = e.offset;
                 }
                 let next_start = mine.get(k + 1).map_or(region.end(), |n| n.offset);
@@ -174,12 +174,12 @@ impl Tlsf {
                     e.end()
                 };
                 last = self.append_block(r, last, cursor, held_end - cursor);
-                allocations.push(self.mark_used(last, e.offset, e.size));
+                allocations.push(self.mark_used(last, e.offset, e.size)?);
                 cursor = held_end;
             }
             if cursor < region.end() {
                 last = self.append_block(r, last, cursor, region.end() - cursor);
-                self.link_free(last);
+                self.link_free(last, region.end() - cursor);
             }
         }
         Ok(allocations)

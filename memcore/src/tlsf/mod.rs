@@ -20,7 +20,7 @@ use alloc::vec::Vec;
 
 use crate::{Allocation, Allocator, Error, Extent, Result, Stats, align_up, check_align};
 use class::{Bins, Class, GRANULE};
-use node::{NONE, Nodes, State};
+use node::{NONE, Node, Nodes, State};
 
 /// A managed region: its extent and the nodes of its lowest and highest
 /// blocks. Regions that touch are merged into one.
@@ -81,7 +81,6 @@ pub struct Tlsf {
     live_bytes: u64,
     live_blocks: u64,
     padding_bytes: u64,
-    free_bytes: u64,
     free_blocks: u64,
     high_water: u64,
 }
@@ -109,130 +108,184 @@ impl Tlsf {
             live_bytes: 0,
             live_blocks: 0,
             padding_bytes: 0,
-            free_bytes: 0,
             free_blocks: 0,
             high_water: 0,
         }
     }
 
-    /// Put free block `index` at the head of its class's list.
-    fn link_free(&mut self, index: u32) {
-        let class = Class::of(self.nodes[index].size);
+    /// Bytes in free blocks: what no live block holds.
+    #[inline]
+    fn free_bytes(&self) -> u64 {
+        self.managed_bytes - self.live_bytes - self.padding_bytes
+    }
+
+    /// Put block `index` of `size` bytes at the head of its class's list and
+    /// mark it free.
+    #[inline(always)]
+    fn link_free(&mut self, index: u32, size: u64) {
+        let class = Class::of(size);
         let head = self.bins.head(class);
         let node = &mut self.nodes[index];
+        debug_assert_eq!(node.size, size);
         node.state = State::Free;
         node.prev_free = NONE;
         node.next_free = head;
-        self.free_bytes += node.size;
-        self.free_blocks += 1;
-        if head != NONE {
+        if head == NONE {
+            self.bins.set_first(class, index);
+        } else {
             debug_assert_eq!(self.nodes[head].prev_free, NONE);
             self.nodes[head].prev_free = index;
+            self.bins.set_head(class, index);
         }
-        self.bins.set_head(class, index);
+        self.free_blocks += 1;
     }
 
-    /// Take free block `index` off its class's list.
-    fn unlink_free(&mut self, index: u32) {
-        let node = &self.nodes[index];
+    /// Take free block `index`, described by `node`, off its class's list.
+    #[inline(always)]
+    fn unlink_free(&mut self, index: u32, node: &Node) {
         debug_assert_eq!(node.state, State::Free);
-        let (prev, next, size) = (node.prev_free, node.next_free, node.size);
+        let (prev, next) = (node.prev_free, node.next_free);
         if prev == NONE {
-            let class = Class::of(size);
+            let class = Class::of(node.size);
             debug_assert_eq!(self.bins.head(class), index);
-            self.bins.set_head(class, next);
+            self.bins.replace_head(class, next);
         } else {
             self.nodes[prev].next_free = next;
         }
         if next != NONE {
             self.nodes[next].prev_free = prev;
         }
-        self.free_bytes -= size;
+        self.free_blocks -= 1;
+    }
+
+    /// Take the head of `class`'s list, block `index`, off the list.
+    #[inline(always)]
+    fn pop_head(&mut self, class: Class, index: u32) {
+        let next = self.nodes[index].next_free;
+        debug_assert_eq!(self.nodes[index].prev_free, NONE);
+        if next != NONE {
+            self.nodes[next].prev_free = NONE;
+        }
+        self.bins.replace_head(class, next);
         self.free_blocks -= 1;
     }
 
     /// The index of the region holding byte `offset`.
+    #[inline]
     fn region_of(&self, offset: u64) -> usize {
         self.regions.partition_point(|r| r.extent.end() <= offset)
     }
 
+    /// Record `index`, the block holding byte `offset`, as the last block
+    /// of its region. Most pools have one region, so look at the highest
+    /// first.
+    #[inline(always)]
+    fn set_region_last(&mut self, offset: u64, index: u32) {
+        let top = self.regions.len().wrapping_sub(1);
+        let region = match self.regions.get(top) {
+            Some(r) if r.extent.offset <= offset => top,
+            _ => self.region_of(offset),
+        };
+        self.regions[region].last = index;
+    }
+
     /// Cut block `index` at `at`: it keeps `[offset, at)` and a new node
     /// takes `[at, end)`, which is returned. Neither is on a free list.
+    #[inline(always)]
     fn split(&mut self, index: u32, at: u64) -> u32 {
-        let (end, next) = (self.nodes[index].end(), self.nodes[index].next_phys);
-        debug_assert!(self.nodes[index].offset < at && at < end);
-        let upper = self.nodes.take(at, end - at);
-        self.nodes[index].size = at - self.nodes[index].offset;
-        self.nodes[index].next_phys = upper;
-        self.nodes[upper].prev_phys = index;
-        self.nodes[upper].next_phys = next;
+        let lower = self.nodes[index];
+        debug_assert!(lower.offset < at && at < lower.end());
+        let upper = self.nodes.take(at, lower.end() - at);
+        let next = lower.next_phys;
+        let node = &mut self.nodes[index];
+        node.size = at - lower.offset;
+        node.next_phys = upper;
+        let node = &mut self.nodes[upper];
+        node.prev_phys = index;
+        node.next_phys = next;
         if next == NONE {
-            let region = self.region_of(at);
-            self.regions[region].last = upper;
+            self.set_region_last(at, upper);
         } else {
             self.nodes[next].prev_phys = upper;
         }
         upper
     }
 
-    /// Merge block `lower`'s physical successor into it and give the
-    /// successor's node back. Neither is on a free list.
-    fn absorb_next(&mut self, lower: u32) {
-        let upper = self.nodes[lower].next_phys;
-        debug_assert_ne!(upper, NONE);
-        let (size, next) = (self.nodes[upper].size, self.nodes[upper].next_phys);
-        self.nodes[lower].size += size;
-        self.nodes[lower].next_phys = next;
-        if next == NONE {
-            let region = self.region_of(self.nodes[lower].offset);
-            self.regions[region].last = lower;
-        } else {
-            self.nodes[next].prev_phys = lower;
-        }
-        self.nodes.give_back(upper);
-    }
-
-    /// Make block `index` free: coalesce it with free physical neighbours
-    /// (keeping the lowest node) and list the result.
+    /// Make block `index` (live, or new and on no list) free: coalesce it
+    /// with free physical neighbours, keeping the lowest node and giving
+    /// the others back, and list the result.
+    #[inline(always)]
     fn release_block(&mut self, index: u32) {
-        let mut block = index;
-        let prev = self.nodes[block].prev_phys;
-        if prev != NONE && self.nodes[prev].state == State::Free {
-            self.unlink_free(prev);
-            self.absorb_next(prev);
+        let node = self.nodes[index];
+        let (mut block, mut size) = (index, node.size);
+        let prev = node.prev_phys;
+        if let Some(below) = self.nodes.get(prev).copied()
+            && below.state == State::Free
+        {
+            self.unlink_free(prev, &below);
+            self.nodes.give_back(index);
             block = prev;
+            size += below.size;
         }
-        let next = self.nodes[block].next_phys;
-        if next != NONE && self.nodes[next].state == State::Free {
-            self.unlink_free(next);
-            self.absorb_next(block);
+        let mut next = node.next_phys;
+        if let Some(above) = self.nodes.get(next).copied()
+            && above.state == State::Free
+        {
+            self.unlink_free(next, &above);
+            self.nodes.give_back(next);
+            size += above.size;
+            next = above.next_phys;
         }
-        self.link_free(block);
+        let merged = &mut self.nodes[block];
+        merged.size = size;
+        merged.next_phys = next;
+        if next == NONE {
+            let offset = merged.offset;
+            self.set_region_last(offset, block);
+        } else {
+            self.nodes[next].prev_phys = block;
+        }
+        self.link_free(block, size);
     }
 
     /// Where a `size`-byte request aligned to `align` (>= the granule)
     /// would start inside block `index`, if it fits there.
+    #[inline(always)]
     fn fit_in(&self, index: u32, size: u64, align: u64) -> Option<u64> {
         let node = &self.nodes[index];
         let at = align_up(node.offset, align)?;
         (at.checked_add(size)? <= node.end()).then_some(at)
     }
 
-    /// A free block that holds the request. Good fit first: the list at or
-    /// above the request rounded up to a class boundary (plus the worst
-    /// alignment gap) is non-empty only if its head fits. If that finds
-    /// nothing, scan the lists from the request's own class upward, which
-    /// may hold a block that fits even though its class does not promise it.
-    fn find_block(&self, size: u64, rounded: u64, align: u64) -> Option<u32> {
+    /// A free block that holds the request, taken off its list. Good fit
+    /// first: the list at or above the request rounded up to a class
+    /// boundary (plus the worst alignment gap) is non-empty only if its
+    /// head fits. If that finds nothing, scan the lists from the request's
+    /// own class upward, which may hold a block that fits even though its
+    /// class does not promise it.
+    #[inline(always)]
+    fn take_block(&mut self, size: u64, rounded: u64, align: u64) -> Option<u32> {
         let good_fit = rounded
             .checked_add(align - GRANULE)
             .and_then(Class::at_least)
-            .and_then(|class| self.bins.first_nonempty_from(class))
-            .map(|class| self.bins.head(class))
-            .filter(|&head| self.fit_in(head, size, align).is_some());
-        if good_fit.is_some() {
-            return good_fit;
+            .and_then(|class| self.bins.first_nonempty_from(class));
+        if let Some(class) = good_fit {
+            let head = self.bins.head(class);
+            if self.fit_in(head, size, align).is_some() {
+                self.pop_head(class, head);
+                return Some(head);
+            }
         }
+        let index = self.scan(size, align)?;
+        let node = self.nodes[index];
+        self.unlink_free(index, &node);
+        Some(index)
+    }
+
+    /// Any free block that holds the request, from the request's own class
+    /// upward: the fallback when good fit finds nothing.
+    #[cold]
+    fn scan(&self, size: u64, align: u64) -> Option<u32> {
         let mut class = Some(Class::of(size));
         while let Some(from) = class {
             let found = self.bins.first_nonempty_from(from)?;
@@ -251,47 +304,61 @@ impl Tlsf {
     /// Turn free, unlisted block `index` into an allocation of `size` bytes
     /// at an `align`-aligned offset, splitting off a leading gap and a tail
     /// of at least a granule as free blocks.
-    fn carve(&mut self, index: u32, size: u64, rounded: u64, align: u64) -> Allocation {
+    #[inline(always)]
+    fn carve(&mut self, index: u32, size: u64, rounded: u64, align: u64) -> Result<Allocation> {
         let mut block = index;
-        let at = align_up(self.nodes[block].offset, align).unwrap_or(u64::MAX);
-        if at - self.nodes[block].offset >= GRANULE {
+        let offset = self.nodes[block].offset;
+        let at = align_up(offset, align).unwrap_or(u64::MAX);
+        if at - offset >= GRANULE {
             let lower = block;
             block = self.split(lower, at);
             // Its neighbour below is live or absent: it was part of a
             // coalesced free block.
-            self.link_free(lower);
+            self.link_free(lower, at - offset);
         }
-        let held_end = at.saturating_add(rounded).min(self.nodes[block].end());
-        if self.nodes[block].end() - held_end >= GRANULE {
+        let end = self.nodes[block].end();
+        let held_end = at.saturating_add(rounded).min(end);
+        if end - held_end >= GRANULE {
             let tail = self.split(block, held_end);
-            self.link_free(tail);
+            self.link_free(tail, end - held_end);
         }
         self.mark_used(block, at, size)
     }
 
     /// Mark block `index` live with `size` bytes at `offset`.
-    fn mark_used(&mut self, index: u32, offset: u64, size: u64) -> Allocation {
+    #[inline(always)]
+    fn mark_used(&mut self, index: u32, offset: u64, size: u64) -> Result<Allocation> {
         let node = &mut self.nodes[index];
+        let padding = node.size - size;
+        // Carving and rebuilding never leave a lead of a granule or a trail
+        // of two; were that broken, say so rather than truncate.
+        let (Ok(lead), Ok(trail)) = (
+            u8::try_from(offset - node.offset),
+            u16::try_from(node.end() - (offset + size)),
+        ) else {
+            return Err(Error::Corrupt("padding too wide for a node"));
+        };
         node.state = State::Used;
-        node.alloc_offset = offset;
-        node.alloc_size = size;
-        let (held, generation) = (node.size, node.generation);
+        node.lead = lead;
+        node.trail = trail;
+        let generation = node.generation;
         self.live_bytes += size;
         self.live_blocks += 1;
-        self.padding_bytes += held - size;
+        self.padding_bytes += padding;
         self.high_water = self.high_water.max(offset + size);
-        Allocation {
+        Ok(Allocation {
             offset,
             size,
             id: u64::from(generation) << 32 | u64::from(index),
-        }
+        })
     }
 
+    #[cold]
     fn out_of_memory(&self, requested: u64, align: u64) -> Error {
         Error::OutOfMemory {
             requested,
             align,
-            free_bytes: self.free_bytes,
+            free_bytes: self.free_bytes(),
             largest_free: self.largest_free(),
         }
     }
@@ -319,7 +386,7 @@ impl Tlsf {
             while index != NONE {
                 let node = &self.nodes[index];
                 if node.state == State::Used {
-                    return node.alloc_offset + node.alloc_size;
+                    return node.alloc_end();
                 }
                 index = node.prev_phys;
             }
@@ -329,6 +396,10 @@ impl Tlsf {
 }
 
 impl Allocator for Tlsf {
+    // Inline across the crate boundary, so a caller's loop over allocate
+    // and free compiles as one piece, as generic allocators' do, and the
+    // allocation comes back in registers rather than through memory.
+    #[inline(always)]
     fn allocate(&mut self, size: u64, align: u64) -> Result<Allocation> {
         check_align(align)?;
         if size == 0 {
@@ -339,33 +410,31 @@ impl Allocator for Tlsf {
         if !self.nodes.can_take(2) {
             return Err(self.out_of_memory(size, align));
         }
-        match self.find_block(size, rounded, effective_align) {
-            Some(index) => {
-                self.unlink_free(index);
-                Ok(self.carve(index, size, rounded, effective_align))
-            }
+        match self.take_block(size, rounded, effective_align) {
+            Some(index) => self.carve(index, size, rounded, effective_align),
             None => Err(self.out_of_memory(size, align)),
         }
     }
 
+    #[inline(always)]
     fn free(&mut self, allocation: Allocation) -> Result<()> {
         let index = allocation.id as u32;
         let generation = (allocation.id >> 32) as u32;
         let live = self.nodes.get(index).filter(|node| {
             node.state == State::Used
                 && node.generation == generation
-                && node.alloc_offset == allocation.offset
-                && node.alloc_size == allocation.size
+                && node.alloc_offset() == allocation.offset
+                && node.alloc_end() - node.alloc_offset() == allocation.size
         });
         let Some(node) = live else {
             return Err(Error::UnknownAllocation {
                 offset: allocation.offset,
             });
         };
-        let held = node.size;
+        let padding = node.size - allocation.size;
         self.live_bytes -= allocation.size;
         self.live_blocks -= 1;
-        self.padding_bytes -= held - allocation.size;
+        self.padding_bytes -= padding;
         let node = &mut self.nodes[index];
         node.generation = node.generation.wrapping_add(1);
         self.release_block(index);
@@ -409,7 +478,7 @@ impl Allocator for Tlsf {
             live_bytes: self.live_bytes,
             live_blocks: self.live_blocks,
             padding_bytes: self.padding_bytes,
-            free_bytes: self.free_bytes,
+            free_bytes: self.free_bytes(),
             free_blocks: self.free_blocks,
             largest_free: self.largest_free(),
             high_water: self.high_water,

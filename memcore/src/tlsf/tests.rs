@@ -85,6 +85,40 @@ fn an_unaligned_region_keeps_slivers_as_padding() {
 }
 
 #[test]
+fn the_widest_paddings_are_kept_exactly() {
+    // A block is never left with a lead of a granule or more, nor a trail of
+    // two: the node keeps them in small fields. Here both are as wide as
+    // they get: 255 bytes before the allocation and 255 + 255 after it.
+    let mut t = tlsf(1, 255 + 512 + 255);
+    let a = t.allocate(257, 256).unwrap();
+    assert_eq!(a.extent(), Extent::new(256, 257));
+    let s = t.stats();
+    assert_eq!((s.padding_bytes, s.free_bytes, s.top), (255 + 510, 0, 513));
+    assert_sound(&t);
+    let before = t.stats();
+    assert!(t.free(Allocation { size: 256, ..a }).is_err());
+    assert!(t.free(Allocation { offset: 1, ..a }).is_err());
+    assert_eq!(t.stats(), before);
+    t.free(a).unwrap();
+    assert_eq!(t.free_extents(), [Extent::new(1, 1022)]);
+    assert_sound(&t);
+    // Rebuilt, a block keeps a sub-granule gap below it at the region's
+    // start and one above it before the next block.
+    let ids = t
+        .rebuild(&[Extent::new(200, 100), Extent::new(500, 100)])
+        .unwrap();
+    assert_eq!(ids[0].extent(), Extent::new(200, 100));
+    assert_eq!(t.stats().padding_bytes, 199 + 200);
+    assert_eq!(t.free_extents(), [Extent::new(600, 423)]);
+    assert_sound(&t);
+    for id in ids {
+        t.free(id).unwrap();
+    }
+    assert_eq!(t.free_extents(), [Extent::new(1, 1022)]);
+    assert_sound(&t);
+}
+
+#[test]
 fn free_coalesces_with_both_neighbours() {
     let mut t = tlsf(0, 4 * KIB);
     let a = t.allocate(KIB, 256).unwrap();
