@@ -299,12 +299,13 @@ impl CompactingTlsf {
 
     /// Apply a plan: the replay holds no bytes, so executing it is only
     /// counting what a device would copy.
+    /// An empty plan is committed too: making room can mean giving back
+    /// padding, with nothing to move.
     fn commit(&mut self, plan: memcore::CompactionPlan) -> Result<()> {
-        if plan.is_empty() {
-            return Ok(());
+        if !plan.is_empty() {
+            self.bytes_moved += plan.bytes_moved();
+            self.relocations += 1;
         }
-        self.bytes_moved += plan.bytes_moved();
-        self.relocations += 1;
         self.heap.commit(plan)?;
         Ok(())
     }
@@ -317,17 +318,17 @@ impl Policy for CompactingTlsf {
         if let Some(handle) = self.try_allocate(size)? {
             return Ok(Some(handle));
         }
-        if self.heap.stats().free_bytes >= size {
-            match self.heap.plan_room(size, DEFAULT_ALIGN) {
-                Ok(plan) => {
-                    self.commit(plan)?;
-                    if let Some(handle) = self.try_allocate(size)? {
-                        return Ok(Some(handle));
-                    }
+        // plan_room counts padding as free, so it is asked even when the
+        // free blocks alone look too small.
+        match self.heap.plan_room(size, DEFAULT_ALIGN) {
+            Ok(plan) => {
+                self.commit(plan)?;
+                if let Some(handle) = self.try_allocate(size)? {
+                    return Ok(Some(handle));
                 }
-                Err(err) if is_refusal(&err) => {}
-                Err(err) => return Err(err.into()),
             }
+            Err(err) if is_refusal(&err) => {}
+            Err(err) => return Err(err.into()),
         }
         if !self.growable {
             return Ok(None);
