@@ -26,6 +26,18 @@ impl StreamId {
     pub const DEFAULT: StreamId = StreamId(0);
 }
 
+/// One device-to-device copy of a batch ([`DeviceMemory::copy_moves`]):
+/// `len` bytes from `src` to `dst`, absolute device addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+pub struct CopyMove {
+    /// Where the bytes are.
+    pub src: u64,
+    /// Where they go.
+    pub dst: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
 /// Device memory as a pool uses it: virtual address reservations that are
 /// mapped and unmapped in granularity-sized pages (VMM), plain chunk
 /// allocations when there is no VMM, copies and host transfers.
@@ -71,6 +83,21 @@ pub trait DeviceMemory: Send {
     /// Copy `len` bytes from `src` to `dst` on the device, memmove semantics
     /// (the ranges may overlap). Ordered after all earlier work on the device.
     fn copy_within(&mut self, src: u64, dst: u64, len: u64) -> Result<()>;
+
+    /// Copy every move, in order, each with memmove semantics: the result is
+    /// that of calling [`copy_within`](Self::copy_within) for each in turn,
+    /// so a move may read what an earlier one wrote. Ordered after all
+    /// earlier work on the device.
+    ///
+    /// A compaction hands its whole plan over at once, so a device can queue
+    /// the copies without waiting between them, and copy moves that do not
+    /// depend on each other together. The default copies one after another.
+    fn copy_moves(&mut self, moves: &[CopyMove]) -> Result<()> {
+        for m in moves {
+            self.copy_within(m.src, m.dst, m.len)?;
+        }
+        Ok(())
+    }
 
     /// Copy host bytes to the device at `dst`.
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<()>;

@@ -570,6 +570,38 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_of_moves_runs_in_order() {
+        use crate::device::CopyMove;
+        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
+        let base = dev.reserve(PAGE).unwrap();
+        dev.map(base, PAGE).unwrap();
+        dev.write(base, b"abcdefgh").unwrap();
+        // The second move reads what the first wrote; the third overlaps itself.
+        let moves = [
+            CopyMove {
+                src: base,
+                dst: base + 100,
+                len: 4,
+            },
+            CopyMove {
+                src: base + 100,
+                dst: base + 200,
+                len: 4,
+            },
+            CopyMove {
+                src: base + 200,
+                dst: base + 202,
+                len: 4,
+            },
+        ];
+        dev.copy_moves(&moves).unwrap();
+        let mut out = [0; 6];
+        dev.read(base + 200, &mut out).unwrap();
+        assert_eq!(&out, b"ababcd");
+        assert_eq!(dev.counters().copies, 3);
+    }
+
+    #[test]
     fn unbacked_device_keeps_bookkeeping_only() {
         let mut dev = SimDevice::new(SimConfig::h200_like());
         let info = dev.mem_info().unwrap();

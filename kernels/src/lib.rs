@@ -6,6 +6,7 @@ pub mod heap;
 mod kernel;
 pub mod local;
 mod module;
+pub mod moves;
 pub mod pattern;
 
 pub use kernel::{BLOCK_THREADS, Kernel, LaunchShape};

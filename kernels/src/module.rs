@@ -45,4 +45,5 @@ pub static MODULES: &[&Module] = &[
     &crate::pattern::MODULE,
     &crate::heap::MODULE,
     &crate::local::MODULE,
+    &crate::moves::MODULE,
 ];

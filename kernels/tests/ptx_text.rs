@@ -92,7 +92,7 @@ fn device_heap_calls_are_where_described() {
 
 #[test]
 fn typed_kernels_name_their_entries() {
-    use kernels::{heap, local, pattern};
+    use kernels::{heap, local, moves, pattern};
     let typed = [
         (pattern::FILL.name(), "pattern_fill"),
         (pattern::VERIFY.name(), "pattern_verify"),
@@ -108,6 +108,7 @@ fn typed_kernels_name_their_entries() {
         (local::LOCAL_1K.name(), "local_1k"),
         (local::LOCAL_4K.name(), "local_4k"),
         (local::LOCAL_16K.name(), "local_16k"),
+        (moves::MOVE_BLOCKS.name(), "move_blocks"),
     ];
     for (got, expected) in typed {
         assert_eq!(got, expected);

@@ -4,7 +4,10 @@
 //! address space once, back it with physical pages as the pool grows, give pages back
 //! when it shrinks), plain `cuMemAlloc` chunks otherwise. All work runs on the legacy
 //! default stream of the context, so copies are ordered with each other and with host
-//! transfers.
+//! transfers; how batches of copies are done is [`super::mover`]'s.
+//!
+//! Every VMM driver call is counted and timed ([`CudaDevice::vmm_calls`]), so a
+//! benchmark can tell where the time of a growth goes.
 
 use std::collections::BTreeMap;
 
@@ -16,17 +19,15 @@ use cust::sys::{
 
 use super::{
     CudaContext,
-    copy_plan::{self, CopyStep},
     driver::{self, check},
+    mover::{CopyCalls, Mover},
+    vmm_calls::VmmCalls,
 };
+use crate::device::CopyMove;
 use crate::{DeviceMemory, Error, MemInfo, Result};
 
 /// The page a pool rounds chunks to when the device has no VMM, bytes.
 const CHUNK_GRANULARITY: u64 = 2 << 20;
-
-/// The scratch buffer overlapping copies bounce through, bytes (see [`copy_plan`]).
-/// At ~3.8 TB/s a piece this size takes about 10 µs, well above a call's overhead.
-const SCRATCH_BYTES: u64 = 16 << 20;
 
 /// What backs a range of device addresses this device handed out.
 #[derive(Debug)]
@@ -44,7 +45,8 @@ struct Backing {
 ///
 /// Device memory it uses besides what the pool asks for: a 16 MiB scratch buffer,
 /// allocated the first time a copy slides a block over itself by a short distance, kept
-/// until drop.
+/// until drop; and the `move_blocks` kernel's module, loaded the first time a batch of
+/// copies can use it (or by [`CudaDevice::load_move_kernel`]).
 #[derive(Debug)]
 pub struct CudaDevice {
     context: CudaContext,
@@ -55,8 +57,8 @@ pub struct CudaDevice {
     reservations: BTreeMap<u64, u64>,
     /// Start address -> mapping or chunk; never overlapping.
     backings: BTreeMap<u64, Backing>,
-    /// The bounce buffer for overlapping copies, once allocated.
-    scratch: Option<CUdeviceptr>,
+    mover: Mover,
+    vmm_calls: VmmCalls,
 }
 
 /// An [`Error::Device`] for a request the driver would refuse, named like the
@@ -121,13 +123,39 @@ impl CudaDevice {
             vmm,
             reservations: BTreeMap::new(),
             backings: BTreeMap::new(),
-            scratch: None,
+            mover: Mover::new(context),
+            vmm_calls: VmmCalls::default(),
         })
     }
 
     /// The context this device works in.
     pub fn context(&self) -> &CudaContext {
         &self.context
+    }
+
+    /// The VMM driver calls made so far, with their host time.
+    pub fn vmm_calls(&self) -> VmmCalls {
+        self.vmm_calls
+    }
+
+    /// The copies made so far: batches, kernel launches, `cuMemcpyDtoDAsync` calls.
+    pub fn copy_calls(&self) -> CopyCalls {
+        self.mover.calls()
+    }
+
+    /// Loads the `move_blocks` kernel now rather than on the first batch that can use
+    /// it: loading compiles its PTX, which a timed compaction should not include.
+    /// The error says why the kernel cannot be used; copies then go through
+    /// `cuMemcpyDtoDAsync` alone.
+    pub fn load_move_kernel(&mut self) -> Result<()> {
+        self.context.bind()?;
+        self.mover.load_kernel()
+    }
+
+    /// Why batches of copies do not use the `move_blocks` kernel, if loading or
+    /// launching it failed.
+    pub fn move_kernel_error(&self) -> Option<&str> {
+        self.mover.kernel_error()
     }
 
     /// Whether any backing shares a byte with `[addr, end)`.
@@ -160,38 +188,25 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// The scratch buffer, allocated now if need be; `None` when the device cannot spare
-    /// it, in which case overlapping copies go in distance-sized pieces instead.
-    fn scratch(&mut self) -> Option<CUdeviceptr> {
-        if self.scratch.is_none() {
-            let mut address: CUdeviceptr = 0;
-            // SAFETY: `address` is a valid out-pointer; the context is current (callers bind).
-            let code = unsafe { driver::cuMemAlloc_v2(&mut address, SCRATCH_BYTES as usize) };
-            if check("cuMemAlloc", code).is_ok() {
-                self.scratch = Some(address);
-            }
-        }
-        self.scratch
-    }
-
-    /// One `cuMemcpyDtoD` between ranges that do not overlap.
-    fn copy_disjoint(&self, src: u64, dst: u64, len: u64) -> Result<()> {
-        let bytes = to_usize("cuMemcpyDtoD", len)?;
-        // SAFETY: both ranges were checked to lie in memory this device owns (or are the
-        // scratch buffer, which it also owns), and the plan keeps them disjoint.
-        check("cuMemcpyDtoD", unsafe {
-            driver::cuMemcpyDtoD_v2(dst, src, bytes)
-        })
-    }
-
     /// Unmaps and releases one mapping we made, after the device has finished with it.
-    fn drop_mapping(address: u64, size: u64, handle: CUmemGenericAllocationHandle) -> Result<()> {
+    fn drop_mapping(
+        calls: &mut VmmCalls,
+        address: u64,
+        size: u64,
+        handle: CUmemGenericAllocationHandle,
+    ) -> Result<()> {
         let bytes = to_usize("cuMemUnmap", size)?;
-        // SAFETY: `[address, +size)` is exactly one mapping made by `map`, and the caller
-        // synchronized so no queued work still touches it.
-        check("cuMemUnmap", unsafe { driver::cuMemUnmap(address, bytes) })?;
-        // SAFETY: `handle` came from cuMemCreate and is now mapped nowhere.
-        check("cuMemRelease", unsafe { driver::cuMemRelease(handle) })
+        let code = calls.unmap.record(size, || {
+            // SAFETY: `[address, +size)` is exactly one mapping made by `map`, and the
+            // caller synchronized so no queued work still touches it.
+            unsafe { driver::cuMemUnmap(address, bytes) }
+        });
+        check("cuMemUnmap", code)?;
+        let code = calls.release.record(size, || {
+            // SAFETY: `handle` came from cuMemCreate and is now mapped nowhere.
+            unsafe { driver::cuMemRelease(handle) }
+        });
+        check("cuMemRelease", code)
     }
 }
 
@@ -225,11 +240,13 @@ impl DeviceMemory for CudaDevice {
         }
         self.context.bind()?;
         let mut base: CUdeviceptr = 0;
-        // SAFETY: `base` is a valid out-pointer; alignment 0 and fixed address 0 let the
-        // driver choose a granularity-aligned range; flags must be 0.
-        check("cuMemAddressReserve", unsafe {
-            driver::cuMemAddressReserve(&mut base, to_usize("reserve", size)?, 0, 0, 0)
-        })?;
+        let bytes = to_usize("reserve", size)?;
+        let code = self.vmm_calls.reserve.record(size, || {
+            // SAFETY: `base` is a valid out-pointer; alignment 0 and fixed address 0 let
+            // the driver choose a granularity-aligned range; flags must be 0.
+            unsafe { driver::cuMemAddressReserve(&mut base, bytes, 0, 0, 0) }
+        });
+        check("cuMemAddressReserve", code)?;
         self.reservations.insert(base, size);
         Ok(base)
     }
@@ -290,16 +307,20 @@ impl DeviceMemory for CudaDevice {
         let device = self.context.raw_device();
         let prop = allocation_prop(device);
         let mut handle: CUmemGenericAllocationHandle = 0;
-        // SAFETY: `handle` is a valid out-pointer, `prop` a fully initialised description
-        // outliving the call, `bytes` a multiple of the granularity; flags must be 0.
-        check("cuMemCreate", unsafe {
-            driver::cuMemCreate(&mut handle, bytes, &prop, 0)
-        })?;
-        // SAFETY: `[addr, +bytes)` lies in a reservation of ours and nothing is mapped
-        // there (checked above); `handle` is exactly `bytes` long; offset and flags 0.
-        let mapped = check("cuMemMap", unsafe {
-            driver::cuMemMap(addr, bytes, 0, handle, 0)
+        let code = self.vmm_calls.create.record(size, || {
+            // SAFETY: `handle` is a valid out-pointer, `prop` a fully initialised
+            // description outliving the call, `bytes` a multiple of the granularity;
+            // flags must be 0.
+            unsafe { driver::cuMemCreate(&mut handle, bytes, &prop, 0) }
         });
+        check("cuMemCreate", code)?;
+        let code = self.vmm_calls.map.record(size, || {
+            // SAFETY: `[addr, +bytes)` lies in a reservation of ours and nothing is
+            // mapped there (checked above); `handle` is exactly `bytes` long; offset and
+            // flags 0.
+            unsafe { driver::cuMemMap(addr, bytes, 0, handle, 0) }
+        });
+        let mapped = check("cuMemMap", code);
         if let Err(error) = mapped {
             // SAFETY: `handle` is ours and mapped nowhere. The map error is the one to report.
             let _ = unsafe { driver::cuMemRelease(handle) };
@@ -312,15 +333,16 @@ impl DeviceMemory for CudaDevice {
             },
             flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: `[addr, +bytes)` is fully mapped (just now); one descriptor, which
-        // outlives the call.
-        let accessible = check("cuMemSetAccess", unsafe {
-            driver::cuMemSetAccess(addr, bytes, &access, 1)
+        let code = self.vmm_calls.set_access.record(size, || {
+            // SAFETY: `[addr, +bytes)` is fully mapped (just now); one descriptor, which
+            // outlives the call.
+            unsafe { driver::cuMemSetAccess(addr, bytes, &access, 1) }
         });
+        let accessible = check("cuMemSetAccess", code);
         if let Err(error) = accessible {
             // Nothing can have used the range yet, so no synchronization is needed; the
             // access error is the one to report.
-            let _ = Self::drop_mapping(addr, size, handle);
+            let _ = Self::drop_mapping(&mut self.vmm_calls, addr, size, handle);
             return Err(error);
         }
         self.backings.insert(
@@ -358,7 +380,7 @@ impl DeviceMemory for CudaDevice {
         // Copies into or out of the range may still be queued.
         self.synchronize()?;
         for (start, piece, handle) in run {
-            Self::drop_mapping(start, piece, handle)?;
+            Self::drop_mapping(&mut self.vmm_calls, start, piece, handle)?;
             self.backings.remove(&start);
         }
         Ok(())
@@ -402,34 +424,19 @@ impl DeviceMemory for CudaDevice {
     }
 
     fn copy_within(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
-        self.check_backed(src, len)?;
-        self.check_backed(dst, len)?;
+        self.copy_moves(&[CopyMove { src, dst, len }])
+    }
+
+    /// Queues every move on the legacy default stream (runs of independent moves as
+    /// one `move_blocks` launch each, the rest as `cuMemcpyDtoDAsync`) and waits once,
+    /// at the end, until they are done.
+    fn copy_moves(&mut self, moves: &[CopyMove]) -> Result<()> {
+        for m in moves {
+            self.check_backed(m.src, m.len)?;
+            self.check_backed(m.dst, m.len)?;
+        }
         self.context.bind()?;
-        let mut steps = copy_plan::plan(src, dst, len, SCRATCH_BYTES);
-        let needs_scratch = steps
-            .iter()
-            .any(|s| matches!(s, CopyStep::ViaScratch { .. }));
-        let scratch = if needs_scratch { self.scratch() } else { None };
-        if needs_scratch && scratch.is_none() {
-            steps = copy_plan::plan(src, dst, len, 0);
-        }
-        for step in steps {
-            match (step, scratch) {
-                (CopyStep::Direct { src, dst, len }, _) => self.copy_disjoint(src, dst, len)?,
-                (CopyStep::ViaScratch { src, dst, len }, Some(scratch)) => {
-                    self.copy_disjoint(src, scratch, len)?;
-                    self.copy_disjoint(scratch, dst, len)?;
-                }
-                (CopyStep::ViaScratch { .. }, None) => {
-                    return Err(Error::Device {
-                        op: "copy_within",
-                        detail: "copy plan bounces through a scratch buffer that does not exist"
-                            .into(),
-                    });
-                }
-            }
-        }
-        Ok(())
+        self.mover.copy(moves)
     }
 
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<()> {
@@ -477,7 +484,7 @@ impl Drop for CudaDevice {
         for (address, backing) in std::mem::take(&mut self.backings) {
             match backing.handle {
                 Some(handle) => {
-                    let _ = Self::drop_mapping(address, backing.size, handle);
+                    let _ = Self::drop_mapping(&mut self.vmm_calls, address, backing.size, handle);
                 }
                 None => {
                     // SAFETY: a chunk cuMemAlloc gave us; the device is idle.
@@ -488,10 +495,6 @@ impl Drop for CudaDevice {
         for (base, size) in std::mem::take(&mut self.reservations) {
             // SAFETY: a reservation we made; every mapping in it was just unmapped.
             let _ = unsafe { driver::cuMemAddressFree(base, size as usize) };
-        }
-        if let Some(scratch) = self.scratch.take() {
-            // SAFETY: the scratch buffer cuMemAlloc gave us; the device is idle.
-            let _ = unsafe { driver::cuMemFree_v2(scratch) };
         }
     }
 }

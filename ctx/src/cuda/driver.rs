@@ -57,6 +57,12 @@ unsafe extern "C" {
     pub(crate) fn cuMemAlloc_v2(address: *mut CUdeviceptr, bytes: usize) -> RawResult;
     pub(crate) fn cuMemFree_v2(address: CUdeviceptr) -> RawResult;
     pub(crate) fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> RawResult;
+    pub(crate) fn cuMemcpyDtoDAsync_v2(
+        dst: CUdeviceptr,
+        src: CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+    ) -> RawResult;
     pub(crate) fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> RawResult;
     pub(crate) fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> RawResult;
 

@@ -12,7 +12,7 @@ use super::{
     driver::{self, check},
     stream::EventTimer,
 };
-use crate::{Ledger, LedgerItemKind, MemInfo, Result};
+use crate::{Ledger, LedgerItemKind, Limits, MemInfo, Result};
 
 /// `CUDA_ERROR_OUT_OF_MEMORY`, the one failure a fragmentation probe expects.
 const OUT_OF_MEMORY: driver::RawResult = 2;
@@ -254,10 +254,27 @@ impl CudaContext {
         let now = self.mem_info()?;
         let at_open = self.mem_info_at_open();
         ledger.set_measured(LedgerItemKind::Total, now.total);
-        ledger.set_measured(
-            LedgerItemKind::ContextBaseline,
-            at_open.total.saturating_sub(at_open.free),
-        );
+        // The local-memory reservation is what dropping the stack limit to 0
+        // gives back (the hungriest loaded kernel raises the limit to its own
+        // frame, so the limit covers kernels too); the limit is restored after.
+        let stack = self.limit(Limit::StackBytes)?;
+        let local = self.measure(|| self.set_limit(Limit::StackBytes, 0))?.1;
+        self.set_limit(Limit::StackBytes, stack)?;
+        self.synchronize()?;
+        let local_bytes = local.released_bytes();
+        ledger.set_measured(LedgerItemKind::LocalMemory, local_bytes);
+        // A fresh context holds the default stack's local memory already; the
+        // baseline is the rest, known only while the limit is still the one
+        // the context opened with.
+        if stack == Limits::cuda_default().stack_bytes {
+            ledger.set_measured(
+                LedgerItemKind::ContextBaseline,
+                at_open
+                    .total
+                    .saturating_sub(at_open.free)
+                    .saturating_sub(local_bytes),
+            );
+        }
         ledger.set_measured(LedgerItemKind::Free, now.free);
         if max_probes > 0 {
             let probe = self.largest_allocation(max_probes)?;

@@ -5,7 +5,9 @@
 //!   ([`CudaContext::profile`]), its limits, its memory figures, modules and kernels
 //!   ([`CudaContext::load_ptx`], [`Function::launch`]).
 //! - [`CudaDevice`]: [`crate::DeviceMemory`] on the GPU, so a [`crate::Pool`] runs on it
-//!   (VMM growth when the device has it, `cuMemAlloc` chunks otherwise).
+//!   (VMM growth when the device has it, `cuMemAlloc` chunks otherwise; a compaction's
+//!   copies queued as one batch, independent moves copied by one kernel launch), with
+//!   its driver calls counted and timed ([`VmmCalls`], [`CopyCalls`]).
 //! - Measurements ([`CudaContext::measure`] and friends): what a step costs in device
 //!   memory, the largest block one allocation can get, copy bandwidth.
 //! - Baselines ([`CudaContext::mem_alloc`], [`CudaContext::mem_alloc_async`]): the
@@ -36,10 +38,15 @@ mod device;
 mod driver;
 mod measure;
 mod module;
+mod move_batch;
+mod mover;
 mod stream;
+mod vmm_calls;
 
 pub use context::{CudaContext, Limit};
 pub use device::CudaDevice;
 pub use measure::{CopyBandwidth, LargestAllocation, MemoryDelta};
 pub use module::{Function, FunctionAttributes, LaunchConfig, Module};
+pub use mover::CopyCalls;
 pub use stream::Stream;
+pub use vmm_calls::{CallTally, VmmCalls};

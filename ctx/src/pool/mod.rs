@@ -6,7 +6,8 @@
 //! [`Growth::Vmm`] one address reservation, mapped from its start in whole
 //! pages as requests need them; with [`Growth::Chunks`] plain chunk
 //! allocations. Blocks are named by [`Handle`]s, so compaction can move them
-//! (one device copy each) and the handles stay valid; raw device addresses
+//! (a plan's copies go to the device as one batch,
+//! [`DeviceMemory::copy_moves`]) and the handles stay valid; raw device addresses
 //! ([`Pool::device_ptr`]) are valid until the next compaction unless the
 //! block is [pinned](Pool::pin).
 //!
@@ -21,6 +22,7 @@ mod memory;
 mod state;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use memcore::{Handle, Stats};
 
@@ -118,6 +120,12 @@ pub struct PoolStats {
     pub grows: u64,
     /// Calls to [`Pool::shrink`] that gave memory back.
     pub shrinks: u64,
+    /// Host time spent planning compactions (explicit and on the
+    /// allocation path), plans that found no room included.
+    pub compaction_plan_time: Duration,
+    /// Host time spent copying for compactions: from handing a plan's moves
+    /// to the device until the device reported them done.
+    pub compaction_copy_time: Duration,
 }
 
 /// What one [`Pool::compact`] did. Sizes in bytes.
@@ -133,6 +141,12 @@ pub struct CompactionReport {
     pub largest_free_before: u64,
     /// Largest free block after.
     pub largest_free_after: u64,
+    /// Host time spent making the plan.
+    pub plan_time: Duration,
+    /// Host time from handing the moves to the device until they were done
+    /// (zero when nothing moved); `bytes_moved / copy_time` is the
+    /// compaction's copy bandwidth.
+    pub copy_time: Duration,
 }
 
 /// A compacting device-memory pool, shareable between threads; see the
@@ -176,6 +190,7 @@ impl<D: DeviceMemory> Pool<D> {
     /// A panic while the lock was held does not poison the pool: the pool
     /// reports broken state as errors rather than panicking, so the state is
     /// taken as is.
+    #[inline]
     pub fn lock(&self) -> PoolGuard<'_, D> {
         PoolGuard {
             state: self.state.lock().unwrap_or_else(PoisonError::into_inner),
@@ -185,11 +200,13 @@ impl<D: DeviceMemory> Pool<D> {
     /// Allocate `size` bytes aligned to `align` (a power of two), growing
     /// and compacting as [`PoolConfig`] says; `stream` is recorded with the
     /// block. O(1) without heap allocation when the request fits.
+    #[inline]
     pub fn allocate(&self, size: u64, align: u64, stream: Option<StreamId>) -> Result<Handle> {
         self.lock().allocate(size, align, stream)
     }
 
     /// Free a block; its bytes are reusable at once.
+    #[inline]
     pub fn free(&self, handle: Handle) -> Result<()> {
         self.lock().free(handle)
     }
@@ -272,11 +289,13 @@ pub struct PoolGuard<'a, D: DeviceMemory> {
 
 impl<D: DeviceMemory> PoolGuard<'_, D> {
     /// See [`Pool::allocate`].
+    #[inline]
     pub fn allocate(&mut self, size: u64, align: u64, stream: Option<StreamId>) -> Result<Handle> {
         self.state.allocate(size, align, stream)
     }
 
     /// See [`Pool::free`].
+    #[inline]
     pub fn free(&mut self, handle: Handle) -> Result<()> {
         self.state.free(handle)
     }

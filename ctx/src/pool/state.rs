@@ -1,11 +1,13 @@
 //! What a pool keeps behind its lock, and the allocation path: fit in the
 //! heap; if that fails, compact and/or grow as the policy says.
 
+use std::time::{Duration, Instant};
+
 use memcore::{BlockFlags, CompactionPlan, Handle, Heap, Tlsf};
 
 use super::memory::PoolMemory;
 use super::{CompactionPolicy, CompactionReport, Growth, PoolConfig, PoolStats};
-use crate::device::{DeviceMemory, StreamId};
+use crate::device::{CopyMove, DeviceMemory, StreamId};
 use crate::{Error, Result};
 
 /// How often the grow path retries with more memory when the allocator
@@ -31,6 +33,18 @@ pub(super) struct PoolState<D: DeviceMemory> {
     compactions: u64,
     grows: u64,
     shrinks: u64,
+    /// Host time spent making compaction plans.
+    plan_time: Duration,
+    /// Host time spent in the device's copies of compactions, from handing
+    /// the moves over until they were done.
+    copy_time: Duration,
+}
+
+/// What executing one compaction plan did.
+struct Executed {
+    moves: usize,
+    bytes: u64,
+    copy_time: Duration,
 }
 
 impl<D: DeviceMemory> PoolState<D> {
@@ -68,9 +82,12 @@ impl<D: DeviceMemory> PoolState<D> {
             compactions: 0,
             grows: 0,
             shrinks: 0,
+            plan_time: Duration::ZERO,
+            copy_time: Duration::ZERO,
         })
     }
 
+    #[inline]
     pub(super) fn allocate(
         &mut self,
         size: u64,
@@ -151,7 +168,10 @@ impl<D: DeviceMemory> PoolState<D> {
     /// Compact just enough for the request, then fit; `None` if no plan can
     /// make room.
     fn make_room_and_fit(&mut self, size: u64, align: u64) -> Result<Option<Handle>> {
-        let plan = match self.heap.plan_room(size, align) {
+        let start = Instant::now();
+        let planned = self.heap.plan_room(size, align);
+        self.plan_time += start.elapsed();
+        let plan = match planned {
             Ok(plan) => plan,
             Err(memcore::Error::OutOfMemory { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -182,36 +202,52 @@ impl<D: DeviceMemory> PoolState<D> {
     }
 
     /// Take `bytes` (whole pages) more from the device; `false` if that
-    /// would pass `max_bytes` or the reservation, or the device reports less
-    /// free memory. A device that refuses despite reporting enough free
-    /// memory is an error.
+    /// would pass `max_bytes` or the reservation, or the device refuses and
+    /// reports less free memory. A device that refuses despite reporting
+    /// enough free memory is an error.
+    ///
+    /// The device is asked first and its free memory read only after a
+    /// refusal: a growth that succeeds costs the driver calls of the growth
+    /// alone.
     fn try_grow(&mut self, bytes: u64) -> Result<bool> {
         if bytes > self.memory.headroom(self.config.max_bytes) {
             return Ok(false);
         }
-        if self.device.mem_info()?.free < bytes {
-            return Ok(false);
+        if let Err(refused) = self.memory.grow(&mut self.device, &mut self.heap, bytes) {
+            return match self.device.mem_info() {
+                Ok(info) if info.free < bytes => Ok(false),
+                _ => Err(refused),
+            };
         }
-        self.memory.grow(&mut self.device, &mut self.heap, bytes)?;
         self.grows += 1;
         self.peak_held_bytes = self.peak_held_bytes.max(self.memory.held_bytes());
         Ok(true)
     }
 
-    /// Copy the plan's moves on the device and commit it. Synchronizes the
-    /// device first: queued work may still use the blocks that move.
-    /// Returns the number of moves and the bytes copied.
+    /// Copy the plan's moves on the device, as one batch, and commit it.
+    /// Synchronizes the device first: queued work may still use the blocks
+    /// that move.
     ///
     /// If a copy fails, the error is returned and the plan is not
     /// committed; blocks moved by the plan may then hold partly copied data.
-    fn execute(&mut self, plan: CompactionPlan) -> Result<(usize, u64)> {
+    fn execute(&mut self, plan: CompactionPlan) -> Result<Executed> {
         let moves = plan.moves().len();
         let bytes = plan.bytes_moved();
+        let mut copy_time = Duration::ZERO;
         if moves > 0 {
             self.device.synchronize()?;
-            for m in plan.moves() {
-                self.device.copy_within(m.src, m.dst, m.len)?;
-            }
+            let batch: Vec<CopyMove> = plan
+                .moves()
+                .iter()
+                .map(|m| CopyMove {
+                    src: m.src,
+                    dst: m.dst,
+                    len: m.len,
+                })
+                .collect();
+            let start = Instant::now();
+            self.device.copy_moves(&batch)?;
+            copy_time = start.elapsed();
         }
         // An empty plan is committed too: relaying the allocator gives back
         // alignment padding.
@@ -219,8 +255,13 @@ impl<D: DeviceMemory> PoolState<D> {
         if moves > 0 {
             self.compactions += 1;
             self.bytes_moved += bytes;
+            self.copy_time += copy_time;
         }
-        Ok((moves, bytes))
+        Ok(Executed {
+            moves,
+            bytes,
+            copy_time,
+        })
     }
 
     fn out_of_memory(&self, size: u64, align: u64) -> Error {
@@ -242,6 +283,7 @@ impl<D: DeviceMemory> PoolState<D> {
         }
     }
 
+    #[inline]
     pub(super) fn free(&mut self, handle: Handle) -> Result<()> {
         self.heap.free(handle)?;
         if let Some(stream) = self.streams.get_mut(handle.slot() as usize) {
@@ -297,15 +339,20 @@ impl<D: DeviceMemory> PoolState<D> {
 
     pub(super) fn compact(&mut self) -> Result<CompactionReport> {
         let before = self.heap.stats();
+        let start = Instant::now();
         let plan = self.heap.plan_full();
-        let (moves, bytes_moved) = self.execute(plan)?;
+        let plan_time = start.elapsed();
+        self.plan_time += plan_time;
+        let executed = self.execute(plan)?;
         let after = self.heap.stats();
         Ok(CompactionReport {
-            moves,
-            bytes_moved,
+            moves: executed.moves,
+            bytes_moved: executed.bytes,
             free_bytes: after.free_bytes,
             largest_free_before: before.largest_free,
             largest_free_after: after.largest_free,
+            plan_time,
+            copy_time: executed.copy_time,
         })
     }
 
@@ -327,6 +374,8 @@ impl<D: DeviceMemory> PoolState<D> {
             compactions: self.compactions,
             grows: self.grows,
             shrinks: self.shrinks,
+            compaction_plan_time: self.plan_time,
+            compaction_copy_time: self.copy_time,
         }
     }
 

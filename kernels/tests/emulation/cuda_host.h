@@ -10,6 +10,24 @@
 #define __device__
 #define __global__
 #define __forceinline__ inline
+#define __grid_constant__
+
+struct alignas(16) ulonglong2 {
+    unsigned long long x, y;
+};
+
+// Streaming (evict-first) loads and stores: plain ones on the host.
+template <class T>
+static inline T __ldcs(const T *p)
+{
+    return *p;
+}
+
+template <class T>
+static inline void __stcs(T *p, T value)
+{
+    *p = value;
+}
 
 struct dim3 {
     unsigned x, y, z;

@@ -8,9 +8,24 @@
 
 #include "../../cuda/heap.cu"
 #include "../../cuda/local.cu"
+#include "../../cuda/moves.cu"
 #include "../../cuda/pattern.cu"
 
 static int failures = 0;
+
+template <class P>
+static void launch_grid(void (*kernel)(P), P params, unsigned grid, unsigned block)
+{
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < gridDim.x; b++) {
+        for (unsigned t = 0; t < block; t++) {
+            blockIdx.x = b;
+            threadIdx.x = t;
+            kernel(params);
+        }
+    }
+}
 
 static void expect(bool ok, const char *what, unsigned long long got, unsigned long long want)
 {
@@ -23,15 +38,75 @@ static void expect(bool ok, const char *what, unsigned long long got, unsigned l
 template <class P>
 static void launch(void (*kernel)(P), P params, unsigned threads, unsigned block = 64)
 {
-    gridDim.x = (threads + block - 1) / block;
-    blockDim.x = block;
-    for (unsigned b = 0; b < gridDim.x; b++) {
-        for (unsigned t = 0; t < block; t++) {
-            blockIdx.x = b;
-            threadIdx.x = t;
-            kernel(params);
-        }
+    launch_grid(kernel, params, (threads + block - 1) / block, block);
+}
+
+static void moves_kernel()
+{
+    // Two buffers: moves read from `from` and write into `to`, so any set of
+    // moves is independent; the expected result is memcpy of each.
+    const u64 size = 5 * MOVE_CHUNK_BYTES;
+    static unsigned char from[5 * MOVE_CHUNK_BYTES] __attribute__((aligned(64)));
+    static unsigned char to[5 * MOVE_CHUNK_BYTES] __attribute__((aligned(64)));
+    static unsigned char want[5 * MOVE_CHUNK_BYTES] __attribute__((aligned(64)));
+    for (u64 i = 0; i < size; i++) {
+        from[i] = (unsigned char)(pattern_word(7, i / 8) >> (8 * (i % 8)));
     }
+    // (source offset, destination offset, length): every alignment class,
+    // lengths off the word sizes, and moves longer than a chunk.
+    const u64 cases[][3] = {
+        {0, 0, 2 * MOVE_CHUNK_BYTES + 100},
+        {2 * MOVE_CHUNK_BYTES + 256, 2 * MOVE_CHUNK_BYTES + 512, 4095},
+        {3 * MOVE_CHUNK_BYTES + 8, 3 * MOVE_CHUNK_BYTES + 24, 1000},
+        {3 * MOVE_CHUNK_BYTES + 1100, 3 * MOVE_CHUNK_BYTES + 1108, 77},
+        {3 * MOVE_CHUNK_BYTES + 2004, 3 * MOVE_CHUNK_BYTES + 2052, 333},
+        {3 * MOVE_CHUNK_BYTES + 3001, 3 * MOVE_CHUNK_BYTES + 3003, MOVE_CHUNK_BYTES + 5},
+        {4 * MOVE_CHUNK_BYTES + 4200, 4 * MOVE_CHUNK_BYTES + 5000, 15},
+        {4 * MOVE_CHUNK_BYTES + 5100, 4 * MOVE_CHUNK_BYTES + 5100, 0},
+    };
+    const unsigned n = sizeof cases / sizeof cases[0];
+    for (unsigned grid : {1u, 3u, 64u}) {
+        memset(to, 0, size);
+        memset(want, 0, size);
+        static MoveBlocksParams p;
+        memset(&p, 0, sizeof p);
+        u64 chunks = 0;
+        for (unsigned i = 0; i < n; i++) {
+            p.src[p.count] = (u64)(from + cases[i][0]);
+            p.dst[p.count] = (u64)(to + cases[i][1]);
+            p.len[p.count] = cases[i][2];
+            p.first_chunk[p.count] = (u32)chunks;
+            chunks += (cases[i][2] + MOVE_CHUNK_BYTES - 1) / MOVE_CHUNK_BYTES;
+            p.count++;
+            memcpy(want + cases[i][1], from + cases[i][0], cases[i][2]);
+        }
+        p.chunks = chunks;
+        launch_grid(move_blocks, p, grid, 64);
+        u64 wrong = 0;
+        for (u64 i = 0; i < size; i++) {
+            wrong += to[i] != want[i];
+        }
+        expect(wrong == 0, "move_blocks copies every move, nothing else", wrong, 0);
+    }
+
+    // The most moves a launch takes, one 256-byte block each.
+    static MoveBlocksParams p;
+    memset(&p, 0, sizeof p);
+    memset(to, 0, size);
+    for (unsigned i = 0; i < MOVE_MAX_MOVES; i++) {
+        p.src[i] = (u64)(from + 256 * i);
+        p.dst[i] = (u64)(to + 256 * (MOVE_MAX_MOVES - 1 - i));
+        p.len[i] = 256;
+        p.first_chunk[i] = i;
+    }
+    p.count = MOVE_MAX_MOVES;
+    p.chunks = MOVE_MAX_MOVES;
+    launch_grid(move_blocks, p, 50, 32);
+    u64 wrong = 0;
+    for (unsigned i = 0; i < MOVE_MAX_MOVES; i++) {
+        wrong += memcmp(to + 256 * (MOVE_MAX_MOVES - 1 - i), from + 256 * i, 256) != 0;
+    }
+    expect(wrong == 0, "move_blocks finds the move of every chunk", wrong, 0);
 }
 
 static void pattern_kernels()
@@ -161,6 +236,7 @@ int main()
     pattern_kernels();
     heap_kernels();
     local_kernels();
+    moves_kernel();
     for (u64 i = 0; i < 4; i++) {
         printf("word %llu %llu\n", i, pattern_word(1234567, i));
     }

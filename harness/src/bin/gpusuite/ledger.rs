@@ -6,7 +6,7 @@
 use anyhow::{Context as _, Result};
 use ctx::cuda::{CudaContext, LaunchConfig, Limit};
 use ctx::ledger::{local_memory_reservation_bytes, per_thread_local_bytes};
-use ctx::{DeviceProfile, Limits, Preflight};
+use ctx::{DeviceProfile, Ledger, LedgerItemKind, Limits, Preflight};
 use kernels::LaunchShape;
 use kernels::local::{self, LocalParams};
 
@@ -75,6 +75,21 @@ pub fn run(out: &mut Checks) -> Result<()> {
             .map(|baseline| baseline + reservation(&profile, default_stack)),
         at_open.total - at_open.free,
     );
+    // The measured column `cudamem explain --device` shows, in the same
+    // fresh context.
+    let mut ledger = Ledger::predict(&profile, &Limits::cuda_default(), &[], 0);
+    context.fill_measured(&mut ledger, 0)?;
+    for kind in [LedgerItemKind::LocalMemory, LedgerItemKind::ContextBaseline] {
+        let item = ledger
+            .item(kind)
+            .with_context(|| format!("the ledger has no {kind:?} item"))?;
+        compare(
+            out,
+            &format!("ledger {kind:?}, measured as `cudamem explain --device` does"),
+            Some(item.predicted),
+            item.measured.unwrap_or(0),
+        );
+    }
     drop(context);
 
     for stack in STACK_LIMITS {

@@ -1,0 +1,286 @@
+//! How a [`super::CudaDevice`] copies device memory: a batch of moves queued on the
+//! legacy default stream without waiting between them, and one wait at the end.
+//!
+//! Runs of moves that may go together ([`super::move_batch`]) are one launch of the
+//! `move_blocks` kernel each (`kernels::moves`), up to [`MAX_MOVES`] moves a launch;
+//! every other move is `cuMemcpyDtoDAsync`, cut into pieces by
+//! [`super::copy_plan`] when it overlaps itself. Queuing everything before waiting
+//! once lets the device run the copies back to back, and the kernel copies many
+//! small blocks at the bandwidth of one large copy. When the kernel cannot be loaded
+//! (the driver refuses the PTX), everything goes through `cuMemcpyDtoDAsync`;
+//! [`super::CudaDevice::move_kernel_error`] says why.
+
+use std::time::Instant;
+
+use cust::sys::CUdeviceptr;
+use kernels::moves::{BlockMove, MAX_MOVES, MOVE_BLOCKS, MoveBlocksParams};
+
+use super::{
+    CudaContext, Function, LaunchConfig,
+    copy_plan::{self, CopyStep},
+    driver::{self, check},
+    move_batch::{self, Batch},
+};
+use crate::device::CopyMove;
+use crate::{Error, Result};
+
+/// The scratch buffer overlapping copies bounce through, bytes (see [`copy_plan`]).
+/// At ~3.8 TB/s a piece this size takes about 10 µs, well above a call's overhead.
+const SCRATCH_BYTES: u64 = 16 << 20;
+
+/// What the copies of a [`super::CudaDevice`] have been so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CopyCalls {
+    /// Batches handed over (`copy_moves` calls; `copy_within` is a batch of one).
+    pub batches: u64,
+    /// Moves in them.
+    pub moves: u64,
+    /// Bytes the moves copied.
+    pub bytes: u64,
+    /// Launches of the `move_blocks` kernel.
+    pub launches: u64,
+    /// Moves those launches copied.
+    pub launched_moves: u64,
+    /// `cuMemcpyDtoDAsync` calls (a bounce through the scratch buffer is two).
+    pub memcpys: u64,
+    /// Pieces of self-overlapping moves bounced through the scratch buffer.
+    pub bounces: u64,
+    /// Host time spent loading the kernel's module (its PTX is compiled then),
+    /// microseconds.
+    pub kernel_load_micros: u64,
+}
+
+impl CopyCalls {
+    /// What happened between `earlier` (a snapshot of the same device) and `self`.
+    pub fn since(&self, earlier: &CopyCalls) -> CopyCalls {
+        CopyCalls {
+            batches: self.batches.saturating_sub(earlier.batches),
+            moves: self.moves.saturating_sub(earlier.moves),
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+            launches: self.launches.saturating_sub(earlier.launches),
+            launched_moves: self.launched_moves.saturating_sub(earlier.launched_moves),
+            memcpys: self.memcpys.saturating_sub(earlier.memcpys),
+            bounces: self.bounces.saturating_sub(earlier.bounces),
+            kernel_load_micros: self
+                .kernel_load_micros
+                .saturating_sub(earlier.kernel_load_micros),
+        }
+    }
+}
+
+/// The `move_blocks` kernel, loaded on first need.
+#[derive(Debug)]
+enum MoveKernel {
+    NotLoaded,
+    Ready(Function),
+    /// Loading or launching failed; the error, for reports.
+    Unavailable(String),
+}
+
+/// The copying half of a [`super::CudaDevice`]: its kernel, its scratch buffer and
+/// its counts.
+#[derive(Debug)]
+pub(crate) struct Mover {
+    context: CudaContext,
+    kernel: MoveKernel,
+    /// The bounce buffer for overlapping copies, once allocated.
+    scratch: Option<CUdeviceptr>,
+    calls: CopyCalls,
+}
+
+fn to_usize(bytes: u64) -> Result<usize> {
+    usize::try_from(bytes).map_err(|_| Error::Device {
+        op: "cuMemcpyDtoDAsync",
+        detail: format!("CUDA_ERROR_INVALID_VALUE: {bytes} bytes do not fit in size_t"),
+    })
+}
+
+impl Mover {
+    pub(crate) fn new(context: &CudaContext) -> Self {
+        Mover {
+            context: context.clone(),
+            kernel: MoveKernel::NotLoaded,
+            scratch: None,
+            calls: CopyCalls::default(),
+        }
+    }
+
+    pub(crate) fn calls(&self) -> CopyCalls {
+        self.calls
+    }
+
+    /// Why the kernel is not used, once loading (or a launch) failed.
+    pub(crate) fn kernel_error(&self) -> Option<&str> {
+        match &self.kernel {
+            MoveKernel::Unavailable(error) => Some(error),
+            _ => None,
+        }
+    }
+
+    /// Loads the kernel now unless that was tried before; the error if it is not
+    /// usable.
+    pub(crate) fn load_kernel(&mut self) -> Result<()> {
+        if let MoveKernel::NotLoaded = self.kernel {
+            let start = Instant::now();
+            let loaded = self
+                .context
+                .load_ptx(kernels::moves::MODULE.name, kernels::moves::MODULE.ptx)
+                .and_then(|module| module.function(MOVE_BLOCKS.name()));
+            self.calls.kernel_load_micros += start.elapsed().as_micros() as u64;
+            self.kernel = match loaded {
+                Ok(function) => MoveKernel::Ready(function),
+                Err(error) => MoveKernel::Unavailable(error.to_string()),
+            };
+        }
+        match &self.kernel {
+            MoveKernel::Ready(_) => Ok(()),
+            MoveKernel::Unavailable(error) => Err(Error::Device {
+                op: "load move_blocks",
+                detail: error.clone(),
+            }),
+            MoveKernel::NotLoaded => Err(Error::Device {
+                op: "load move_blocks",
+                detail: "the kernel was not loaded".into(),
+            }),
+        }
+    }
+
+    /// Queues `moves` (memmove semantics, in order) and waits until the device has
+    /// done them. The caller has checked that every range lies in memory the device
+    /// owns; the context is current.
+    pub(crate) fn copy(&mut self, moves: &[CopyMove]) -> Result<()> {
+        self.calls.batches += 1;
+        self.calls.moves += moves.len() as u64;
+        self.calls.bytes += moves.iter().map(|m| m.len).sum::<u64>();
+        for batch in move_batch::batches(moves, MAX_MOVES) {
+            match batch {
+                Batch::Together(run) => {
+                    if !self.launch(&run)? {
+                        for m in &run {
+                            self.copy_disjoint(m.src, m.dst, m.len)?;
+                        }
+                    }
+                }
+                Batch::Alone(m) => self.copy_alone(m)?,
+            }
+        }
+        // SAFETY: the null stream is the context's legacy default stream, always valid;
+        // the context is current.
+        check("cuStreamSynchronize", unsafe {
+            driver::cuStreamSynchronize(std::ptr::null_mut())
+        })
+    }
+
+    /// One launch of the kernel for `run` (at most [`MAX_MOVES`] independent moves);
+    /// `false` if the kernel is not usable, so the caller copies them itself.
+    fn launch(&mut self, run: &[CopyMove]) -> Result<bool> {
+        if self.load_kernel().is_err() {
+            return Ok(false);
+        }
+        let MoveKernel::Ready(function) = &self.kernel else {
+            return Ok(false);
+        };
+        let block_moves: Vec<BlockMove> = run
+            .iter()
+            .map(|m| BlockMove {
+                src: m.src,
+                dst: m.dst,
+                len: m.len,
+            })
+            .collect();
+        let Some(params) = MoveBlocksParams::new(&block_moves) else {
+            // More chunks than one launch numbers (tens of TiB): copy them one by one.
+            return Ok(false);
+        };
+        let shape = params.launch_shape();
+        let config = LaunchConfig::linear(shape.grid, shape.block);
+        // Launch errors are reported when queuing, before anything of this run ran:
+        // the copies can still go another way. Faults inside the kernel surface at the
+        // final synchronization.
+        match function.launch(&config, MOVE_BLOCKS.param_bytes(&params), None) {
+            Ok(()) => {
+                self.calls.launches += 1;
+                self.calls.launched_moves += params.count;
+                Ok(true)
+            }
+            Err(error) => {
+                self.kernel = MoveKernel::Unavailable(error.to_string());
+                Ok(false)
+            }
+        }
+    }
+
+    /// The scratch buffer, allocated now if need be; `None` when the device cannot
+    /// spare it, in which case overlapping copies go in distance-sized pieces instead.
+    fn scratch(&mut self) -> Option<CUdeviceptr> {
+        if self.scratch.is_none() {
+            let mut address: CUdeviceptr = 0;
+            // SAFETY: `address` is a valid out-pointer; the context is current (the
+            // caller bound it).
+            let code = unsafe { driver::cuMemAlloc_v2(&mut address, SCRATCH_BYTES as usize) };
+            if check("cuMemAlloc", code).is_ok() {
+                self.scratch = Some(address);
+            }
+        }
+        self.scratch
+    }
+
+    /// One move that may overlap itself, in the steps [`copy_plan`] cuts.
+    fn copy_alone(&mut self, m: CopyMove) -> Result<()> {
+        let mut steps = copy_plan::plan(m.src, m.dst, m.len, SCRATCH_BYTES);
+        let needs_scratch = steps
+            .iter()
+            .any(|s| matches!(s, CopyStep::ViaScratch { .. }));
+        let scratch = if needs_scratch { self.scratch() } else { None };
+        if needs_scratch && scratch.is_none() {
+            steps = copy_plan::plan(m.src, m.dst, m.len, 0);
+        }
+        for step in steps {
+            match (step, scratch) {
+                (CopyStep::Direct { src, dst, len }, _) => self.copy_disjoint(src, dst, len)?,
+                (CopyStep::ViaScratch { src, dst, len }, Some(scratch)) => {
+                    self.copy_disjoint(src, scratch, len)?;
+                    self.copy_disjoint(scratch, dst, len)?;
+                    self.calls.bounces += 1;
+                }
+                (CopyStep::ViaScratch { .. }, None) => {
+                    return Err(Error::Device {
+                        op: "copy_within",
+                        detail: "copy plan bounces through a scratch buffer that does not exist"
+                            .into(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One `cuMemcpyDtoDAsync` on the legacy default stream between ranges that do
+    /// not overlap.
+    fn copy_disjoint(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
+        let bytes = to_usize(len)?;
+        // SAFETY: both ranges lie in memory this device owns (checked by the caller, or
+        // the scratch buffer, which it also owns) and do not overlap; the null stream is
+        // the legacy default stream; the memory stays allocated until the final
+        // synchronization, since freeing it synchronizes first.
+        check("cuMemcpyDtoDAsync", unsafe {
+            driver::cuMemcpyDtoDAsync_v2(dst, src, bytes, std::ptr::null_mut())
+        })?;
+        self.calls.memcpys += 1;
+        Ok(())
+    }
+}
+
+impl Drop for Mover {
+    fn drop(&mut self) {
+        let Some(scratch) = self.scratch.take() else {
+            return;
+        };
+        // Copies through the scratch buffer may still be queued after a failed batch.
+        if self.context.synchronize().is_ok() {
+            // SAFETY: the scratch buffer cuMemAlloc gave us; the device is idle. Drop
+            // cannot report a failure.
+            let _ = unsafe { driver::cuMemFree_v2(scratch) };
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Copying many blocks in one launch (`moves.cu`): the independent moves of
+//! a compaction.
+//!
+//! A launch takes up to [`MAX_MOVES`] moves by value in its parameter
+//! struct. They must not depend on each other: no move may write a byte that
+//! another move of the launch reads or writes, and no move may overlap
+//! itself, because all of them run at once. The launcher (ctx's CUDA
+//! backend) groups a plan's moves into such batches and lets the stream
+//! order one batch after the next.
+//!
+//! ```
+//! use kernels::moves::{BlockMove, MoveBlocksParams, CHUNK_BYTES, MOVE_BLOCKS};
+//!
+//! let moves = [
+//!     BlockMove { src: 0x7f00_0020_0000, dst: 0x7f00_0000_0000, len: 3 * CHUNK_BYTES },
+//!     BlockMove { src: 0x7f00_0040_0000, dst: 0x7f00_0010_0000, len: 100 },
+//! ];
+//! let params = MoveBlocksParams::new(&moves).unwrap();
+//! assert_eq!((params.count, params.chunks), (2, 4));
+//! assert_eq!(&params.first_chunk[..2], &[0, 3]);
+//! assert_eq!(params.launch_shape().grid, 4);
+//! assert_eq!(MOVE_BLOCKS.param_bytes(&params).len(), 3600);
+//! ```
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::kernel::{BLOCK_THREADS, Kernel, LaunchShape};
+use crate::module::{KernelInfo, Module};
+
+/// Most moves one launch takes; `MOVE_MAX_MOVES` in `moves.cu`. At 28
+/// bytes a move the parameters stay under the 4 KiB every driver accepts.
+pub const MAX_MOVES: usize = 128;
+
+/// Bytes of a move that one thread block copies per step, the last chunk of
+/// a move being shorter; `MOVE_CHUNK_BYTES` in `moves.cu`. 256 threads
+/// loading four 16-byte words each hold one chunk in flight.
+pub const CHUNK_BYTES: u64 = 16 << 10;
+
+/// Most thread blocks of one launch; beyond it each block copies several
+/// chunks.
+pub const MAX_GRID: u32 = 1 << 16;
+
+/// One move of a launch: `len` bytes from `src` to `dst`, device addresses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockMove {
+    /// Where the bytes are.
+    pub src: u64,
+    /// Where they go.
+    pub dst: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// Parameters of [`MOVE_BLOCKS`]; matches `MoveBlocksParams` in
+/// `moves.cu` (3,600 bytes). Build it with [`MoveBlocksParams::new`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct MoveBlocksParams {
+    /// Moves used, at most [`MAX_MOVES`].
+    pub count: u64,
+    /// Chunks of all moves together.
+    pub chunks: u64,
+    /// Source device address of each move.
+    pub src: [u64; MAX_MOVES],
+    /// Destination device address of each move.
+    pub dst: [u64; MAX_MOVES],
+    /// Bytes of each move.
+    pub len: [u64; MAX_MOVES],
+    /// Index of each move's first chunk, ascending from 0.
+    pub first_chunk: [u32; MAX_MOVES],
+}
+
+impl MoveBlocksParams {
+    /// The parameters of one launch copying `moves`; moves of zero bytes are
+    /// left out. `None` if more than [`MAX_MOVES`] moves remain, or their
+    /// chunks do not fit the `u32` chunk index (2^32 chunks, 64 TiB).
+    ///
+    /// Whether the moves may run together is the caller's to ensure.
+    pub fn new(moves: &[BlockMove]) -> Option<Self> {
+        let mut params = Self::zeroed();
+        let mut count = 0usize;
+        let mut chunks = 0u64;
+        for m in moves.iter().filter(|m| m.len > 0) {
+            if count == MAX_MOVES {
+                return None;
+            }
+            params.src[count] = m.src;
+            params.dst[count] = m.dst;
+            params.len[count] = m.len;
+            params.first_chunk[count] = u32::try_from(chunks).ok()?;
+            chunks = chunks.checked_add(m.len.div_ceil(CHUNK_BYTES))?;
+            count += 1;
+        }
+        u32::try_from(chunks).ok()?;
+        params.count = count as u64;
+        params.chunks = chunks;
+        Some(params)
+    }
+
+    /// Bytes the launch copies.
+    pub fn bytes(&self) -> u64 {
+        self.len.iter().take(self.count as usize).sum()
+    }
+
+    /// One [`BLOCK_THREADS`]-thread block per chunk, at most [`MAX_GRID`]
+    /// (at least one block, which does nothing when there are no chunks).
+    pub fn launch_shape(&self) -> LaunchShape {
+        LaunchShape {
+            grid: u32::try_from(self.chunks.min(u64::from(MAX_GRID)))
+                .unwrap_or(MAX_GRID)
+                .max(1),
+            block: BLOCK_THREADS,
+        }
+    }
+}
+
+/// Copies every move of its parameters, all at once.
+pub const MOVE_BLOCKS: Kernel<MoveBlocksParams> = Kernel::new(&MODULE, 0);
+
+/// `moves.ptx`.
+pub static MODULE: Module = Module {
+    name: "moves",
+    ptx: include_str!("../ptx/moves.ptx"),
+    kernels: &[KernelInfo {
+        name: "move_blocks",
+        param_bytes: size_of::<MoveBlocksParams>(),
+        local_bytes_per_thread: 0,
+        uses_device_heap: false,
+    }],
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mv(src: u64, len: u64) -> BlockMove {
+        BlockMove {
+            src,
+            dst: src + (1 << 40),
+            len,
+        }
+    }
+
+    #[test]
+    fn layout_is_what_the_kernel_reads() {
+        assert_eq!(size_of::<MoveBlocksParams>(), 3600);
+        assert_eq!(core::mem::offset_of!(MoveBlocksParams, src), 16);
+        assert_eq!(core::mem::offset_of!(MoveBlocksParams, dst), 1040);
+        assert_eq!(core::mem::offset_of!(MoveBlocksParams, len), 2064);
+        assert_eq!(core::mem::offset_of!(MoveBlocksParams, first_chunk), 3088);
+    }
+
+    #[test]
+    fn chunks_are_numbered_move_after_move() {
+        let moves = [
+            mv(0, CHUNK_BYTES),
+            mv(1 << 30, 0),
+            mv(2 << 30, CHUNK_BYTES + 1),
+            mv(3 << 30, 1),
+        ];
+        let p = MoveBlocksParams::new(&moves).unwrap();
+        assert_eq!(p.count, 3, "the empty move is left out");
+        assert_eq!(p.chunks, 4);
+        assert_eq!(&p.first_chunk[..3], &[0, 1, 3]);
+        assert_eq!(&p.src[..3], &[0, 2 << 30, 3 << 30]);
+        assert_eq!(p.bytes(), 2 * CHUNK_BYTES + 2);
+        assert_eq!(p.launch_shape().grid, 4);
+    }
+
+    #[test]
+    fn limits_are_refused() {
+        let full: Vec<BlockMove> = (0..MAX_MOVES as u64).map(|i| mv(i << 32, 256)).collect();
+        assert!(MoveBlocksParams::new(&full).is_some());
+        let mut over = full.clone();
+        over.push(mv(1 << 50, 256));
+        assert!(MoveBlocksParams::new(&over).is_none());
+        assert!(MoveBlocksParams::new(&[mv(0, CHUNK_BYTES << 32)]).is_none());
+        let huge = MoveBlocksParams::new(&[mv(0, CHUNK_BYTES << 31)]).unwrap();
+        assert_eq!(huge.launch_shape().grid, MAX_GRID);
+        let empty = MoveBlocksParams::new(&[]).unwrap();
+        assert_eq!(
+            (empty.count, empty.chunks, empty.launch_shape().grid),
+            (0, 0, 1)
+        );
+    }
+}
