@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! DIR/bin/gpusuite     the GPU suite (harness, release, `cuda` feature)
+//! DIR/bin/cudamem      the command, built with `cuda`, run on the device
 //! DIR/tests/*          ctx's test executables built with the `cuda` feature
 //! DIR/ptx/*.ptx        the kernels' PTX (also embedded in the binaries)
 //! DIR/run.sh           runs them all; logs and summary.md to $1 or $OUT
@@ -74,6 +75,18 @@ done
 start=$(date +%s)
 "$here/bin/gpusuite" --log "$dest/gpusuite.log" 2>&1 | tee "$dest/gpusuite.out"
 record gpusuite "${PIPESTATUS[0]}" $(( $(date +%s) - start )) "gpusuite.log, gpusuite.out"
+
+# The command a user runs on a GPU: the ledger, predicted and measured, and
+# the heap a device-malloc pattern needs.
+: > "$dest/cudamem.log"
+for args in "explain --device 0" "explain --device 0 --json" \
+            "explain --device 0 --lmem 16KiB" "heap --size 256 --threads 1048576 --device 0"; do
+  start=$(date +%s)
+  echo "=== cudamem $args" >> "$dest/cudamem.log"
+  # shellcheck disable=SC2086 # the arguments are meant to split
+  "$here/bin/cudamem" $args >> "$dest/cudamem.log" 2>&1
+  record "cudamem $args" $? $(( $(date +%s) - start )) cudamem.log
+done
 
 cat "$summary"
 exit $failed
@@ -180,10 +193,13 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
             "cuda",
             "--bin",
             "gpusuite",
+            "--bin",
+            "cudamem",
         ],
     )?;
-    let [suite] = suite.as_slice() else {
-        bail!("expected one gpusuite executable, cargo reported {suite:?}");
+    let named = |name: &str| suite.iter().find(|path| path.file_name() == Some(name.as_ref()));
+    let (Some(suite), Some(cudamem)) = (named("gpusuite"), named("cudamem")) else {
+        bail!("expected gpusuite and cudamem executables, cargo reported {suite:?}");
     };
     let tests = build(
         &stub,
@@ -217,6 +233,7 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
 
     prepare(&dir)?;
     install_binary(suite, &dir.join("bin").join("gpusuite"), &stub)?;
+    install_binary(cudamem, &dir.join("bin").join("cudamem"), &stub)?;
     for test in &gpu_tests {
         let name = test.file_name().context("test executable without a name")?;
         install_binary(test, &dir.join("tests").join(name), &stub)?;
@@ -237,7 +254,7 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
         "the bundle is {bytes} bytes; the device tool carries at most {MAX_BUNDLE_BYTES}"
     );
     println!(
-        "==> bundle in {} ({:.1} MiB: gpusuite + {} test executables); run it with `{}/run.sh LOG_DIR`",
+        "==> bundle in {} ({:.1} MiB: gpusuite, cudamem + {} test executables); run it with `{}/run.sh LOG_DIR`",
         dir.display(),
         bytes as f64 / f64::from(1 << 20),
         gpu_tests.len(),
