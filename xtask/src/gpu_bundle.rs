@@ -197,7 +197,11 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
             "cudamem",
         ],
     )?;
-    let named = |name: &str| suite.iter().find(|path| path.file_name() == Some(name.as_ref()));
+    let named = |name: &str| {
+        suite
+            .iter()
+            .find(|path| path.file_name() == Some(name.as_ref()))
+    };
     let (Some(suite), Some(cudamem)) = (named("gpusuite"), named("cudamem")) else {
         bail!("expected gpusuite and cudamem executables, cargo reported {suite:?}");
     };
