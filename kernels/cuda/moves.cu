@@ -14,10 +14,18 @@ typedef unsigned int u32;
 
 // Must match kernels::moves::MAX_MOVES and CHUNK_BYTES.
 #define MOVE_MAX_MOVES 128
-#define MOVE_CHUNK_BYTES 16384ull
+#define MOVE_CHUNK_BYTES 32768ull
 // Words each thread loads before it stores any: with 256 threads and 16-byte
-// words, one step of a chunk is the whole 16 KiB chunk in flight.
-#define MOVE_UNROLL 4
+// words one step is the whole 32 KiB chunk, 128 bytes a thread in flight.
+// Copying is bound by bytes in flight (Little's law: ~4.8 TB/s times a loaded
+// DRAM latency of ~1-2 us is 5-10 MB, 40-75 KiB per SM of 132), and a block
+// of one chunk now waits for memory once per 32 KiB instead of per 16 KiB.
+#define MOVE_UNROLL 8
+// Threads a block is launched with (kernels::kernel::BLOCK_THREADS), and the
+// blocks per SM the register budget is set for: 4 x 256 threads x 128 bytes
+// is 128 KiB of loads in flight per SM, at most 64 registers a thread.
+#define MOVE_BLOCK_THREADS 256
+#define MOVE_MIN_BLOCKS_PER_SM 4
 
 // Must match kernels::moves::MoveBlocksParams (3,600 bytes: under the 4 KiB
 // that every driver accepts for kernel parameters).
@@ -30,36 +38,64 @@ struct MoveBlocksParams {
     u32 first_chunk[MOVE_MAX_MOVES]; // index of each move's first chunk; ascending
 };
 
-// The block copies the first whole `Word`s of `len` bytes (all of its
-// threads, each loading MOVE_UNROLL words before storing them) and returns
-// how many bytes that was. `src` and `dst` are aligned to a `Word`. Loads and
-// stores are global and marked streaming (each byte is touched once), which
-// the addresses, integers from the parameters, would not tell the compiler.
+// The block copies the first whole `Word`s of `len` bytes (at most a chunk)
+// and returns how many bytes that was. `src` and `dst` are aligned to a
+// `Word`. The work is laid out for MOVE_BLOCK_THREADS lanes, each loading
+// MOVE_UNROLL words, MOVE_BLOCK_THREADS words apart, before storing any; a
+// compile-time stride makes those addresses one base plus constant offsets
+// (few registers). A block of other size runs the lanes in turns, so any
+// launch copies everything. Steps in which all of a lane's words lie inside
+// `len` (for a whole chunk, all of them) load without a per-word test, so the
+// loads issue back to back. Loads and stores are global and marked streaming
+// (each byte is touched once), which the addresses, integers from the
+// parameters, would not tell the compiler. Indices are 32-bit: a chunk has
+// far fewer than 2^32 words.
 template <class Word>
-__device__ __forceinline__ u64 copy_words(const unsigned char *src, unsigned char *dst, u64 len)
+__device__ __forceinline__ u32 copy_words(const unsigned char *src, unsigned char *dst, u32 len)
 {
     const Word *from = (const Word *)src;
     Word *to = (Word *)dst;
-    u64 words = len / sizeof(Word);
-    u64 step = (u64)blockDim.x * MOVE_UNROLL;
-    for (u64 base = threadIdx.x; base < words; base += step) {
-        Word held[MOVE_UNROLL];
+    const u32 step = MOVE_BLOCK_THREADS * MOVE_UNROLL;
+    u32 words = len / (u32)sizeof(Word);
+    // Words covered by whole steps. A lane's `base` is the lane plus a
+    // multiple of `step`, so `base < whole` exactly when its step is whole.
+    u32 whole = words - words % step;
+    for (u32 lane = threadIdx.x; lane < MOVE_BLOCK_THREADS; lane += blockDim.x) {
+        u32 base = lane;
+        for (; base < whole; base += step) {
+            const Word *f = from + base;
+            Word *t = to + base;
+            Word held[MOVE_UNROLL];
 #pragma unroll
-        for (int u = 0; u < MOVE_UNROLL; u++) {
-            u64 i = base + (u64)u * blockDim.x;
-            if (i < words) {
-                held[u] = __ldcs(from + i);
+            for (int u = 0; u < MOVE_UNROLL; u++) {
+                held[u] = __ldcs(f + u * MOVE_BLOCK_THREADS);
+            }
+#pragma unroll
+            for (int u = 0; u < MOVE_UNROLL; u++) {
+                __stcs(t + u * MOVE_BLOCK_THREADS, held[u]);
             }
         }
+        // The last, partial step (at most one; `words` > 0 in it). Loads
+        // past the end read the last word again instead of being skipped, so
+        // they too issue back to back without a branch each; only the
+        // stores are tested.
+        for (; base < words; base += step) {
+            Word held[MOVE_UNROLL];
 #pragma unroll
-        for (int u = 0; u < MOVE_UNROLL; u++) {
-            u64 i = base + (u64)u * blockDim.x;
-            if (i < words) {
-                __stcs(to + i, held[u]);
+            for (int u = 0; u < MOVE_UNROLL; u++) {
+                u32 i = base + (u32)u * MOVE_BLOCK_THREADS;
+                held[u] = __ldcs(from + (i < words ? i : words - 1));
+            }
+#pragma unroll
+            for (int u = 0; u < MOVE_UNROLL; u++) {
+                u32 i = base + (u32)u * MOVE_BLOCK_THREADS;
+                if (i < words) {
+                    __stcs(to + i, held[u]);
+                }
             }
         }
     }
-    return words * sizeof(Word);
+    return words * (u32)sizeof(Word);
 }
 
 // The move that chunk `chunk` belongs to: the last with first_chunk <= chunk.
@@ -78,7 +114,8 @@ __device__ __forceinline__ u32 move_of_chunk(const MoveBlocksParams &p, u32 coun
     return lo;
 }
 
-extern "C" __global__ void move_blocks(const __grid_constant__ MoveBlocksParams p)
+extern "C" __global__ void __launch_bounds__(MOVE_BLOCK_THREADS, MOVE_MIN_BLOCKS_PER_SM)
+move_blocks(const __grid_constant__ MoveBlocksParams p)
 {
     u32 count = p.count < MOVE_MAX_MOVES ? (u32)p.count : MOVE_MAX_MOVES;
     if (count == 0) {
@@ -91,11 +128,11 @@ extern "C" __global__ void move_blocks(const __grid_constant__ MoveBlocksParams 
             continue;
         }
         u64 rest = p.len[m] - offset;
-        u64 len = rest < MOVE_CHUNK_BYTES ? rest : MOVE_CHUNK_BYTES;
+        u32 len = (u32)(rest < MOVE_CHUNK_BYTES ? rest : MOVE_CHUNK_BYTES);
         const unsigned char *src = (const unsigned char *)(p.src[m] + offset);
         unsigned char *dst = (unsigned char *)(p.dst[m] + offset);
         u64 alignment = p.src[m] | p.dst[m];
-        u64 done = 0;
+        u32 done = 0;
         if (alignment % 16 == 0) {
             done = copy_words<ulonglong2>(src, dst, len);
         } else if (alignment % 8 == 0) {
@@ -103,8 +140,9 @@ extern "C" __global__ void move_blocks(const __grid_constant__ MoveBlocksParams 
         } else if (alignment % 4 == 0) {
             done = copy_words<unsigned int>(src, dst, len);
         }
-        for (u64 i = done + threadIdx.x; i < len; i += blockDim.x) {
-            __stcs(dst + i, __ldcs(src + i));
-        }
+        // What no wider word covers (all of it when the addresses are not
+        // 4-byte aligned, else under a word), a byte at a time but with
+        // MOVE_UNROLL bytes a thread in flight.
+        copy_words<unsigned char>(src + done, dst + done, len - done);
     }
 }

@@ -33,8 +33,9 @@ pub const MAX_MOVES: usize = 128;
 
 /// Bytes of a move that one thread block copies per step, the last chunk of
 /// a move being shorter; `MOVE_CHUNK_BYTES` in `moves.cu`. 256 threads
-/// loading four 16-byte words each hold one chunk in flight.
-pub const CHUNK_BYTES: u64 = 16 << 10;
+/// loading eight 16-byte words each hold one chunk in flight; at four
+/// blocks an SM (the kernel's register budget) that is 128 KiB an SM.
+pub const CHUNK_BYTES: u64 = 32 << 10;
 
 /// Most thread blocks of one launch; beyond it each block copies several
 /// chunks.
@@ -104,6 +105,8 @@ impl MoveBlocksParams {
 
     /// One [`BLOCK_THREADS`]-thread block per chunk, at most [`MAX_GRID`]
     /// (at least one block, which does nothing when there are no chunks).
+    /// The kernel is built for blocks of [`BLOCK_THREADS`] (its launch
+    /// bounds); it copies correctly with smaller ones, only slower.
     pub fn launch_shape(&self) -> LaunchShape {
         LaunchShape {
             grid: u32::try_from(self.chunks.min(u64::from(MAX_GRID)))

@@ -11,6 +11,7 @@
 #define __global__
 #define __forceinline__ inline
 #define __grid_constant__
+#define __launch_bounds__(...)
 
 struct alignas(16) ulonglong2 {
     unsigned long long x, y;

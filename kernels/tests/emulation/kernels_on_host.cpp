@@ -45,15 +45,16 @@ static void moves_kernel()
 {
     // Two buffers: moves read from `from` and write into `to`, so any set of
     // moves is independent; the expected result is memcpy of each.
-    const u64 size = 5 * MOVE_CHUNK_BYTES;
-    static unsigned char from[5 * MOVE_CHUNK_BYTES] __attribute__((aligned(64)));
-    static unsigned char to[5 * MOVE_CHUNK_BYTES] __attribute__((aligned(64)));
-    static unsigned char want[5 * MOVE_CHUNK_BYTES] __attribute__((aligned(64)));
+    const u64 size = 9 * MOVE_CHUNK_BYTES;
+    static unsigned char from[9 * MOVE_CHUNK_BYTES] __attribute__((aligned(64)));
+    static unsigned char to[9 * MOVE_CHUNK_BYTES] __attribute__((aligned(64)));
+    static unsigned char want[9 * MOVE_CHUNK_BYTES] __attribute__((aligned(64)));
     for (u64 i = 0; i < size; i++) {
         from[i] = (unsigned char)(pattern_word(7, i / 8) >> (8 * (i % 8)));
     }
     // (source offset, destination offset, length): every alignment class,
-    // lengths off the word sizes, and moves longer than a chunk.
+    // lengths off the word sizes, and moves longer than a chunk (so whole
+    // steps and a partial one) in every word size.
     const u64 cases[][3] = {
         {0, 0, 2 * MOVE_CHUNK_BYTES + 100},
         {2 * MOVE_CHUNK_BYTES + 256, 2 * MOVE_CHUNK_BYTES + 512, 4095},
@@ -63,30 +64,37 @@ static void moves_kernel()
         {3 * MOVE_CHUNK_BYTES + 3001, 3 * MOVE_CHUNK_BYTES + 3003, MOVE_CHUNK_BYTES + 5},
         {4 * MOVE_CHUNK_BYTES + 4200, 4 * MOVE_CHUNK_BYTES + 5000, 15},
         {4 * MOVE_CHUNK_BYTES + 5100, 4 * MOVE_CHUNK_BYTES + 5100, 0},
+        {5 * MOVE_CHUNK_BYTES + 8, 5 * MOVE_CHUNK_BYTES + 24, MOVE_CHUNK_BYTES + 40},
+        {6 * MOVE_CHUNK_BYTES + 100, 6 * MOVE_CHUNK_BYTES + 204, MOVE_CHUNK_BYTES + 3},
+        {7 * MOVE_CHUNK_BYTES + 256, 7 * MOVE_CHUNK_BYTES + 512, MOVE_CHUNK_BYTES},
     };
     const unsigned n = sizeof cases / sizeof cases[0];
-    for (unsigned grid : {1u, 3u, 64u}) {
-        memset(to, 0, size);
-        memset(want, 0, size);
-        static MoveBlocksParams p;
-        memset(&p, 0, sizeof p);
-        u64 chunks = 0;
-        for (unsigned i = 0; i < n; i++) {
-            p.src[p.count] = (u64)(from + cases[i][0]);
-            p.dst[p.count] = (u64)(to + cases[i][1]);
-            p.len[p.count] = cases[i][2];
-            p.first_chunk[p.count] = (u32)chunks;
-            chunks += (cases[i][2] + MOVE_CHUNK_BYTES - 1) / MOVE_CHUNK_BYTES;
-            p.count++;
-            memcpy(want + cases[i][1], from + cases[i][0], cases[i][2]);
+    // Blocks of the size the launcher uses (MOVE_BLOCK_THREADS) and smaller
+    // ones, whose threads take the lanes in turns.
+    for (unsigned block : {(unsigned)MOVE_BLOCK_THREADS, 64u, 32u}) {
+        for (unsigned grid : {1u, 3u, 64u}) {
+            memset(to, 0, size);
+            memset(want, 0, size);
+            static MoveBlocksParams p;
+            memset(&p, 0, sizeof p);
+            u64 chunks = 0;
+            for (unsigned i = 0; i < n; i++) {
+                p.src[p.count] = (u64)(from + cases[i][0]);
+                p.dst[p.count] = (u64)(to + cases[i][1]);
+                p.len[p.count] = cases[i][2];
+                p.first_chunk[p.count] = (u32)chunks;
+                chunks += (cases[i][2] + MOVE_CHUNK_BYTES - 1) / MOVE_CHUNK_BYTES;
+                p.count++;
+                memcpy(want + cases[i][1], from + cases[i][0], cases[i][2]);
+            }
+            p.chunks = chunks;
+            launch_grid(move_blocks, p, grid, block);
+            u64 wrong = 0;
+            for (u64 i = 0; i < size; i++) {
+                wrong += to[i] != want[i];
+            }
+            expect(wrong == 0, "move_blocks copies every move, nothing else", wrong, 0);
         }
-        p.chunks = chunks;
-        launch_grid(move_blocks, p, grid, 64);
-        u64 wrong = 0;
-        for (u64 i = 0; i < size; i++) {
-            wrong += to[i] != want[i];
-        }
-        expect(wrong == 0, "move_blocks copies every move, nothing else", wrong, 0);
     }
 
     // The most moves a launch takes, one 256-byte block each.
