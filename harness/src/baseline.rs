@@ -94,18 +94,6 @@ impl Policy for OffsetAllocatorPolicy {
         Ok(self.mapped)
     }
 
-    fn peak_mapped_bytes(&self) -> Result<u64> {
-        Ok(self.mapped)
-    }
-
-    fn bytes_moved(&self) -> Result<u64> {
-        Ok(0)
-    }
-
-    fn relocations(&self) -> Result<u64> {
-        Ok(0)
-    }
-
     fn state(&self) -> Result<ArenaState> {
         let report = self.allocator.storage_report();
         let used = self.arena_bytes - u64::from(report.total_free_space) * UNIT;
@@ -196,18 +184,6 @@ impl Policy for RangeAllocPolicy {
 
     fn mapped_bytes(&self) -> Result<u64> {
         Ok(self.mapped())
-    }
-
-    fn peak_mapped_bytes(&self) -> Result<u64> {
-        Ok(self.mapped())
-    }
-
-    fn bytes_moved(&self) -> Result<u64> {
-        Ok(0)
-    }
-
-    fn relocations(&self) -> Result<u64> {
-        Ok(0)
     }
 
     fn state(&self) -> Result<ArenaState> {

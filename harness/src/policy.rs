@@ -114,13 +114,20 @@ pub trait Policy {
     fn offset(&self, block: Self::Block) -> Result<u64>;
     /// Bytes mapped now.
     fn mapped_bytes(&self) -> Result<u64>;
-    /// The most bytes ever mapped: the footprint.
-    fn peak_mapped_bytes(&self) -> Result<u64>;
-    /// Bytes copied by compaction so far.
-    fn bytes_moved(&self) -> Result<u64>;
+    /// The most bytes ever mapped: the footprint. Policies that never give
+    /// memory back keep the default, what they have mapped now.
+    fn peak_mapped_bytes(&self) -> Result<u64> {
+        self.mapped_bytes()
+    }
+    /// Bytes copied by compaction so far; none for policies that never move.
+    fn bytes_moved(&self) -> Result<u64> {
+        Ok(0)
+    }
     /// How many compactions have moved blocks so far; a change tells a
     /// recorder to read offsets again.
-    fn relocations(&self) -> Result<u64>;
+    fn relocations(&self) -> Result<u64> {
+        Ok(0)
+    }
     /// The arena now, for reports of a failed request.
     fn state(&self) -> Result<ArenaState>;
 }
@@ -218,19 +225,6 @@ impl<A: Allocator> Policy for Grown<A> {
 
     fn mapped_bytes(&self) -> Result<u64> {
         Ok(self.mapped)
-    }
-
-    fn peak_mapped_bytes(&self) -> Result<u64> {
-        // Never shrinks.
-        Ok(self.mapped)
-    }
-
-    fn bytes_moved(&self) -> Result<u64> {
-        Ok(0)
-    }
-
-    fn relocations(&self) -> Result<u64> {
-        Ok(0)
     }
 
     fn state(&self) -> Result<ArenaState> {
@@ -356,10 +350,6 @@ impl Policy for CompactingTlsf {
     }
 
     fn mapped_bytes(&self) -> Result<u64> {
-        Ok(self.mapped)
-    }
-
-    fn peak_mapped_bytes(&self) -> Result<u64> {
         Ok(self.mapped)
     }
 

@@ -163,3 +163,32 @@ pub const fn align_up(value: u64, align: u64) -> Option<u64> {
         None => None,
     }
 }
+
+/// Check a layout against the rules of [`Allocator::rebuild`]: every extent
+/// non-empty, sorted, not overlapping the one before, and inside a managed
+/// region as `inside` judges.
+pub(crate) fn check_layout(used: &[Extent], inside: impl Fn(&Extent) -> bool) -> Result<()> {
+    let mut prev_end = 0;
+    for (i, e) in used.iter().enumerate() {
+        let invalid = |why| Error::InvalidLayout {
+            offset: e.offset,
+            size: e.size,
+            why,
+        };
+        if e.size == 0 {
+            return Err(invalid("is empty"));
+        }
+        let end = e
+            .offset
+            .checked_add(e.size)
+            .ok_or(invalid("overflows the address space"))?;
+        if i > 0 && e.offset < prev_end {
+            return Err(invalid("overlaps or precedes the block before it"));
+        }
+        if !inside(e) {
+            return Err(invalid("lies outside the managed regions"));
+        }
+        prev_end = end;
+    }
+    Ok(())
+}

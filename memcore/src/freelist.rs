@@ -9,6 +9,7 @@
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 
+use crate::alloc_api::check_layout;
 use crate::{Allocation, Allocator, Error, Extent, Result, Stats, align_up, check_align};
 
 /// Which free range [`FreeList`] places a request in.
@@ -249,28 +250,7 @@ impl Allocator for FreeList {
     }
 
     fn rebuild(&mut self, used: &[Extent]) -> Result<Vec<Allocation>> {
-        let mut prev_end = 0;
-        for (i, e) in used.iter().enumerate() {
-            let invalid = |why| Error::InvalidLayout {
-                offset: e.offset,
-                size: e.size,
-                why,
-            };
-            if e.size == 0 {
-                return Err(invalid("is empty"));
-            }
-            let end = e
-                .offset
-                .checked_add(e.size)
-                .ok_or(invalid("overflows the address space"))?;
-            if i > 0 && e.offset < prev_end {
-                return Err(invalid("overlaps or precedes the block before it"));
-            }
-            if self.region_containing(e).is_none() {
-                return Err(invalid("lies outside the managed regions"));
-            }
-            prev_end = end;
-        }
+        check_layout(used, |e| self.region_containing(e).is_some())?;
         self.live.clear();
         self.free.clear();
         self.free_by_size.clear();

@@ -6,6 +6,7 @@ use alloc::vec::Vec;
 use super::class::GRANULE;
 use super::node::{NONE, State};
 use super::{Region, Tlsf};
+use crate::alloc_api::check_layout;
 use crate::{Allocation, Error, Extent, Result};
 
 impl Tlsf {
@@ -101,42 +102,15 @@ impl Tlsf {
         Some(extent)
     }
 
-    /// Check `used` against the rules of [`crate::Allocator::rebuild`].
-    fn validate_layout(&self, used: &[Extent]) -> Result<()> {
-        let mut prev_end = 0;
-        for (i, e) in used.iter().enumerate() {
-            let invalid = |why| Error::InvalidLayout {
-                offset: e.offset,
-                size: e.size,
-                why,
-            };
-            if e.size == 0 {
-                return Err(invalid("is empty"));
-            }
-            let end = e
-                .offset
-                .checked_add(e.size)
-                .ok_or(invalid("overflows the address space"))?;
-            if i > 0 && e.offset < prev_end {
-                return Err(invalid("overlaps or precedes the block before it"));
-            }
-            let inside = self
-                .regions
-                .get(self.region_of(e.offset))
-                .is_some_and(|r| r.extent.contains(e));
-            if !inside {
-                return Err(invalid("lies outside the managed regions"));
-            }
-            prev_end = end;
-        }
-        Ok(())
-    }
-
     /// Lay the regions out with exactly `used` live. A gap under a granule
     /// between blocks stays with the block below it (with the block above
     /// at the start of a region), as an allocation would have left it.
     pub(super) fn rebuild_impl(&mut self, used: &[Extent]) -> Result<Vec<Allocation>> {
-        self.validate_layout(used)?;
+        check_layout(used, |e| {
+            self.regions
+                .get(self.region_of(e.offset))
+                .is_some_and(|r| r.extent.contains(e))
+        })?;
         // At most a free block before each used one, plus one per region.
         if !self.nodes.can_take(2 * used.len() + self.regions.len()) {
             return Err(Error::OutOfMemory {
