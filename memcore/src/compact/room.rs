@@ -76,6 +76,20 @@ pub(crate) fn make_room(
         .or_else(|| slide_making_room(layout, size, align))
 }
 
+/// `blocks` where they lie once `moves` ran, sorted by offset.
+fn moved(blocks: &[Placed], moves: &[Move]) -> Vec<Placed> {
+    let dst: BTreeMap<Handle, u64> = moves.iter().map(|m| (m.handle, m.dst)).collect();
+    let mut after: Vec<Placed> = blocks
+        .iter()
+        .map(|b| Placed {
+            offset: dst.get(&b.handle).copied().unwrap_or(b.offset),
+            ..*b
+        })
+        .collect();
+    after.sort_by_key(|b| b.offset);
+    after
+}
+
 /// The slide of one region after which the request fits, the one that
 /// copies the fewest bytes.
 fn slide_making_room(layout: &[(Extent, Vec<Placed>)], size: u64, align: u64) -> Option<Vec<Move>> {
@@ -83,15 +97,7 @@ fn slide_making_room(layout: &[(Extent, Vec<Placed>)], size: u64, align: u64) ->
         .iter()
         .filter_map(|(region, blocks)| {
             let moves = slide(*region, blocks);
-            let dst: BTreeMap<Handle, u64> = moves.iter().map(|m| (m.handle, m.dst)).collect();
-            let mut after: Vec<Placed> = blocks
-                .iter()
-                .map(|b| Placed {
-                    offset: dst.get(&b.handle).copied().unwrap_or(b.offset),
-                    ..*b
-                })
-                .collect();
-            after.sort_by_key(|b| b.offset);
+            let after = moved(blocks, &moves);
             let room = holes(*region, &after)
                 .into_iter()
                 .any(|hole| fit_in(hole, size, align).is_some());
@@ -261,15 +267,7 @@ mod tests {
         let (size, align) = super::super::request_window(29200, 8192).unwrap();
         let layout = [(region, blocks.clone())];
         let moves = make_room(&layout, size, align).expect("a slide makes room");
-        let dst: BTreeMap<Handle, u64> = moves.iter().map(|m| (m.handle, m.dst)).collect();
-        let mut after: Vec<Placed> = blocks
-            .iter()
-            .map(|b| Placed {
-                offset: dst.get(&b.handle).copied().unwrap_or(b.offset),
-                ..*b
-            })
-            .collect();
-        after.sort_by_key(|b| b.offset);
+        let after = moved(&blocks, &moves);
         let room = holes(region, &after)
             .into_iter()
             .any(|h| fit_in(h, size, align).is_some());
