@@ -2,6 +2,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod address_space;
 pub mod device;
 mod error;
 pub mod ledger;

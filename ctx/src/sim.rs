@@ -9,8 +9,7 @@
 //! With `backed: false` it keeps the bookkeeping only: writes are dropped and
 //! reads return zeros, so replays of multi-GB traces fit in host RAM.
 
-use std::collections::BTreeMap;
-
+use crate::address_space::{self, AddressSpace};
 use crate::device::{DeviceMemory, MemInfo};
 use crate::{Error, Result};
 
@@ -99,6 +98,12 @@ struct Backing {
     data: Vec<u8>,
 }
 
+impl address_space::Backing for Backing {
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
 /// A part of an access that falls into one backing.
 struct Piece {
     backing: u64,
@@ -111,10 +116,7 @@ struct Piece {
 pub struct SimDevice {
     config: SimConfig,
     next_va: u64,
-    /// Reservation base -> size, bytes.
-    reservations: BTreeMap<u64, u64>,
-    /// Start address -> mapping or chunk; never overlapping.
-    backings: BTreeMap<u64, Backing>,
+    space: AddressSpace<Backing>,
     /// Bytes of mappings and chunks.
     used_bytes: u64,
     counters: SimCounters,
@@ -134,8 +136,7 @@ impl SimDevice {
         Self {
             config,
             next_va: SIM_BASE_ADDRESS,
-            reservations: BTreeMap::new(),
-            backings: BTreeMap::new(),
+            space: AddressSpace::default(),
             used_bytes: 0,
             counters: SimCounters::default(),
         }
@@ -218,16 +219,6 @@ impl SimDevice {
             .saturating_sub(self.used_bytes)
     }
 
-    /// Whether any backing shares a byte with `[addr, end)`.
-    fn overlaps_backing(&self, addr: u64, end: u64) -> bool {
-        let before = self
-            .backings
-            .range(..addr)
-            .next_back()
-            .is_some_and(|(start, b)| start + b.size > addr);
-        before || self.backings.range(addr..end).next().is_some()
-    }
-
     /// Split `[addr, addr + len)` into pieces of consecutive backings, or
     /// fail if any byte of it is not backed.
     fn pieces(&self, addr: u64, len: u64) -> Result<Vec<Piece>> {
@@ -239,6 +230,7 @@ impl SimDevice {
         let mut cursor = addr;
         while cursor < end {
             let (&start, backing) = self
+                .space
                 .backings
                 .range(..=cursor)
                 .next_back()
@@ -286,59 +278,21 @@ impl DeviceMemory for SimDevice {
             ));
         }
         let base = self.take_address_space("reserve", size)?;
-        self.reservations.insert(base, size);
+        self.space.reservations.insert(base, size);
         Ok(base)
     }
 
     fn release(&mut self, base: u64, size: u64) -> Result<()> {
-        if self.reservations.get(&base) != Some(&size) {
-            return Err(device_error(
-                "release",
-                format!("CUDA_ERROR_INVALID_VALUE: no reservation [{base:#x}, +{size})"),
-            ));
-        }
-        if self.overlaps_backing(base, base + size) {
-            return Err(device_error(
-                "release",
-                "CUDA_ERROR_INVALID_VALUE: part of the reservation is still mapped",
-            ));
-        }
-        self.reservations.remove(&base);
+        self.space.check_release(base, size)?;
+        self.space.reservations.remove(&base);
         Ok(())
     }
 
     fn map(&mut self, addr: u64, size: u64) -> Result<()> {
         let g = self.checked_granularity("map")?;
-        if size == 0 || size % g != 0 || addr % g != 0 {
-            return Err(device_error(
-                "map",
-                format!("CUDA_ERROR_INVALID_VALUE: [{addr:#x}, +{size}) is not on {g}-byte pages"),
-            ));
-        }
-        let end = addr
-            .checked_add(size)
-            .ok_or_else(|| device_error("map", "CUDA_ERROR_INVALID_VALUE: range overflows"))?;
-        let inside = self
-            .reservations
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(base, rsize)| end <= base + rsize);
-        if !inside {
-            return Err(device_error(
-                "map",
-                format!(
-                    "CUDA_ERROR_INVALID_VALUE: [{addr:#x}, +{size}) is not inside a reservation"
-                ),
-            ));
-        }
-        if self.overlaps_backing(addr, end) {
-            return Err(device_error(
-                "map",
-                format!("CUDA_ERROR_INVALID_VALUE: [{addr:#x}, +{size}) is already mapped"),
-            ));
-        }
+        self.space.check_map(addr, size, g)?;
         let data = self.charge("map", size)?;
-        self.backings.insert(
+        self.space.backings.insert(
             addr,
             Backing {
                 size,
@@ -355,7 +309,7 @@ impl DeviceMemory for SimDevice {
         let mut cursor = addr;
         let mut starts = Vec::new();
         while cursor < end {
-            match self.backings.get(&cursor) {
+            match self.space.backings.get(&cursor) {
                 Some(b) if b.kind == BackingKind::Mapping && cursor + b.size <= end => {
                     starts.push(cursor);
                     cursor += b.size;
@@ -372,7 +326,7 @@ impl DeviceMemory for SimDevice {
             ));
         }
         for start in starts {
-            self.backings.remove(&start);
+            self.space.backings.remove(&start);
         }
         self.used_bytes -= size;
         self.counters.unmaps += 1;
@@ -396,7 +350,7 @@ impl DeviceMemory for SimDevice {
                 return Err(e);
             }
         };
-        self.backings.insert(
+        self.space.backings.insert(
             addr,
             Backing {
                 size,
@@ -409,9 +363,9 @@ impl DeviceMemory for SimDevice {
     }
 
     fn free_chunk(&mut self, addr: u64, size: u64) -> Result<()> {
-        match self.backings.get(&addr) {
+        match self.space.backings.get(&addr) {
             Some(b) if b.kind == BackingKind::Chunk && b.size == size => {
-                self.backings.remove(&addr);
+                self.space.backings.remove(&addr);
                 self.used_bytes -= size;
                 self.counters.chunk_frees += 1;
                 Ok(())
@@ -429,7 +383,7 @@ impl DeviceMemory for SimDevice {
         if self.config.backed {
             let mut staging = Vec::with_capacity(len as usize);
             for p in &from {
-                let data = &self.backings[&p.backing].data;
+                let data = &self.space.backings[&p.backing].data;
                 staging.extend_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
             }
             self.scatter(&to, &staging);
@@ -455,7 +409,7 @@ impl DeviceMemory for SimDevice {
         }
         let mut pos = 0;
         for p in from {
-            let data = &self.backings[&p.backing].data;
+            let data = &self.space.backings[&p.backing].data;
             out[pos..pos + p.len]
                 .copy_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
             pos += p.len;
@@ -481,7 +435,7 @@ impl SimDevice {
     fn scatter(&mut self, pieces: &[Piece], data: &[u8]) {
         let mut pos = 0;
         for p in pieces {
-            if let Some(b) = self.backings.get_mut(&p.backing) {
+            if let Some(b) = self.space.backings.get_mut(&p.backing) {
                 b.data[p.offset_in_backing..p.offset_in_backing + p.len]
                     .copy_from_slice(&data[pos..pos + p.len]);
             }

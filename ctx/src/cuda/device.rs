@@ -9,8 +9,6 @@
 //! Every VMM driver call is counted and timed ([`CudaDevice::vmm_calls`]), so a
 //! benchmark can tell where the time of a growth goes.
 
-use std::collections::BTreeMap;
-
 use cust::sys::{
     CUdevice, CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags,
     CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
@@ -23,6 +21,7 @@ use super::{
     mover::{CopyCalls, Mover},
     vmm_calls::VmmCalls,
 };
+use crate::address_space::{self, AddressSpace, invalid_value};
 use crate::device::CopyMove;
 use crate::{DeviceMemory, Error, MemInfo, Result};
 
@@ -36,6 +35,12 @@ struct Backing {
     size: u64,
     /// The physical allocation behind a VMM mapping; `None` for a `cuMemAlloc` chunk.
     handle: Option<CUmemGenericAllocationHandle>,
+}
+
+impl address_space::Backing for Backing {
+    fn size(&self) -> u64 {
+        self.size
+    }
 }
 
 /// Device memory of one CUDA device for a [`crate::Pool`].
@@ -53,21 +58,9 @@ pub struct CudaDevice {
     name: String,
     granularity: u64,
     vmm: bool,
-    /// Reservation base -> size, bytes.
-    reservations: BTreeMap<u64, u64>,
-    /// Start address -> mapping or chunk; never overlapping.
-    backings: BTreeMap<u64, Backing>,
+    space: AddressSpace<Backing>,
     mover: Mover,
     vmm_calls: VmmCalls,
-}
-
-/// An [`Error::Device`] for a request the driver would refuse, named like the
-/// simulated device's so callers see one vocabulary.
-fn invalid_value(op: &'static str, detail: String) -> Error {
-    Error::Device {
-        op,
-        detail: format!("CUDA_ERROR_INVALID_VALUE: {detail}"),
-    }
 }
 
 /// Pinned device memory on `device`, the only kind this backend creates.
@@ -121,8 +114,7 @@ impl CudaDevice {
             name,
             granularity,
             vmm,
-            reservations: BTreeMap::new(),
-            backings: BTreeMap::new(),
+            space: AddressSpace::default(),
             mover: Mover::new(context),
             vmm_calls: VmmCalls::default(),
         })
@@ -158,16 +150,6 @@ impl CudaDevice {
         self.mover.kernel_error()
     }
 
-    /// Whether any backing shares a byte with `[addr, end)`.
-    fn overlaps_backing(&self, addr: u64, end: u64) -> bool {
-        let before = self
-            .backings
-            .range(..addr)
-            .next_back()
-            .is_some_and(|(start, b)| start + b.size > addr);
-        before || self.backings.range(addr..end).next().is_some()
-    }
-
     /// `Ok` when every byte of `[addr, addr + len)` lies in mappings or chunks this
     /// device made, so the driver is only ever handed memory we own.
     fn check_backed(&self, addr: u64, len: u64) -> Result<()> {
@@ -178,6 +160,7 @@ impl CudaDevice {
         let mut cursor = addr;
         while cursor < end {
             let (start, backing) = self
+                .space
                 .backings
                 .range(..=cursor)
                 .next_back()
@@ -247,61 +230,24 @@ impl DeviceMemory for CudaDevice {
             unsafe { driver::cuMemAddressReserve(&mut base, bytes, 0, 0, 0) }
         });
         check("cuMemAddressReserve", code)?;
-        self.reservations.insert(base, size);
+        self.space.reservations.insert(base, size);
         Ok(base)
     }
 
     fn release(&mut self, base: u64, size: u64) -> Result<()> {
-        if self.reservations.get(&base) != Some(&size) {
-            return Err(invalid_value(
-                "release",
-                format!("no reservation [{base:#x}, +{size})"),
-            ));
-        }
-        if self.overlaps_backing(base, base + size) {
-            return Err(invalid_value(
-                "release",
-                "part of the reservation is still mapped".into(),
-            ));
-        }
+        self.space.check_release(base, size)?;
         self.context.bind()?;
         // SAFETY: `[base, +size)` is exactly a reservation we made and nothing in it is
         // mapped any more.
         check("cuMemAddressFree", unsafe {
             driver::cuMemAddressFree(base, to_usize("release", size)?)
         })?;
-        self.reservations.remove(&base);
+        self.space.reservations.remove(&base);
         Ok(())
     }
 
     fn map(&mut self, addr: u64, size: u64) -> Result<()> {
-        let g = self.granularity;
-        if size == 0 || size % g != 0 || addr % g != 0 {
-            return Err(invalid_value(
-                "map",
-                format!("[{addr:#x}, +{size}) is not on {g}-byte pages"),
-            ));
-        }
-        let end = addr
-            .checked_add(size)
-            .ok_or_else(|| invalid_value("map", "range overflows".into()))?;
-        let inside = self
-            .reservations
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(base, reserved)| end <= base + reserved);
-        if !inside {
-            return Err(invalid_value(
-                "map",
-                format!("[{addr:#x}, +{size}) is not inside a reservation"),
-            ));
-        }
-        if self.overlaps_backing(addr, end) {
-            return Err(invalid_value(
-                "map",
-                format!("[{addr:#x}, +{size}) is already mapped"),
-            ));
-        }
+        self.space.check_map(addr, size, self.granularity)?;
         let bytes = to_usize("map", size)?;
         self.context.bind()?;
         let device = self.context.raw_device();
@@ -345,7 +291,7 @@ impl DeviceMemory for CudaDevice {
             let _ = Self::drop_mapping(&mut self.vmm_calls, addr, size, handle);
             return Err(error);
         }
-        self.backings.insert(
+        self.space.backings.insert(
             addr,
             Backing {
                 size,
@@ -360,7 +306,7 @@ impl DeviceMemory for CudaDevice {
         let mut cursor = addr;
         let mut run = Vec::new();
         while cursor < end {
-            match self.backings.get(&cursor) {
+            match self.space.backings.get(&cursor) {
                 Some(Backing {
                     size: piece,
                     handle: Some(handle),
@@ -381,14 +327,14 @@ impl DeviceMemory for CudaDevice {
         self.synchronize()?;
         for (start, piece, handle) in run {
             Self::drop_mapping(&mut self.vmm_calls, start, piece, handle)?;
-            self.backings.remove(&start);
+            self.space.backings.remove(&start);
         }
         Ok(())
     }
 
     fn alloc_chunk(&mut self, size: u64) -> Result<u64> {
         if size == 0 {
-            return Err(invalid_value("alloc_chunk", "zero bytes".into()));
+            return Err(invalid_value("alloc_chunk", "zero bytes"));
         }
         let bytes = to_usize("alloc_chunk", size)?;
         self.context.bind()?;
@@ -397,13 +343,14 @@ impl DeviceMemory for CudaDevice {
         check("cuMemAlloc", unsafe {
             driver::cuMemAlloc_v2(&mut address, bytes)
         })?;
-        self.backings
+        self.space
+            .backings
             .insert(address, Backing { size, handle: None });
         Ok(address)
     }
 
     fn free_chunk(&mut self, addr: u64, size: u64) -> Result<()> {
-        match self.backings.get(&addr) {
+        match self.space.backings.get(&addr) {
             Some(Backing {
                 size: chunk,
                 handle: None,
@@ -419,7 +366,7 @@ impl DeviceMemory for CudaDevice {
         self.synchronize()?;
         // SAFETY: `addr` is a chunk cuMemAlloc gave us, and no queued work touches it.
         check("cuMemFree", unsafe { driver::cuMemFree_v2(addr) })?;
-        self.backings.remove(&addr);
+        self.space.backings.remove(&addr);
         Ok(())
     }
 
@@ -481,7 +428,7 @@ impl Drop for CudaDevice {
         if self.context.synchronize().is_err() {
             return;
         }
-        for (address, backing) in std::mem::take(&mut self.backings) {
+        for (address, backing) in std::mem::take(&mut self.space.backings) {
             match backing.handle {
                 Some(handle) => {
                     let _ = Self::drop_mapping(&mut self.vmm_calls, address, backing.size, handle);
@@ -492,7 +439,7 @@ impl Drop for CudaDevice {
                 }
             }
         }
-        for (base, size) in std::mem::take(&mut self.reservations) {
+        for (base, size) in std::mem::take(&mut self.space.reservations) {
             // SAFETY: a reservation we made; every mapping in it was just unmapped.
             let _ = unsafe { driver::cuMemAddressFree(base, size as usize) };
         }
