@@ -231,7 +231,7 @@ impl SimDevice {
         while cursor < end {
             let (&start, backing) = self
                 .space
-                .backings
+                .backings()
                 .range(..=cursor)
                 .next_back()
                 .filter(|(start, b)| *start + b.size > cursor)
@@ -292,7 +292,7 @@ impl DeviceMemory for SimDevice {
         let g = self.checked_granularity("map")?;
         self.space.check_map(addr, size, g)?;
         let data = self.charge("map", size)?;
-        self.space.backings.insert(
+        self.space.add_backing(
             addr,
             Backing {
                 size,
@@ -309,7 +309,7 @@ impl DeviceMemory for SimDevice {
         let mut cursor = addr;
         let mut starts = Vec::new();
         while cursor < end {
-            match self.space.backings.get(&cursor) {
+            match self.space.backings().get(&cursor) {
                 Some(b) if b.kind == BackingKind::Mapping && cursor + b.size <= end => {
                     starts.push(cursor);
                     cursor += b.size;
@@ -326,7 +326,7 @@ impl DeviceMemory for SimDevice {
             ));
         }
         for start in starts {
-            self.space.backings.remove(&start);
+            self.space.remove_backing(start);
         }
         self.used_bytes -= size;
         self.counters.unmaps += 1;
@@ -350,7 +350,7 @@ impl DeviceMemory for SimDevice {
                 return Err(e);
             }
         };
-        self.space.backings.insert(
+        self.space.add_backing(
             addr,
             Backing {
                 size,
@@ -363,9 +363,9 @@ impl DeviceMemory for SimDevice {
     }
 
     fn free_chunk(&mut self, addr: u64, size: u64) -> Result<()> {
-        match self.space.backings.get(&addr) {
+        match self.space.backings().get(&addr) {
             Some(b) if b.kind == BackingKind::Chunk && b.size == size => {
-                self.space.backings.remove(&addr);
+                self.space.remove_backing(addr);
                 self.used_bytes -= size;
                 self.counters.chunk_frees += 1;
                 Ok(())
@@ -383,7 +383,7 @@ impl DeviceMemory for SimDevice {
         if self.config.backed {
             let mut staging = Vec::with_capacity(len as usize);
             for p in &from {
-                let data = &self.space.backings[&p.backing].data;
+                let data = &self.space.backings()[&p.backing].data;
                 staging.extend_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
             }
             self.scatter(&to, &staging);
@@ -409,7 +409,7 @@ impl DeviceMemory for SimDevice {
         }
         let mut pos = 0;
         for p in from {
-            let data = &self.space.backings[&p.backing].data;
+            let data = &self.space.backings()[&p.backing].data;
             out[pos..pos + p.len]
                 .copy_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
             pos += p.len;
@@ -435,7 +435,7 @@ impl SimDevice {
     fn scatter(&mut self, pieces: &[Piece], data: &[u8]) {
         let mut pos = 0;
         for p in pieces {
-            if let Some(b) = self.space.backings.get_mut(&p.backing) {
+            if let Some(b) = self.space.backing_mut(p.backing) {
                 b.data[p.offset_in_backing..p.offset_in_backing + p.len]
                     .copy_from_slice(&data[pos..pos + p.len]);
             }

@@ -19,11 +19,13 @@ typedef unsigned int u32;
 // words one step is the whole 32 KiB chunk, 128 bytes a thread in flight.
 // Copying is bound by bytes in flight (Little's law: ~4.8 TB/s times a loaded
 // DRAM latency of ~1-2 us is 5-10 MB, 40-75 KiB per SM of 132), and a block
-// of one chunk now waits for memory once per 32 KiB instead of per 16 KiB.
+// of one chunk waits for memory once per 32 KiB.
 #define MOVE_UNROLL 8
-// Threads a block is launched with (kernels::kernel::BLOCK_THREADS), and the
+// Threads a block is launched with (kernels::moves::MOVE_THREADS), and the
 // blocks per SM the register budget is set for: 4 x 256 threads x 128 bytes
-// is 128 KiB of loads in flight per SM, at most 64 registers a thread.
+// is 128 KiB of loads in flight per SM, at most 64 registers a thread. (512
+// threads x 4 words, which scripts/move_bench measured about as fast, spills
+// registers at 4 blocks an SM.)
 #define MOVE_BLOCK_THREADS 256
 #define MOVE_MIN_BLOCKS_PER_SM 4
 
@@ -46,10 +48,10 @@ struct MoveBlocksParams {
 // (few registers). A block of other size runs the lanes in turns, so any
 // launch copies everything. Steps in which all of a lane's words lie inside
 // `len` (for a whole chunk, all of them) load without a per-word test, so the
-// loads issue back to back. Loads and stores are global and marked streaming
-// (each byte is touched once), which the addresses, integers from the
-// parameters, would not tell the compiler. Indices are 32-bit: a chunk has
-// far fewer than 2^32 words.
+// loads issue back to back. Loads and stores are plain: with streaming
+// hints (each byte is touched once) the kernel copied a few percent slower
+// on an H200 (scripts/move_bench: 0.90-0.93 of one memcpy against 0.94).
+// Indices are 32-bit: a chunk has far fewer than 2^32 words.
 template <class Word>
 __device__ __forceinline__ u32 copy_words(const unsigned char *src, unsigned char *dst, u32 len)
 {
@@ -68,11 +70,11 @@ __device__ __forceinline__ u32 copy_words(const unsigned char *src, unsigned cha
             Word held[MOVE_UNROLL];
 #pragma unroll
             for (int u = 0; u < MOVE_UNROLL; u++) {
-                held[u] = __ldcs(f + u * MOVE_BLOCK_THREADS);
+                held[u] = f[u * MOVE_BLOCK_THREADS];
             }
 #pragma unroll
             for (int u = 0; u < MOVE_UNROLL; u++) {
-                __stcs(t + u * MOVE_BLOCK_THREADS, held[u]);
+                t[u * MOVE_BLOCK_THREADS] = held[u];
             }
         }
         // The last, partial step (at most one; `words` > 0 in it). Loads
@@ -84,13 +86,13 @@ __device__ __forceinline__ u32 copy_words(const unsigned char *src, unsigned cha
 #pragma unroll
             for (int u = 0; u < MOVE_UNROLL; u++) {
                 u32 i = base + (u32)u * MOVE_BLOCK_THREADS;
-                held[u] = __ldcs(from + (i < words ? i : words - 1));
+                held[u] = from[i < words ? i : words - 1];
             }
 #pragma unroll
             for (int u = 0; u < MOVE_UNROLL; u++) {
                 u32 i = base + (u32)u * MOVE_BLOCK_THREADS;
                 if (i < words) {
-                    __stcs(to + i, held[u]);
+                    to[i] = held[u];
                 }
             }
         }

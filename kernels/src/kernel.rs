@@ -6,7 +6,8 @@ use bytemuck::Pod;
 
 use crate::module::{KernelInfo, Module};
 
-/// Threads per block for every launch of this crate's kernels.
+/// Threads per block for every launch of this crate's kernels but
+/// `move_blocks` ([`crate::moves::MOVE_THREADS`]).
 pub const BLOCK_THREADS: u32 = 256;
 
 /// A kernel whose one parameter is a `P` passed by value.

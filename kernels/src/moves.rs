@@ -24,7 +24,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::kernel::{BLOCK_THREADS, Kernel, LaunchShape};
+use crate::kernel::{Kernel, LaunchShape};
 use crate::module::{KernelInfo, Module};
 
 /// Most moves one launch takes; `MOVE_MAX_MOVES` in `moves.cu`. At 28
@@ -32,10 +32,14 @@ use crate::module::{KernelInfo, Module};
 pub const MAX_MOVES: usize = 128;
 
 /// Bytes of a move that one thread block copies per step, the last chunk of
-/// a move being shorter; `MOVE_CHUNK_BYTES` in `moves.cu`. 256 threads
-/// loading eight 16-byte words each hold one chunk in flight; at four
-/// blocks an SM (the kernel's register budget) that is 128 KiB an SM.
+/// a move being shorter; `MOVE_CHUNK_BYTES` in `moves.cu`. [`MOVE_THREADS`]
+/// threads loading eight 16-byte words each hold one chunk in flight; at
+/// four blocks an SM (the kernel's register budget) that is 128 KiB an SM.
 pub const CHUNK_BYTES: u64 = 32 << 10;
+
+/// Threads of a `move_blocks` block (`MOVE_BLOCK_THREADS` in `moves.cu`);
+/// the crate's other kernels use [`crate::BLOCK_THREADS`].
+pub const MOVE_THREADS: u32 = 256;
 
 /// Most thread blocks of one launch; beyond it each block copies several
 /// chunks.
@@ -103,16 +107,16 @@ impl MoveBlocksParams {
         self.len.iter().take(self.count as usize).sum()
     }
 
-    /// One [`BLOCK_THREADS`]-thread block per chunk, at most [`MAX_GRID`]
+    /// One [`MOVE_THREADS`]-thread block per chunk, at most [`MAX_GRID`]
     /// (at least one block, which does nothing when there are no chunks).
-    /// The kernel is built for blocks of [`BLOCK_THREADS`] (its launch
+    /// The kernel is built for blocks of [`MOVE_THREADS`] (its launch
     /// bounds); it copies correctly with smaller ones, only slower.
     pub fn launch_shape(&self) -> LaunchShape {
         LaunchShape {
             grid: u32::try_from(self.chunks.min(u64::from(MAX_GRID)))
                 .unwrap_or(MAX_GRID)
                 .max(1),
-            block: BLOCK_THREADS,
+            block: MOVE_THREADS,
         }
     }
 }

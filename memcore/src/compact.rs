@@ -7,17 +7,24 @@
 //! the bookkeeping. The planners here see only plain [`Placed`] blocks and the
 //! managed regions; they know nothing of handles' storage or of allocators.
 //!
+//! A full plan (full.rs) fills the lowest holes exactly with the topmost
+//! blocks, then slides the rest down (slide.rs); a room plan (room.rs)
+//! empties one window. Each module says why its order of moves is safe.
+//!
 //! [`Heap::plan_full`]: crate::Heap::plan_full
 //! [`Heap::plan_room`]: crate::Heap::plan_room
 //! [`Heap::commit`]: crate::Heap::commit
 
+mod full;
 mod room;
 mod slide;
 
+use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
 use crate::{DEFAULT_ALIGN, Extent, Handle};
 
+pub(crate) use full::pack;
 pub(crate) use room::make_room;
 pub(crate) use slide::slide;
 
@@ -219,4 +226,18 @@ pub(crate) fn fit_in(hole: Extent, size: u64, align: u64) -> Option<u64> {
     let at = crate::align_up(hole.offset, align)?;
     let end = at.checked_add(size)?;
     (end <= hole.end()).then_some(at)
+}
+
+/// `blocks` where they lie once `moves` ran, sorted by offset.
+pub(crate) fn moved(blocks: &[Placed], moves: &[Move]) -> Vec<Placed> {
+    let dst: BTreeMap<Handle, u64> = moves.iter().map(|m| (m.handle, m.dst)).collect();
+    let mut after: Vec<Placed> = blocks
+        .iter()
+        .map(|b| Placed {
+            offset: dst.get(&b.handle).copied().unwrap_or(b.offset),
+            ..*b
+        })
+        .collect();
+    after.sort_by_key(|b| b.offset);
+    after
 }

@@ -251,11 +251,19 @@ impl<A: Allocator> Heap<A> {
         &self.allocator
     }
 
-    /// Slide every movable block toward the low end of its region, keeping
-    /// its alignment (and at least 256 bytes' for a block on such a
-    /// boundary, see [`CompactionPlan`]). Pinned blocks stay; a block that
-    /// does not fit before the next pinned block goes past it, and a later
-    /// block that fits there fills the gap. Blocks that stay produce no move.
+    /// Compact every region toward its low end, keeping each block's
+    /// alignment (and at least 256 bytes' for a block on such a boundary, see
+    /// [`CompactionPlan`]). Pinned blocks stay.
+    ///
+    /// First the lowest holes are filled, each exactly to its last byte,
+    /// with the topmost blocks: those moves go to space that is free now, so
+    /// they are independent of one another and overwrite no live bytes. Then
+    /// what is left slides down: a block that does not fit before the next
+    /// pinned block goes past it, and a later block that fits there fills the
+    /// gap. Blocks that stay produce no move, no block moves twice, and the
+    /// plan never copies more bytes than sliding every block down would (it
+    /// is that slide where filling would cost more). Once committed, the
+    /// next `plan_full` is empty.
     ///
     /// ```
     /// use memcore::{BlockFlags, Fit, FreeList, Heap};
@@ -265,16 +273,21 @@ impl<A: Allocator> Heap<A> {
     /// let a = heap.allocate(512, 256, BlockFlags::empty())?;
     /// let pin = heap.allocate(512, 256, BlockFlags::PINNED)?;
     /// let b = heap.allocate(512, 256, BlockFlags::empty())?;
+    /// let c = heap.allocate(512, 256, BlockFlags::empty())?;
     /// heap.free(a)?;
     /// let plan = heap.plan_full();
+    /// // The top block fills the hole; sliding would have moved b and c.
+    /// assert_eq!(plan.moves().len(), 1);
     /// heap.commit(plan)?;
-    /// assert_eq!((heap.offset(b)?, heap.offset(pin)?), (0, 512));
+    /// assert_eq!(heap.offset(c)?, 0);
+    /// assert_eq!((heap.offset(pin)?, heap.offset(b)?), (512, 1024));
+    /// assert!(heap.plan_full().is_empty());
     /// # Ok::<(), memcore::Error>(())
     /// ```
     pub fn plan_full(&self) -> CompactionPlan {
         let moves = compact::by_region(&self.allocator.regions(), self.placed())
             .iter()
-            .flat_map(|(region, blocks)| compact::slide(*region, blocks))
+            .flat_map(|(region, blocks)| compact::pack(*region, blocks))
             .collect::<Vec<_>>();
         CompactionPlan {
             relayout: !moves.is_empty(),

@@ -218,7 +218,7 @@ int main()
     CK(cudaStreamSynchronize(st));
 
     std::vector<Variant> vs = {
-        { "current (verbatim, 256t u8 32K .cs)",  (KernelFn)move_blocks,                          256,  32768, false, 0 },
+        { "current (verbatim moves.cu)",  (KernelFn)move_blocks,                          256,  32768, false, 0 },
         { "B0 current kernel, persistent grid",    (KernelFn)move_blocks,                          256,  32768, true,  0 },
         { "A  256t u8 32K plain",                  (KernelFn)gen_copy<256, 8, 32768, PLAIN>,       256,  32768, false, 0 },
         { "A' 256t u8 32K .cs (generic)",          (KernelFn)gen_copy<256, 8, 32768, STREAM>,      256,  32768, false, 0 },

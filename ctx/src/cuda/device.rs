@@ -153,22 +153,7 @@ impl CudaDevice {
     /// `Ok` when every byte of `[addr, addr + len)` lies in mappings or chunks this
     /// device made, so the driver is only ever handed memory we own.
     fn check_backed(&self, addr: u64, len: u64) -> Result<()> {
-        let invalid = |why| Error::InvalidAddress { addr, len, why };
-        let end = addr
-            .checked_add(len)
-            .ok_or(invalid("range overflows the address space"))?;
-        let mut cursor = addr;
-        while cursor < end {
-            let (start, backing) = self
-                .space
-                .backings
-                .range(..=cursor)
-                .next_back()
-                .filter(|(start, b)| **start + b.size > cursor)
-                .ok_or(invalid("not mapped"))?;
-            cursor = start + backing.size;
-        }
-        Ok(())
+        self.space.check_backed(addr, len)
     }
 
     /// Unmaps and releases one mapping we made, after the device has finished with it.
@@ -291,7 +276,7 @@ impl DeviceMemory for CudaDevice {
             let _ = Self::drop_mapping(&mut self.vmm_calls, addr, size, handle);
             return Err(error);
         }
-        self.space.backings.insert(
+        self.space.add_backing(
             addr,
             Backing {
                 size,
@@ -306,7 +291,7 @@ impl DeviceMemory for CudaDevice {
         let mut cursor = addr;
         let mut run = Vec::new();
         while cursor < end {
-            match self.space.backings.get(&cursor) {
+            match self.space.backings().get(&cursor) {
                 Some(Backing {
                     size: piece,
                     handle: Some(handle),
@@ -327,7 +312,7 @@ impl DeviceMemory for CudaDevice {
         self.synchronize()?;
         for (start, piece, handle) in run {
             Self::drop_mapping(&mut self.vmm_calls, start, piece, handle)?;
-            self.space.backings.remove(&start);
+            self.space.remove_backing(start);
         }
         Ok(())
     }
@@ -344,13 +329,12 @@ impl DeviceMemory for CudaDevice {
             driver::cuMemAlloc_v2(&mut address, bytes)
         })?;
         self.space
-            .backings
-            .insert(address, Backing { size, handle: None });
+            .add_backing(address, Backing { size, handle: None });
         Ok(address)
     }
 
     fn free_chunk(&mut self, addr: u64, size: u64) -> Result<()> {
-        match self.space.backings.get(&addr) {
+        match self.space.backings().get(&addr) {
             Some(Backing {
                 size: chunk,
                 handle: None,
@@ -366,7 +350,7 @@ impl DeviceMemory for CudaDevice {
         self.synchronize()?;
         // SAFETY: `addr` is a chunk cuMemAlloc gave us, and no queued work touches it.
         check("cuMemFree", unsafe { driver::cuMemFree_v2(addr) })?;
-        self.space.backings.remove(&addr);
+        self.space.remove_backing(addr);
         Ok(())
     }
 
@@ -378,12 +362,13 @@ impl DeviceMemory for CudaDevice {
     /// one `move_blocks` launch each, the rest as `cuMemcpyDtoDAsync`) and waits once,
     /// at the end, until they are done.
     fn copy_moves(&mut self, moves: &[CopyMove]) -> Result<()> {
+        let started = std::time::Instant::now();
         for m in moves {
             self.check_backed(m.src, m.len)?;
             self.check_backed(m.dst, m.len)?;
         }
         self.context.bind()?;
-        self.mover.copy(moves)
+        self.mover.copy(moves, started)
     }
 
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<()> {
@@ -428,7 +413,7 @@ impl Drop for CudaDevice {
         if self.context.synchronize().is_err() {
             return;
         }
-        for (address, backing) in std::mem::take(&mut self.space.backings) {
+        for (address, backing) in self.space.take_backings() {
             match backing.handle {
                 Some(handle) => {
                     let _ = Self::drop_mapping(&mut self.vmm_calls, address, backing.size, handle);

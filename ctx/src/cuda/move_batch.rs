@@ -8,13 +8,18 @@
 //! stream, which keeps every dependency between runs. A move that overlaps itself is
 //! copied alone, in the pieces [`super::copy_plan`] cuts.
 //!
-//! Grouping is greedy: a run grows until the next move conflicts with it or the run
-//! is full. In a full slide with holes spread over the pool this still gathers long
-//! runs (a block's destination overlaps the source of a block about half as far into
-//! the pool, so run lengths double), and the relocations of a targeted compaction,
-//! whose destinations are free holes, are all independent.
-
-use std::collections::BTreeMap;
+//! Grouping is greedy: a run is the longest stretch of moves, from where the last one
+//! ended, that may go together, up to the cap. Runs are found one at a time, so the
+//! caller can queue the first while the next is still being worked out. In a full
+//! slide with holes spread over the pool this still gathers long runs (a block's
+//! destination overlaps the source of a block about half as far into the pool, so run
+//! lengths double), and the relocations of a targeted compaction, whose destinations
+//! are free holes, are all independent.
+//!
+//! Whether a stretch may go together is one sort of its byte ranges; the stretch is
+//! grown by doubling and then narrowed by bisection (a stretch inside one that may go
+//! together may too), so a run of `n` moves costs O(n log^2 n) comparisons and a
+//! chain of dependent moves O(1) a move.
 
 use crate::device::CopyMove;
 
@@ -32,62 +37,123 @@ fn overlaps_itself(m: &CopyMove) -> bool {
     m.src.abs_diff(m.dst) < m.len
 }
 
-/// Byte ranges the moves of a run read or write, start -> end; disjoint.
-#[derive(Debug, Default)]
-struct Touched(BTreeMap<u64, u64>);
+/// The batches of a list of moves, one at a time: see [`batches`].
+#[derive(Debug)]
+pub(crate) struct Batches {
+    /// The moves left, moves of no bytes or onto themselves already dropped.
+    rest: Vec<CopyMove>,
+    /// Index of the first move not yet handed out.
+    next: usize,
+    /// Index of the first move at or after `next` that overlaps itself (or the end),
+    /// once worked out; a stretch stops there.
+    stop: usize,
+    /// Whether the last batch was as long as the cap allows.
+    full: bool,
+    max_together: usize,
+    /// Byte ranges (start, end) of the stretch being checked; kept to reuse its
+    /// allocation.
+    ranges: Vec<(u64, u64)>,
+}
 
-impl Touched {
-    fn hits(&self, start: u64, len: u64) -> bool {
-        let end = start.saturating_add(len);
-        self.0
-            .range(..end)
-            .next_back()
-            .is_some_and(|(_, &touched_end)| touched_end > start)
+impl Batches {
+    /// Whether the moves of `stretch`, none overlapping itself, touch no byte twice.
+    /// (Two moves reading the same bytes would be harmless, but blocks of a plan
+    /// never share bytes, so treating reads like writes costs nothing.)
+    fn independent(ranges: &mut Vec<(u64, u64)>, stretch: &[CopyMove]) -> bool {
+        ranges.clear();
+        for m in stretch {
+            ranges.push((m.src, m.src.saturating_add(m.len)));
+            ranges.push((m.dst, m.dst.saturating_add(m.len)));
+        }
+        ranges.sort_unstable();
+        ranges.windows(2).all(|w| w[0].1 <= w[1].0)
     }
+}
 
-    /// Whether `m` may join the run: neither of its ranges meets a range of the run.
-    /// (Two moves reading the same bytes would be harmless, but blocks of a plan never
-    /// share bytes, so treating reads like writes costs nothing.)
-    fn admits(&self, m: &CopyMove) -> bool {
-        !self.hits(m.src, m.len) && !self.hits(m.dst, m.len)
-    }
+impl Iterator for Batches {
+    type Item = Batch;
 
-    fn add(&mut self, m: &CopyMove) {
-        self.0.insert(m.src, m.src.saturating_add(m.len));
-        self.0.insert(m.dst, m.dst.saturating_add(m.len));
+    fn next(&mut self) -> Option<Batch> {
+        let first = *self.rest.get(self.next)?;
+        if overlaps_itself(&first) {
+            self.next += 1;
+            return Some(Batch::Alone(first));
+        }
+        // The stretch may reach the next self-overlapping move, and the cap.
+        if self.stop <= self.next {
+            self.stop = self.next
+                + self.rest[self.next..]
+                    .iter()
+                    .position(overlaps_itself)
+                    .unwrap_or(self.rest.len() - self.next);
+        }
+        let tail = &self.rest[self.next..self.stop];
+        let limit = tail.len().min(self.max_together.max(1));
+        let (mut good, mut bad) = (1, limit + 1);
+        // After a full batch the next is likely full too (relocations into holes):
+        // one check settles it.
+        if self.full && limit > 1 {
+            if Self::independent(&mut self.ranges, &tail[..limit]) {
+                good = limit;
+            } else {
+                bad = limit;
+            }
+        }
+        // Double while the stretch may go together, then bisect between the last
+        // length that may and the first that may not.
+        let mut len = 2;
+        while len < bad && good < limit {
+            if Self::independent(&mut self.ranges, &tail[..len]) {
+                good = len;
+                len *= 2;
+            } else {
+                bad = len;
+                break;
+            }
+        }
+        if good < limit && bad == limit + 1 {
+            // Doubling jumped over the limit: try it.
+            if Self::independent(&mut self.ranges, &tail[..limit]) {
+                good = limit;
+            } else {
+                bad = limit;
+            }
+        }
+        while bad - good > 1 {
+            let mid = good + (bad - good) / 2;
+            if Self::independent(&mut self.ranges, &tail[..mid]) {
+                good = mid;
+            } else {
+                bad = mid;
+            }
+        }
+        let batch = if good == 1 {
+            Batch::Alone(first)
+        } else {
+            Batch::Together(tail[..good].to_vec())
+        };
+        self.full = good == self.max_together;
+        self.next += good;
+        Some(batch)
     }
 }
 
 /// `moves` as batches of at most `max_together` moves, in an order that copies what
 /// executing the moves one by one would. Moves of no bytes, or onto themselves, are
 /// dropped.
-pub(crate) fn batches(moves: &[CopyMove], max_together: usize) -> Vec<Batch> {
-    let mut out = Vec::new();
-    let mut run: Vec<CopyMove> = Vec::new();
-    let mut touched = Touched::default();
-    let flush = |run: &mut Vec<CopyMove>, touched: &mut Touched, out: &mut Vec<Batch>| {
-        match run.len() {
-            0 => {}
-            1 => out.push(Batch::Alone(run[0])),
-            _ => out.push(Batch::Together(std::mem::take(run))),
-        }
-        run.clear();
-        touched.0.clear();
-    };
-    for m in moves.iter().filter(|m| m.len > 0 && m.src != m.dst) {
-        if overlaps_itself(m) {
-            flush(&mut run, &mut touched, &mut out);
-            out.push(Batch::Alone(*m));
-            continue;
-        }
-        if run.len() >= max_together.max(1) || !touched.admits(m) {
-            flush(&mut run, &mut touched, &mut out);
-        }
-        touched.add(m);
-        run.push(*m);
+pub(crate) fn batches(moves: &[CopyMove], max_together: usize) -> Batches {
+    Batches {
+        rest: moves
+            .iter()
+            .filter(|m| m.len > 0 && m.src != m.dst)
+            .copied()
+            .collect(),
+        next: 0,
+        stop: 0,
+        full: true,
+        max_together,
+        ranges: Vec::new(),
     }
-    flush(&mut run, &mut touched, &mut out);
-    out
 }
 
 #[cfg(test)]
@@ -96,6 +162,10 @@ mod tests {
 
     fn mv(src: u64, dst: u64, len: u64) -> CopyMove {
         CopyMove { src, dst, len }
+    }
+
+    fn all(moves: &[CopyMove], max: usize) -> Vec<Batch> {
+        batches(moves, max).collect()
     }
 
     /// Executes batches on host memory the way the device would. A `Together` batch
@@ -131,6 +201,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every batch is as long as it may be: the move after it (if any) overlaps
+    /// itself, or the cap is reached, or it touches a byte the batch touches.
+    fn assert_runs_are_longest(moves: &[CopyMove], found: &[Batch], max: usize) {
+        let kept: Vec<CopyMove> = moves
+            .iter()
+            .filter(|m| m.len > 0 && m.src != m.dst)
+            .copied()
+            .collect();
+        let mut at = 0;
+        for batch in found {
+            let taken = match batch {
+                Batch::Together(run) => run.clone(),
+                Batch::Alone(m) => vec![*m],
+            };
+            assert_eq!(kept[at..at + taken.len()], taken[..], "{found:?}");
+            at += taken.len();
+            let Some(next) = kept.get(at) else { continue };
+            if taken.len() >= max || overlaps_itself(next) || overlaps_itself(&taken[0]) {
+                continue;
+            }
+            let mut longer = taken.clone();
+            longer.push(*next);
+            let mut ranges = Vec::new();
+            assert!(
+                !Batches::independent(&mut ranges, &longer),
+                "batch {taken:?} could have taken {next:?}"
+            );
+        }
+        assert_eq!(at, kept.len());
     }
 
     fn sequential(memory: &mut [u8], moves: &[CopyMove]) {
@@ -172,8 +273,10 @@ mod tests {
             let mut expected = original.clone();
             sequential(&mut expected, &moves);
             let mut actual = original.clone();
-            run(&mut actual, &batches(&moves, max));
+            let found = all(&moves, max);
+            run(&mut actual, &found);
             assert_eq!(actual, expected, "case {case}: {moves:?} max {max}");
+            assert_runs_are_longest(&moves, &found, max);
         }
     }
 
@@ -182,7 +285,7 @@ mod tests {
         // 64 blocks of 100 bytes with a 100-byte hole before each: block k moves from
         // 200k + 100 to 100k.
         let moves: Vec<CopyMove> = (0..64).map(|k| mv(200 * k + 100, 100 * k, 100)).collect();
-        let sizes: Vec<usize> = batches(&moves, 128)
+        let sizes: Vec<usize> = all(&moves, 128)
             .iter()
             .map(|b| match b {
                 Batch::Together(m) => m.len(),
@@ -190,7 +293,7 @@ mod tests {
             })
             .collect();
         assert_eq!(sizes, [1, 2, 4, 8, 16, 32, 1]);
-        let capped = batches(&moves, 10);
+        let capped = all(&moves, 10);
         assert!(capped.iter().all(|b| match b {
             Batch::Together(m) => m.len() <= 10,
             Batch::Alone(_) => true,
@@ -202,7 +305,7 @@ mod tests {
         let moves: Vec<CopyMove> = (0..300)
             .map(|k| mv(1000 * k, 1_000_000 + 1000 * k, 600))
             .collect();
-        let b = batches(&moves, 128);
+        let b = all(&moves, 128);
         assert_eq!(b.len(), 3);
         assert!(matches!(&b[0], Batch::Together(m) if m.len() == 128));
         assert!(matches!(&b[2], Batch::Together(m) if m.len() == 44));
@@ -213,19 +316,19 @@ mod tests {
         // Each block slides onto the last one's old place: a dependency chain.
         let chain: Vec<CopyMove> = (1..6).map(|k| mv(100 * k, 100 * (k - 1), 100)).collect();
         assert!(
-            batches(&chain, 128)
+            all(&chain, 128)
                 .iter()
                 .all(|b| matches!(b, Batch::Alone(_)))
         );
         let overlapping = [mv(0, 1000, 10), mv(50, 40, 20), mv(2000, 3000, 10)];
         assert_eq!(
-            batches(&overlapping, 128),
+            all(&overlapping, 128),
             [
                 Batch::Alone(overlapping[0]),
                 Batch::Alone(overlapping[1]),
                 Batch::Alone(overlapping[2]),
             ]
         );
-        assert!(batches(&[mv(5, 5, 10), mv(1, 2, 0)], 128).is_empty());
+        assert!(all(&[mv(5, 5, 10), mv(1, 2, 0)], 128).is_empty());
     }
 }

@@ -10,7 +10,7 @@
 //! (the driver refuses the PTX), everything goes through `cuMemcpyDtoDAsync`;
 //! [`super::CudaDevice::move_kernel_error`] says why.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cust::sys::CUdeviceptr;
 use kernels::moves::{BlockMove, MAX_MOVES, MOVE_BLOCKS, MoveBlocksParams};
@@ -20,6 +20,7 @@ use super::{
     copy_plan::{self, CopyStep},
     driver::{self, check},
     move_batch::{self, Batch},
+    stream::EventTimer,
 };
 use crate::device::CopyMove;
 use crate::{Error, Result};
@@ -48,6 +49,15 @@ pub struct CopyCalls {
     /// Host time spent loading the kernel's module (its PTX is compiled then),
     /// microseconds.
     pub kernel_load_micros: u64,
+    /// Host time of the batches, from the call until the device reported them done,
+    /// nanoseconds.
+    pub host_nanos: u64,
+    /// Of that, the time until the last copy was queued (checking the ranges,
+    /// grouping the moves, building parameters, launching), nanoseconds.
+    pub queue_nanos: u64,
+    /// Device time of the batches, between an event recorded before the first copy
+    /// and one after the last, nanoseconds; 0 for a batch whose events failed.
+    pub device_nanos: u64,
 }
 
 impl CopyCalls {
@@ -64,6 +74,9 @@ impl CopyCalls {
             kernel_load_micros: self
                 .kernel_load_micros
                 .saturating_sub(earlier.kernel_load_micros),
+            host_nanos: self.host_nanos.saturating_sub(earlier.host_nanos),
+            queue_nanos: self.queue_nanos.saturating_sub(earlier.queue_nanos),
+            device_nanos: self.device_nanos.saturating_sub(earlier.device_nanos),
         }
     }
 }
@@ -85,7 +98,14 @@ pub(crate) struct Mover {
     kernel: MoveKernel,
     /// The bounce buffer for overlapping copies, once allocated.
     scratch: Option<CUdeviceptr>,
+    /// Events timing each batch: `None` before first use, `Some(None)` if the driver
+    /// refused them (batches are then waited for without timing).
+    timer: Option<Option<EventTimer>>,
     calls: CopyCalls,
+}
+
+fn nanos(time: Duration) -> u64 {
+    u64::try_from(time.as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn to_usize(bytes: u64) -> Result<usize> {
@@ -101,6 +121,7 @@ impl Mover {
             context: context.clone(),
             kernel: MoveKernel::NotLoaded,
             scratch: None,
+            timer: None,
             calls: CopyCalls::default(),
         }
     }
@@ -164,11 +185,43 @@ impl Mover {
 
     /// Queues `moves` (memmove semantics, in order) and waits until the device has
     /// done them. The caller has checked that every range lies in memory the device
-    /// owns; the context is current.
-    pub(crate) fn copy(&mut self, moves: &[CopyMove]) -> Result<()> {
+    /// owns (from `started`, which the host time counts from); the context is current.
+    ///
+    /// Each batch is queued as soon as it is formed, so the device starts copying
+    /// while the host still groups the rest. Events around the copies time them on
+    /// the device ([`CopyCalls::device_nanos`]).
+    pub(crate) fn copy(&mut self, moves: &[CopyMove], started: Instant) -> Result<()> {
         self.calls.batches += 1;
         self.calls.moves += moves.len() as u64;
         self.calls.bytes += moves.iter().map(|m| m.len).sum::<u64>();
+        if self.timer.is_none() {
+            self.timer = Some(EventTimer::new(&self.context).ok());
+        }
+        // Out of `self` while the copies are queued, back in before returning.
+        let timer = self.timer.take().flatten();
+        let timed = timer
+            .as_ref()
+            .is_some_and(|t| t.start(std::ptr::null_mut()).is_ok());
+        let queued = self.queue(moves);
+        self.calls.queue_nanos += nanos(started.elapsed());
+        let waited = match (queued, &timer) {
+            (Err(error), _) => Err(error),
+            (Ok(()), Some(timer)) if timed => timer.stop(std::ptr::null_mut()).map(|device| {
+                self.calls.device_nanos += nanos(device);
+            }),
+            // SAFETY: the null stream is the context's legacy default stream, always
+            // valid; the context is current.
+            (Ok(()), _) => check("cuStreamSynchronize", unsafe {
+                driver::cuStreamSynchronize(std::ptr::null_mut())
+            }),
+        };
+        self.timer = Some(timer);
+        self.calls.host_nanos += nanos(started.elapsed());
+        waited
+    }
+
+    /// Queues every copy of `moves`, batch after batch.
+    fn queue(&mut self, moves: &[CopyMove]) -> Result<()> {
         for batch in move_batch::batches(moves, MAX_MOVES) {
             match batch {
                 Batch::Together(run) => {
@@ -181,11 +234,7 @@ impl Mover {
                 Batch::Alone(m) => self.copy_alone(m)?,
             }
         }
-        // SAFETY: the null stream is the context's legacy default stream, always valid;
-        // the context is current.
-        check("cuStreamSynchronize", unsafe {
-            driver::cuStreamSynchronize(std::ptr::null_mut())
-        })
+        Ok(())
     }
 
     /// One launch of the kernel for `run` (at most [`MAX_MOVES`] independent moves);

@@ -78,6 +78,10 @@ pub(crate) struct EventTimer {
     end: CUevent,
 }
 
+// SAFETY: CUevents are driver handles the driver accepts from any thread that has their
+// context current; every use binds the context first.
+unsafe impl Send for EventTimer {}
+
 impl EventTimer {
     /// Creates both events in `context`.
     pub(crate) fn new(context: &CudaContext) -> Result<Self> {

@@ -11,15 +11,16 @@
 //! overlaps any block's current bytes and the moves can run in any order.
 //!
 //! When no window's blocks fit in the holes around it (free space scattered
-//! in many small holes), the fallback is a full slide of the one region
-//! where sliding makes room, moving the fewest bytes; its moves may overlap
-//! their sources, like any slide.
+//! in many small holes), the fallback is the full compaction ([`pack`]) of
+//! the one region where it makes room, moving the fewest bytes: the same
+//! per-region plan as [`crate::Heap::plan_full`], so whatever a full
+//! compaction makes room for, this finds. Its moves may overlap their
+//! sources, like any slide.
 
-use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
-use super::{Move, Placed, fit_in, holes, slide};
-use crate::{Extent, Handle};
+use super::{Move, Placed, fit_in, holes, moved, pack};
+use crate::Extent;
 
 /// How many of the cheapest windows to try before giving up. Placing the
 /// blocks of one window costs O(blocks x holes); the cap keeps a hopeless
@@ -43,7 +44,7 @@ struct Window {
 /// Moves, in execution order, after which `[start, start + size)` is free
 /// for some aligned `start`; empty if such a window is free already. `None`
 /// if no tried window's blocks fit in the holes outside it and no region's
-/// slide makes room either.
+/// full compaction makes room either.
 ///
 /// `layout` is every region with its blocks, sorted by offset.
 pub(crate) fn make_room(
@@ -73,30 +74,20 @@ pub(crate) fn make_room(
             let victims = &layout[w.region].1[w.lo..w.hi];
             relocate(victims, outside(&all_holes, window), w.cost)
         })
-        .or_else(|| slide_making_room(layout, size, align))
+        .or_else(|| compaction_making_room(layout, size, align))
 }
 
-/// `blocks` where they lie once `moves` ran, sorted by offset.
-fn moved(blocks: &[Placed], moves: &[Move]) -> Vec<Placed> {
-    let dst: BTreeMap<Handle, u64> = moves.iter().map(|m| (m.handle, m.dst)).collect();
-    let mut after: Vec<Placed> = blocks
-        .iter()
-        .map(|b| Placed {
-            offset: dst.get(&b.handle).copied().unwrap_or(b.offset),
-            ..*b
-        })
-        .collect();
-    after.sort_by_key(|b| b.offset);
-    after
-}
-
-/// The slide of one region after which the request fits, the one that
-/// copies the fewest bytes.
-fn slide_making_room(layout: &[(Extent, Vec<Placed>)], size: u64, align: u64) -> Option<Vec<Move>> {
+/// The full compaction of one region after which the request fits, the one
+/// that copies the fewest bytes.
+fn compaction_making_room(
+    layout: &[(Extent, Vec<Placed>)],
+    size: u64,
+    align: u64,
+) -> Option<Vec<Move>> {
     layout
         .iter()
         .filter_map(|(region, blocks)| {
-            let moves = slide(*region, blocks);
+            let moves = pack(*region, blocks);
             let after = moved(blocks, &moves);
             let room = holes(*region, &after)
                 .into_iter()
@@ -239,7 +230,7 @@ mod tests {
     }
 
     #[test]
-    fn scattered_holes_fall_back_to_a_slide() {
+    fn scattered_holes_fall_back_to_full_compaction() {
         // Reported from ctx's pool: 101 KiB free in holes, none big enough
         // for the 29 KiB (8 KiB-aligned) request's evicted blocks.
         let placed = |slot, offset, size, align| Placed {
@@ -266,7 +257,7 @@ mod tests {
         let region = Extent::new(0, 0x80000);
         let (size, align) = super::super::request_window(29200, 8192).unwrap();
         let layout = [(region, blocks.clone())];
-        let moves = make_room(&layout, size, align).expect("a slide makes room");
+        let moves = make_room(&layout, size, align).expect("a full compaction makes room");
         let after = moved(&blocks, &moves);
         let room = holes(region, &after)
             .into_iter()

@@ -93,6 +93,29 @@ fn full_compaction_leaves_pinned_blocks_and_keeps_alignment() {
 }
 
 #[test]
+fn full_compaction_fills_from_the_top_then_slides() {
+    let mut heap = heap(64 * KIB);
+    let sizes = [KIB, KIB, KIB / 2, KIB, KIB, KIB];
+    let h: Vec<Handle> = sizes
+        .iter()
+        .map(|&size| heap.allocate(size, 256, movable()).unwrap())
+        .collect();
+    heap.free(h[0]).unwrap();
+    heap.free(h[2]).unwrap();
+    // The top block fills [0, 1K) exactly; the next one down is too big for
+    // the 512-byte hole, so the rest slides into it.
+    let plan = heap.plan_full();
+    let moved: Vec<_> = plan.moves().iter().map(|m| (m.handle, m.dst)).collect();
+    assert_eq!(moved, [(h[5], 0), (h[3], 2 * KIB), (h[4], 3 * KIB)]);
+    assert!(!plan.moves()[0].overlapping);
+    // Sliding everything would copy 4 KiB.
+    assert_eq!(plan.bytes_moved(), 3 * KIB);
+    heap.commit(plan).unwrap();
+    assert_eq!(heap.offset(h[1]), Ok(KIB));
+    assert!(heap.plan_full().is_empty());
+}
+
+#[test]
 fn overlap_flag_marks_copies_that_need_memmove() {
     let mut heap = heap(64 * KIB);
     let gap = heap.allocate(KIB, 1, movable()).unwrap();
