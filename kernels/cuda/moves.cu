@@ -1,8 +1,10 @@
-// Copy many blocks in one launch: the moves of a compaction that depend on
-// none of the others in their batch (no move writes bytes another one reads
-// or writes, and no move overlaps itself), so they may run in any order and
-// all at once. The host (ctx's CUDA backend) forms the batches; moves that
-// depend on each other go to separate launches, which the stream orders.
+// Copy many blocks in one launch. move_blocks takes the moves of a
+// compaction that depend on none of the others in their batch (no move
+// writes bytes another one reads or writes, and no move overlaps itself), so
+// they may run in any order and all at once; slide_blocks (at the end) takes
+// the moves of a slide, which do depend on each other, and orders them
+// inside the launch. The host (ctx's CUDA backend) forms the batches; what
+// neither kernel takes goes to separate copies, which the stream orders.
 //
 // The grid runs over (move, chunk) pairs: move i owns the chunks
 // [first_chunk[i], first_chunk[i + 1]), each MOVE_CHUNK_BYTES of it, and a
@@ -146,5 +148,184 @@ move_blocks(const __grid_constant__ MoveBlocksParams p)
         // 4-byte aligned, else under a word), a byte at a time but with
         // MOVE_UNROLL bytes a thread in flight.
         copy_words<unsigned char>(src + done, dst + done, len - done);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Sliding many blocks down in one launch: moves that depend on each other
+// the way a compaction's slide does, which move_blocks cannot take together.
+//
+// The moves of a launch must form a slide, in order: every move goes down
+// (dst < src), sources ascend without overlapping, and destinations ascend
+// without overlapping (so no destination reaches a later move's source: it
+// ends below its own source's end). Source and destination 16-byte aligned.
+// Then the only order that matters is "write after read": a chunk's
+// destination may cover the source bytes of earlier chunks (of its own move
+// or of moves before it), which must be read before they are overwritten;
+// no chunk's destination is anything a later chunk reads, and no chunk
+// reads anything an earlier chunk writes.
+//
+// Blocks take pairs of chunks in order from a counter (`sync[0]`; ticket k
+// is chunks 2k and 2k + 1), each half of the block one chunk. A block reads
+// both chunks into registers, marks each read (`sync[1 + chunk]`), waits
+// until every chunk of an earlier ticket whose source its destinations
+// cover is marked read, then writes. Reading never waits, and a block only
+// waits for chunks taken before its own, by blocks that were running when
+// they took them; so every wait ends, whatever the number of blocks
+// resident. Chunks that overlap themselves, or each other within a ticket,
+// are safe too: both are read before either is written. Two chunks a ticket
+// halve what taking, marking and waiting cost per byte. (Taking the next
+// ticket while copying one, to hide the counter's latency, measured no
+// faster on an H200.)
+
+// Threads of a slide_blocks block (kernels::moves::SLIDE_THREADS): two
+// halves of MOVE_BLOCK_THREADS, each holding one chunk in its registers.
+#define SLIDE_BLOCK_THREADS (2 * MOVE_BLOCK_THREADS)
+
+// Must match kernels::moves::SlideBlocksParams (3,608 bytes).
+struct SlideBlocksParams {
+    MoveBlocksParams moves;
+    // Device address of 1 + chunks u32 words, zero before the launch: the
+    // next chunk to take, then one "read" mark per chunk.
+    u64 sync;
+};
+
+// What a waiting thread does between two looks at a mark; the host
+// emulation bounds the wait there.
+#ifndef SLIDE_WAIT_HOOK
+#define SLIDE_WAIT_HOOK()
+#endif
+
+// The index of the last move whose source starts at or below `addr`
+// (sources ascend), or `count` if none does.
+__device__ __forceinline__ u32 move_at_or_below(const MoveBlocksParams &p, u32 count, u64 addr)
+{
+    if (addr < p.src[0]) {
+        return count;
+    }
+    u32 lo = 0;
+    u32 hi = count;
+    while (hi - lo > 1) {
+        u32 mid = (lo + hi) / 2;
+        if (p.src[mid] <= addr) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// Chunks whose source bytes lie wholly below `addr`: the index of the first
+// chunk whose source ends above it.
+__device__ __forceinline__ u64 chunks_ending_by(const MoveBlocksParams &p, u32 count, u64 addr)
+{
+    u32 m = move_at_or_below(p, count, addr);
+    if (m == count) {
+        return 0;
+    }
+    u64 into = addr - p.src[m];
+    if (into < p.len[m]) {
+        return p.first_chunk[m] + into / MOVE_CHUNK_BYTES;
+    }
+    return m + 1 < count ? p.first_chunk[m + 1] : p.chunks;
+}
+
+// Chunks whose source bytes start below `addr`: one past the last of them.
+__device__ __forceinline__ u64 chunks_starting_below(const MoveBlocksParams &p, u32 count, u64 addr)
+{
+    if (addr == 0) {
+        return 0;
+    }
+    u32 m = move_at_or_below(p, count, addr - 1);
+    if (m == count) {
+        return 0;
+    }
+    u64 into = addr - p.src[m];
+    if (into < p.len[m]) {
+        return p.first_chunk[m] + (into + MOVE_CHUNK_BYTES - 1) / MOVE_CHUNK_BYTES;
+    }
+    return m + 1 < count ? p.first_chunk[m + 1] : p.chunks;
+}
+
+extern "C" __global__ void __launch_bounds__(SLIDE_BLOCK_THREADS, MOVE_MIN_BLOCKS_PER_SM / 2)
+slide_blocks(const __grid_constant__ SlideBlocksParams s)
+{
+    const MoveBlocksParams &p = s.moves;
+    u32 count = p.count < MOVE_MAX_MOVES ? (u32)p.count : MOVE_MAX_MOVES;
+    if (count == 0 || blockDim.x != SLIDE_BLOCK_THREADS) {
+        // A chunk is held in the registers of exactly MOVE_BLOCK_THREADS
+        // threads, two chunks a block; the launcher never uses another shape.
+        return;
+    }
+    u32 half = threadIdx.x / MOVE_BLOCK_THREADS;
+    u32 lane = threadIdx.x % MOVE_BLOCK_THREADS;
+    unsigned int *next = (unsigned int *)s.sync;
+    volatile unsigned int *read = (volatile unsigned int *)s.sync + 1;
+    __shared__ unsigned int taken;
+    for (;;) {
+        if (threadIdx.x == 0) {
+            taken = atomicAdd(next, 1u);
+        }
+        __syncthreads();
+        u64 pair = 2 * (u64)taken;
+        if (pair >= p.chunks) {
+            return;
+        }
+        u64 chunk = pair + half;
+        u32 len = 0;
+        const ulonglong2 *from = 0;
+        ulonglong2 *to = 0;
+        u64 dst = 0;
+        if (chunk < p.chunks) {
+            u32 m = move_of_chunk(p, count, chunk);
+            u64 offset = (chunk - p.first_chunk[m]) * MOVE_CHUNK_BYTES;
+            u64 rest = offset < p.len[m] ? p.len[m] - offset : 0;
+            len = (u32)(rest < MOVE_CHUNK_BYTES ? rest : MOVE_CHUNK_BYTES);
+            from = (const ulonglong2 *)(p.src[m] + offset);
+            dst = p.dst[m] + offset;
+            to = (ulonglong2 *)dst;
+        }
+        u32 words = len / 16;
+        u32 tail = len % 16;
+        ulonglong2 held[MOVE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < MOVE_UNROLL; u++) {
+            u32 i = lane + (u32)u * MOVE_BLOCK_THREADS;
+            if (i < words) {
+                held[u] = from[i];
+            }
+        }
+        unsigned char tail_byte = 0;
+        if (lane < tail) {
+            tail_byte = ((const unsigned char *)(from + words))[lane];
+        }
+        // Every thread's reads are done before the marks say so.
+        __threadfence();
+        __syncthreads();
+        if (lane == 0 && len > 0) {
+            read[chunk] = 1;
+            u64 first = chunks_ending_by(p, count, dst);
+            u64 end = chunks_starting_below(p, count, dst + len);
+            for (u64 c = first; c < end && c < pair; c++) {
+                while (read[c] == 0) {
+                    SLIDE_WAIT_HOOK();
+                }
+            }
+            __threadfence();
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < MOVE_UNROLL; u++) {
+            u32 i = lane + (u32)u * MOVE_BLOCK_THREADS;
+            if (i < words) {
+                to[i] = held[u];
+            }
+        }
+        if (lane < tail) {
+            ((unsigned char *)(to + words))[lane] = tail_byte;
+        }
+        // `taken` is rewritten only once every thread has read it.
+        __syncthreads();
     }
 }

@@ -41,6 +41,15 @@ pub const CHUNK_BYTES: u64 = 32 << 10;
 /// the crate's other kernels use [`crate::BLOCK_THREADS`].
 pub const MOVE_THREADS: u32 = 256;
 
+/// Threads of a [`SLIDE_BLOCKS`] block (`SLIDE_BLOCK_THREADS`): two chunks
+/// a block, each held by [`MOVE_THREADS`] threads.
+pub const SLIDE_THREADS: u32 = 2 * MOVE_THREADS;
+
+/// Most blocks of a [`SLIDE_BLOCKS`] launch. Blocks take chunks from a
+/// counter until none is left, so a grid the device holds at once (an H200
+/// holds 132 SMs x 2) is enough; more would start only to find nothing left.
+pub const MAX_SLIDE_GRID: u32 = 1024;
+
 /// Most thread blocks of one launch; beyond it each block copies several
 /// chunks.
 pub const MAX_GRID: u32 = 1 << 16;
@@ -124,16 +133,77 @@ impl MoveBlocksParams {
 /// Copies every move of its parameters, all at once.
 pub const MOVE_BLOCKS: Kernel<MoveBlocksParams> = Kernel::new(&MODULE, 0);
 
+/// Parameters of [`SLIDE_BLOCKS`]; matches `SlideBlocksParams` in
+/// `moves.cu` (3,608 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct SlideBlocksParams {
+    /// The moves, numbered into chunks as for [`MOVE_BLOCKS`].
+    pub moves: MoveBlocksParams,
+    /// Device address of [`SlideBlocksParams::sync_words`] `u32` words,
+    /// zero before the launch: the next chunk to take, then one mark per
+    /// chunk set once its bytes are read.
+    pub sync: u64,
+}
+
+impl SlideBlocksParams {
+    /// `u32` words the buffer at `sync` needs, all zero before the launch.
+    pub fn sync_words(&self) -> u64 {
+        1 + self.moves.chunks
+    }
+
+    /// [`SLIDE_THREADS`]-thread blocks, one per pair of chunks up to
+    /// [`MAX_SLIDE_GRID`] (at least one).
+    pub fn launch_shape(&self) -> LaunchShape {
+        let pairs = self.moves.chunks.div_ceil(2);
+        LaunchShape {
+            grid: u32::try_from(pairs.clamp(1, u64::from(MAX_SLIDE_GRID))).unwrap_or(1),
+            block: SLIDE_THREADS,
+        }
+    }
+
+    /// Whether `moves` (in order) form a slide the kernel may take: each
+    /// goes down, 16-byte aligned at both ends; sources ascend without
+    /// overlapping, and so do destinations. (Then no destination reaches a
+    /// later move's source: it ends below its own move's source end.) Moves
+    /// of no bytes are not allowed.
+    pub fn is_slide(moves: &[BlockMove]) -> bool {
+        let each = moves
+            .iter()
+            .all(|m| m.len > 0 && m.dst < m.src && (m.src | m.dst) % 16 == 0);
+        each && moves.windows(2).all(|w| {
+            let (a, b) = (&w[0], &w[1]);
+            a.src.saturating_add(a.len) <= b.src && a.dst.saturating_add(a.len) <= b.dst
+        })
+    }
+}
+
+/// Slides the moves of its parameters down, in one launch: the moves must
+/// form a slide ([`SlideBlocksParams::is_slide`]), and may depend on each
+/// other as a slide's do (a destination covering earlier sources, a move
+/// overlapping itself). Launch it with [`SLIDE_THREADS`]-thread blocks only
+/// (other shapes copy nothing); any number of blocks
+/// ([`SlideBlocksParams::launch_shape`]).
+pub const SLIDE_BLOCKS: Kernel<SlideBlocksParams> = Kernel::new(&MODULE, 1);
+
 /// `moves.ptx`.
 pub static MODULE: Module = Module {
     name: "moves",
     ptx: include_str!("../ptx/moves.ptx"),
-    kernels: &[KernelInfo {
-        name: "move_blocks",
-        param_bytes: size_of::<MoveBlocksParams>(),
-        local_bytes_per_thread: 0,
-        uses_device_heap: false,
-    }],
+    kernels: &[
+        KernelInfo {
+            name: "move_blocks",
+            param_bytes: size_of::<MoveBlocksParams>(),
+            local_bytes_per_thread: 0,
+            uses_device_heap: false,
+        },
+        KernelInfo {
+            name: "slide_blocks",
+            param_bytes: size_of::<SlideBlocksParams>(),
+            local_bytes_per_thread: 0,
+            uses_device_heap: false,
+        },
+    ],
 };
 
 #[cfg(test)]
@@ -149,7 +219,35 @@ mod tests {
     }
 
     #[test]
+    fn slides_are_told_apart() {
+        let m = |src, dst, len| BlockMove { src, dst, len };
+        // Blocks of 256 bytes sliding down by 128: each overlaps itself and
+        // covers the source of the one before.
+        let slide: Vec<BlockMove> = (1..5).map(|k| m(256 * k, 256 * k - 128, 256)).collect();
+        assert!(SlideBlocksParams::is_slide(&slide));
+        assert!(SlideBlocksParams::is_slide(&[]));
+        let mut reversed = slide.clone();
+        reversed.reverse();
+        assert!(!SlideBlocksParams::is_slide(&reversed), "sources descend");
+        assert!(!SlideBlocksParams::is_slide(&[m(0, 256, 16)]), "moves up");
+        assert!(!SlideBlocksParams::is_slide(&[m(264, 0, 16)]), "misaligned");
+        assert!(!SlideBlocksParams::is_slide(&[m(256, 0, 0)]), "empty");
+        // Sources overlapping.
+        assert!(!SlideBlocksParams::is_slide(&[
+            m(512, 256, 512),
+            m(768, 0, 16)
+        ]));
+        // Destinations out of order (a block that jumped a pinned one).
+        assert!(!SlideBlocksParams::is_slide(&[
+            m(1024, 512, 256),
+            m(2048, 0, 256)
+        ]));
+    }
+
+    #[test]
     fn layout_is_what_the_kernel_reads() {
+        assert_eq!(size_of::<SlideBlocksParams>(), 3608);
+        assert_eq!(core::mem::offset_of!(SlideBlocksParams, sync), 3600);
         assert_eq!(size_of::<MoveBlocksParams>(), 3600);
         assert_eq!(core::mem::offset_of!(MoveBlocksParams, src), 16);
         assert_eq!(core::mem::offset_of!(MoveBlocksParams, dst), 1040);

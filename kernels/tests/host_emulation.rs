@@ -1,7 +1,9 @@
 //! The kernels' logic, run on the host: `emulation/kernels_on_host.cpp`
 //! compiles the CUDA sources as plain C++ (a small shim makes the CUDA
-//! keywords empty and runs one thread after another) and checks what fill,
-//! verify, the heap lists and the local arrays compute. The GPU suite checks
+//! keywords empty and runs one thread after another, or a block's threads
+//! as real threads for a kernel that synchronizes them) and checks what
+//! fill, verify, the heap lists, the local arrays and the two copy kernels
+//! compute. The GPU suite checks
 //! the same kernels on the device; this catches logic errors on every CI run.
 //!
 //! Needs a C++17 compiler (`$CXX`, else `c++`); fails if there is none.
@@ -19,6 +21,7 @@ fn kernels_compute_on_the_host_what_they_should() {
     let build = Command::new(&compiler)
         .args([
             "-std=c++17",
+            "-pthread",
             "-O1",
             "-Wall",
             "-Wno-unknown-pragmas",

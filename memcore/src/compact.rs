@@ -18,6 +18,8 @@
 mod full;
 mod room;
 mod slide;
+#[cfg(test)]
+mod testing;
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;

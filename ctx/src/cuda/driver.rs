@@ -64,6 +64,12 @@ unsafe extern "C" {
         stream: CUstream,
     ) -> RawResult;
     pub(crate) fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> RawResult;
+    pub(crate) fn cuMemsetD32Async(
+        dst: CUdeviceptr,
+        value: c_uint,
+        count: usize,
+        stream: CUstream,
+    ) -> RawResult;
     pub(crate) fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> RawResult;
 
     pub(crate) fn cuMemGetAllocationGranularity(

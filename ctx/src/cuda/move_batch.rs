@@ -4,17 +4,19 @@
 //! sliding compaction is a chain of such moves). A run of consecutive moves can go to
 //! the device together, in one launch of the `move_blocks` kernel, when the order
 //! among them cannot matter: no move of the run writes a byte that another move of
-//! the run reads or writes, and none overlaps itself. Runs follow each other on one
-//! stream, which keeps every dependency between runs. A move that overlaps itself is
-//! copied alone, in the pieces [`super::copy_plan`] cuts.
+//! the run reads or writes, and none overlaps itself. A run that forms a slide
+//! (every move goes down, sources and destinations both ascend without overlapping)
+//! goes in one launch of the `slide_blocks` kernel, which orders the moves inside the
+//! launch, however they depend on each other and even if they overlap themselves.
+//! Runs follow each other on one stream, which keeps every dependency between runs.
+//! Any other move is copied alone, in the pieces [`super::copy_plan`] cuts.
 //!
-//! Grouping is greedy: a run is the longest stretch of moves, from where the last one
-//! ended, that may go together, up to the cap. Runs are found one at a time, so the
-//! caller can queue the first while the next is still being worked out. In a full
-//! slide with holes spread over the pool this still gathers long runs (a block's
-//! destination overlaps the source of a block about half as far into the pool, so run
-//! lengths double), and the relocations of a targeted compaction, whose destinations
-//! are free holes, are all independent.
+//! Grouping is greedy: from where the last run ended, the longest stretch that may go
+//! together and the longest that forms a slide, up to the cap; the longer wins, a tie
+//! going to the independent moves (their kernel never waits). Runs are found one at a
+//! time, so the caller can queue the first while the next is still being worked out.
+//! The relocations of a targeted compaction, whose destinations are free holes, are
+//! all independent; a full compaction's slide is a slide, whatever its distances.
 //!
 //! Whether a stretch may go together is one sort of its byte ranges; the stretch is
 //! grown by doubling and then narrowed by bisection (a stretch inside one that may go
@@ -28,6 +30,9 @@ use crate::device::CopyMove;
 pub(crate) enum Batch {
     /// Two or more moves that may run at once.
     Together(Vec<CopyMove>),
+    /// Moves that form a slide ([`slides_on`]): they depend on each other,
+    /// and the `slide_blocks` kernel orders them inside one launch.
+    Slide(Vec<CopyMove>),
     /// One move on its own; its ranges may overlap.
     Alone(CopyMove),
 }
@@ -35,6 +40,18 @@ pub(crate) enum Batch {
 /// Whether a move's source and destination share a byte.
 fn overlaps_itself(m: &CopyMove) -> bool {
     m.src.abs_diff(m.dst) < m.len
+}
+
+/// Whether `m` may be in a slide at all: it goes down, 16-byte aligned at
+/// both ends.
+fn slides_down(m: &CopyMove) -> bool {
+    m.dst < m.src && (m.src | m.dst) % 16 == 0
+}
+
+/// Whether `b` may follow `a` in a slide: sources and destinations both
+/// ascend without overlapping (`kernels::moves::SlideBlocksParams::is_slide`).
+fn slides_on(a: &CopyMove, b: &CopyMove) -> bool {
+    slides_down(b) && a.src.saturating_add(a.len) <= b.src && a.dst.saturating_add(a.len) <= b.dst
 }
 
 /// The batches of a list of moves, one at a time: see [`batches`].
@@ -75,9 +92,13 @@ impl Iterator for Batches {
 
     fn next(&mut self) -> Option<Batch> {
         let first = *self.rest.get(self.next)?;
+        let slide = self.slide_len();
         if overlaps_itself(&first) {
-            self.next += 1;
-            return Some(Batch::Alone(first));
+            self.next += slide.max(1);
+            return Some(match slide {
+                0 => Batch::Alone(first),
+                len => Batch::Slide(self.rest[self.next - len..self.next].to_vec()),
+            });
         }
         // The stretch may reach the next self-overlapping move, and the cap.
         if self.stop <= self.next {
@@ -127,6 +148,14 @@ impl Iterator for Batches {
                 bad = mid;
             }
         }
+        // A slide takes more moves in one launch than a run of independent
+        // ones when the moves depend on each other.
+        if slide > good {
+            let run = self.rest[self.next..self.next + slide].to_vec();
+            self.full = false;
+            self.next += slide;
+            return Some(Batch::Slide(run));
+        }
         let batch = if good == 1 {
             Batch::Alone(first)
         } else {
@@ -135,6 +164,22 @@ impl Iterator for Batches {
         self.full = good == self.max_together;
         self.next += good;
         Some(batch)
+    }
+}
+
+impl Batches {
+    /// How many moves from `next` on form a slide, at most the cap; 0 if the
+    /// first cannot be in one.
+    fn slide_len(&self) -> usize {
+        let tail = &self.rest[self.next..];
+        if !tail.first().is_some_and(slides_down) {
+            return 0;
+        }
+        let cap = self.max_together.max(1).min(tail.len());
+        1 + tail[..cap]
+            .windows(2)
+            .take_while(|w| slides_on(&w[0], &w[1]))
+            .count()
     }
 }
 
@@ -158,7 +203,10 @@ pub(crate) fn batches(moves: &[CopyMove], max_together: usize) -> Batches {
 
 #[cfg(test)]
 mod tests {
+    use kernels::moves::SlideBlocksParams;
+
     use super::*;
+    use crate::cuda::mover::block_moves;
 
     fn mv(src: u64, dst: u64, len: u64) -> CopyMove {
         CopyMove { src, dst, len }
@@ -178,6 +226,14 @@ mod tests {
                 Batch::Alone(m) => {
                     let (s, d, l) = (m.src as usize, m.dst as usize, m.len as usize);
                     memory.copy_within(s..s + l, d);
+                }
+                Batch::Slide(moves) => {
+                    assert!(
+                        SlideBlocksParams::is_slide(&block_moves(moves)),
+                        "{batch:?}"
+                    );
+                    // The kernel's promise: what memmove one by one does.
+                    sequential(memory, moves);
                 }
                 Batch::Together(moves) => {
                     assert!(moves.len() >= 2, "{batch:?}");
@@ -203,33 +259,50 @@ mod tests {
         }
     }
 
-    /// Every batch is as long as it may be: the move after it (if any) overlaps
-    /// itself, or the cap is reached, or it touches a byte the batch touches.
+    /// Every batch is the one the rule asks for: from where the last ended, the
+    /// longest stretch of independent moves (up to the cap, up to a move that
+    /// overlaps itself) and the longest slide, each found here by brute force; the
+    /// slide if it is longer, or if the first move overlaps itself.
     fn assert_runs_are_longest(moves: &[CopyMove], found: &[Batch], max: usize) {
         let kept: Vec<CopyMove> = moves
             .iter()
             .filter(|m| m.len > 0 && m.src != m.dst)
             .copied()
             .collect();
+        let mut ranges = Vec::new();
         let mut at = 0;
         for batch in found {
-            let taken = match batch {
-                Batch::Together(run) => run.clone(),
-                Batch::Alone(m) => vec![*m],
+            let rest = &kept[at..];
+            let cap = max.min(rest.len());
+            let slide = (1..=cap)
+                .rev()
+                .find(|&n| SlideBlocksParams::is_slide(&block_moves(&rest[..n])))
+                .unwrap_or(0);
+            let together = if overlaps_itself(&rest[0]) {
+                1
+            } else {
+                (1..=cap)
+                    .rev()
+                    .find(|&n| {
+                        rest[..n].iter().all(|m| !overlaps_itself(m))
+                            && Batches::independent(&mut ranges, &rest[..n])
+                    })
+                    .unwrap_or(1)
             };
-            assert_eq!(kept[at..at + taken.len()], taken[..], "{found:?}");
-            at += taken.len();
-            let Some(next) = kept.get(at) else { continue };
-            if taken.len() >= max || overlaps_itself(next) || overlaps_itself(&taken[0]) {
-                continue;
-            }
-            let mut longer = taken.clone();
-            longer.push(*next);
-            let mut ranges = Vec::new();
-            assert!(
-                !Batches::independent(&mut ranges, &longer),
-                "batch {taken:?} could have taken {next:?}"
+            let want_slide = slide > together || (overlaps_itself(&rest[0]) && slide > 0);
+            let (taken, is_slide) = match batch {
+                Batch::Together(run) => (run.clone(), false),
+                Batch::Slide(run) => (run.clone(), true),
+                Batch::Alone(m) => (vec![*m], false),
+            };
+            assert_eq!(
+                is_slide, want_slide,
+                "{batch:?} (slide {slide}, together {together})"
             );
+            let want_len = if want_slide { slide } else { together };
+            assert_eq!(taken.len(), want_len, "{batch:?}");
+            assert_eq!(rest[..taken.len()], taken[..], "{found:?}");
+            at += taken.len();
         }
         assert_eq!(at, kept.len());
     }
@@ -281,21 +354,74 @@ mod tests {
     }
 
     #[test]
+    fn slides_and_mixed_moves_copy_what_the_moves_copy_one_by_one() {
+        // Slides of 16-byte-aligned blocks with random lengths and holes, some of
+        // their moves replaced by random ones, so runs of every kind meet.
+        const SIZE: u64 = 4096;
+        let original: Vec<u8> = (0..SIZE)
+            .map(|b| (b as u8).wrapping_mul(29) ^ 0x3c)
+            .collect();
+        let mut rng = Lcg(11);
+        for case in 0..2000 {
+            let mut moves = Vec::new();
+            let (mut src, mut dst) = (16 * (1 + rng.below(8)), 0);
+            while moves.len() < 24 {
+                let len = 16 * (1 + rng.below(12)) - 8 * rng.below(2);
+                if src + len > SIZE {
+                    break;
+                }
+                if rng.below(6) == 0 {
+                    let l = rng.below(64);
+                    moves.push(mv(rng.below(SIZE - l), rng.below(SIZE - l), l));
+                } else {
+                    moves.push(mv(src, dst, len));
+                }
+                dst = (dst + len).next_multiple_of(16);
+                src = (src + len).next_multiple_of(16) + 16 * rng.below(4);
+            }
+            let max = 1 + rng.below(10) as usize;
+            let mut expected = original.clone();
+            sequential(&mut expected, &moves);
+            let mut actual = original.clone();
+            let found = all(&moves, max);
+            run(&mut actual, &found);
+            assert_eq!(actual, expected, "case {case}: {moves:?} max {max}");
+            assert_runs_are_longest(&moves, &found, max);
+        }
+    }
+
+    #[test]
+    fn aligned_slides_go_in_one_launch() {
+        // Each block slides onto the last one's old place: a chain, one slide.
+        let chain: Vec<CopyMove> = (1..6).map(|k| mv(256 * k, 256 * (k - 1), 256)).collect();
+        assert_eq!(all(&chain, 128), [Batch::Slide(chain.clone())]);
+        assert_eq!(all(&chain, 2).len(), 3);
+        // One block sliding over itself is a slide of one.
+        assert_eq!(
+            all(&[mv(64, 48, 32)], 128),
+            [Batch::Slide(vec![mv(64, 48, 32)])]
+        );
+        // Holes spread over the pool: a slide longer than any independent run.
+        let spread: Vec<CopyMove> = (0..64).map(|k| mv(512 * k + 256, 256 * k, 256)).collect();
+        assert_eq!(all(&spread, 128), [Batch::Slide(spread.clone())]);
+    }
+
+    #[test]
     fn a_spread_slide_gathers_doubling_runs() {
         // 64 blocks of 100 bytes with a 100-byte hole before each: block k moves from
-        // 200k + 100 to 100k.
+        // 200k + 100 to 100k. Not 16-byte aligned, so no slide.
         let moves: Vec<CopyMove> = (0..64).map(|k| mv(200 * k + 100, 100 * k, 100)).collect();
         let sizes: Vec<usize> = all(&moves, 128)
             .iter()
             .map(|b| match b {
-                Batch::Together(m) => m.len(),
+                Batch::Together(m) | Batch::Slide(m) => m.len(),
                 Batch::Alone(_) => 1,
             })
             .collect();
         assert_eq!(sizes, [1, 2, 4, 8, 16, 32, 1]);
         let capped = all(&moves, 10);
         assert!(capped.iter().all(|b| match b {
-            Batch::Together(m) => m.len() <= 10,
+            Batch::Together(m) | Batch::Slide(m) => m.len() <= 10,
             Batch::Alone(_) => true,
         }));
     }
@@ -312,8 +438,9 @@ mod tests {
     }
 
     #[test]
-    fn a_chain_and_self_overlaps_stay_apart() {
-        // Each block slides onto the last one's old place: a dependency chain.
+    fn unaligned_chains_and_self_overlaps_stay_apart() {
+        // Each block slides onto the last one's old place: a dependency chain, at
+        // offsets the slide kernel does not take.
         let chain: Vec<CopyMove> = (1..6).map(|k| mv(100 * k, 100 * (k - 1), 100)).collect();
         assert!(
             all(&chain, 128)

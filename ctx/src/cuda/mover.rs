@@ -3,17 +3,21 @@
 //!
 //! Runs of moves that may go together ([`super::move_batch`]) are one launch of the
 //! `move_blocks` kernel each (`kernels::moves`), up to [`MAX_MOVES`] moves a launch;
-//! every other move is `cuMemcpyDtoDAsync`, cut into pieces by
-//! [`super::copy_plan`] when it overlaps itself. Queuing everything before waiting
-//! once lets the device run the copies back to back, and the kernel copies many
-//! small blocks at the bandwidth of one large copy. When the kernel cannot be loaded
-//! (the driver refuses the PTX), everything goes through `cuMemcpyDtoDAsync`;
-//! [`super::CudaDevice::move_kernel_error`] says why.
+//! runs that form a slide are one launch of `slide_blocks` each, which orders the
+//! moves inside the launch through a small buffer of marks (zeroed by a
+//! `cuMemsetD32Async` before each launch); every other move is `cuMemcpyDtoDAsync`,
+//! cut into pieces by [`super::copy_plan`] when it overlaps itself. Queuing
+//! everything before waiting once lets the device run the copies back to back, and
+//! the kernels copy many small blocks at the bandwidth of one large copy. When the
+//! kernels cannot be loaded (the driver refuses the PTX), everything goes through
+//! `cuMemcpyDtoDAsync`; [`super::CudaDevice::move_kernel_error`] says why.
 
 use std::time::{Duration, Instant};
 
 use cust::sys::CUdeviceptr;
-use kernels::moves::{BlockMove, MAX_MOVES, MOVE_BLOCKS, MoveBlocksParams};
+use kernels::moves::{
+    BlockMove, MAX_MOVES, MOVE_BLOCKS, MoveBlocksParams, SLIDE_BLOCKS, SlideBlocksParams,
+};
 
 use super::{
     CudaContext, Function, LaunchConfig,
@@ -29,6 +33,10 @@ use crate::{Error, Result};
 /// At ~3.8 TB/s a piece this size takes about 10 µs, well above a call's overhead.
 const SCRATCH_BYTES: u64 = 16 << 20;
 
+/// Fewest `u32` marks the slide kernel's buffer is allocated for (1 MiB of chunks
+/// is 32 GiB of moves), so it is rarely allocated twice.
+const SLIDE_SYNC_WORDS: u64 = 1 << 18;
+
 /// What the copies of a [`super::CudaDevice`] have been so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CopyCalls {
@@ -42,6 +50,10 @@ pub struct CopyCalls {
     pub launches: u64,
     /// Moves those launches copied.
     pub launched_moves: u64,
+    /// Launches of the `slide_blocks` kernel.
+    pub slide_launches: u64,
+    /// Moves those launches copied.
+    pub slid_moves: u64,
     /// `cuMemcpyDtoDAsync` calls (a bounce through the scratch buffer is two).
     pub memcpys: u64,
     /// Pieces of self-overlapping moves bounced through the scratch buffer.
@@ -69,6 +81,8 @@ impl CopyCalls {
             bytes: self.bytes.saturating_sub(earlier.bytes),
             launches: self.launches.saturating_sub(earlier.launches),
             launched_moves: self.launched_moves.saturating_sub(earlier.launched_moves),
+            slide_launches: self.slide_launches.saturating_sub(earlier.slide_launches),
+            slid_moves: self.slid_moves.saturating_sub(earlier.slid_moves),
             memcpys: self.memcpys.saturating_sub(earlier.memcpys),
             bounces: self.bounces.saturating_sub(earlier.bounces),
             kernel_load_micros: self
@@ -81,11 +95,16 @@ impl CopyCalls {
     }
 }
 
-/// The `move_blocks` kernel, loaded on first need.
+/// The copy kernels, loaded on first need.
 #[derive(Debug)]
 enum MoveKernel {
     NotLoaded,
-    Ready(Function),
+    Ready {
+        /// `move_blocks`.
+        moves: Function,
+        /// `slide_blocks`.
+        slide: Function,
+    },
     /// Loading or launching failed; the error, for reports.
     Unavailable(String),
 }
@@ -98,10 +117,24 @@ pub(crate) struct Mover {
     kernel: MoveKernel,
     /// The bounce buffer for overlapping copies, once allocated.
     scratch: Option<CUdeviceptr>,
+    /// The slide kernel's counter and marks, once allocated: address and `u32`
+    /// words.
+    slide_sync: Option<(CUdeviceptr, u64)>,
     /// Events timing each batch: `None` before first use, `Some(None)` if the driver
     /// refused them (batches are then waited for without timing).
     timer: Option<Option<EventTimer>>,
     calls: CopyCalls,
+}
+
+/// `run` as the copy kernels' parameters take it.
+pub(crate) fn block_moves(run: &[CopyMove]) -> Vec<BlockMove> {
+    run.iter()
+        .map(|m| BlockMove {
+            src: m.src,
+            dst: m.dst,
+            len: m.len,
+        })
+        .collect()
 }
 
 fn nanos(time: Duration) -> u64 {
@@ -121,6 +154,7 @@ impl Mover {
             context: context.clone(),
             kernel: MoveKernel::NotLoaded,
             scratch: None,
+            slide_sync: None,
             timer: None,
             calls: CopyCalls::default(),
         }
@@ -146,32 +180,43 @@ impl Mover {
             let loaded = self
                 .context
                 .load_ptx(kernels::moves::MODULE.name, kernels::moves::MODULE.ptx)
-                .and_then(|module| module.function(MOVE_BLOCKS.name()))
-                .and_then(|function| {
+                .and_then(|module| {
+                    let moves = module.function(MOVE_BLOCKS.name())?;
+                    let slide = module.function(SLIDE_BLOCKS.name())?;
                     // Under lazy loading (the driver's default) the code reaches the
-                    // device at its first launch, about 0.2 ms on an H200; an empty
-                    // launch now keeps that out of the first compaction.
+                    // device at its first launch, about 0.2 ms on an H200; empty
+                    // launches now keep that out of the first compaction.
                     let empty = MoveBlocksParams::new(&[]).ok_or(Error::Device {
                         op: "load move_blocks",
                         detail: "no parameters for an empty launch".into(),
                     })?;
-                    let shape = empty.launch_shape();
-                    function.launch(
-                        &LaunchConfig::linear(shape.grid, shape.block),
+                    let empty_slide = SlideBlocksParams {
+                        moves: empty,
+                        sync: 0,
+                    };
+                    let config =
+                        |shape: kernels::LaunchShape| LaunchConfig::linear(shape.grid, shape.block);
+                    moves.launch(
+                        &config(empty.launch_shape()),
                         MOVE_BLOCKS.param_bytes(&empty),
                         None,
                     )?;
+                    slide.launch(
+                        &config(empty_slide.launch_shape()),
+                        SLIDE_BLOCKS.param_bytes(&empty_slide),
+                        None,
+                    )?;
                     self.context.synchronize()?;
-                    Ok(function)
+                    Ok(MoveKernel::Ready { moves, slide })
                 });
             self.calls.kernel_load_micros += start.elapsed().as_micros() as u64;
             self.kernel = match loaded {
-                Ok(function) => MoveKernel::Ready(function),
+                Ok(ready) => ready,
                 Err(error) => MoveKernel::Unavailable(error.to_string()),
             };
         }
         match &self.kernel {
-            MoveKernel::Ready(_) => Ok(()),
+            MoveKernel::Ready { .. } => Ok(()),
             MoveKernel::Unavailable(error) => Err(Error::Device {
                 op: "load move_blocks",
                 detail: error.clone(),
@@ -231,10 +276,90 @@ impl Mover {
                         }
                     }
                 }
+                Batch::Slide(run) => {
+                    if !self.launch_slide(&run)? {
+                        for m in run {
+                            self.copy_alone(m)?;
+                        }
+                    }
+                }
                 Batch::Alone(m) => self.copy_alone(m)?,
             }
         }
         Ok(())
+    }
+
+    /// One launch of the slide kernel for `run` (at most [`MAX_MOVES`] moves that
+    /// form a slide), after zeroing its marks; `false` if the kernel is not usable or
+    /// its buffer cannot be had, so the caller copies the moves itself.
+    fn launch_slide(&mut self, run: &[CopyMove]) -> Result<bool> {
+        if self.load_kernel().is_err() {
+            return Ok(false);
+        }
+        let block_moves = block_moves(run);
+        if !SlideBlocksParams::is_slide(&block_moves) {
+            return Ok(false);
+        }
+        let Some(moves) = MoveBlocksParams::new(&block_moves) else {
+            return Ok(false);
+        };
+        let mut params = SlideBlocksParams { moves, sync: 0 };
+        let words = params.sync_words();
+        let Some(sync) = self.slide_sync(words)? else {
+            return Ok(false);
+        };
+        params.sync = sync;
+        let MoveKernel::Ready { slide, .. } = &self.kernel else {
+            return Ok(false);
+        };
+        // SAFETY: `sync` is a buffer of at least `words` u32 words we allocated; the
+        // null stream is the legacy default stream, which orders the memset after
+        // earlier launches that used the buffer and before this one.
+        check("cuMemsetD32Async", unsafe {
+            driver::cuMemsetD32Async(sync, 0, to_usize(words)?, std::ptr::null_mut())
+        })?;
+        let shape = params.launch_shape();
+        let config = LaunchConfig::linear(shape.grid, shape.block);
+        match slide.launch(&config, SLIDE_BLOCKS.param_bytes(&params), None) {
+            Ok(()) => {
+                self.calls.slide_launches += 1;
+                self.calls.slid_moves += params.moves.count;
+                Ok(true)
+            }
+            Err(error) => {
+                self.kernel = MoveKernel::Unavailable(error.to_string());
+                Ok(false)
+            }
+        }
+    }
+
+    /// The slide kernel's buffer, with room for `words` marks: allocated (or
+    /// replaced by a larger one) now if need be; `None` if the device cannot spare
+    /// it.
+    fn slide_sync(&mut self, words: u64) -> Result<Option<CUdeviceptr>> {
+        if let Some((address, have)) = self.slide_sync {
+            if have >= words {
+                return Ok(Some(address));
+            }
+            // Launches queued before may still use it.
+            // SAFETY: the null stream is the legacy default stream; the context is
+            // current.
+            check("cuStreamSynchronize", unsafe {
+                driver::cuStreamSynchronize(std::ptr::null_mut())
+            })?;
+            // SAFETY: a buffer cuMemAlloc gave us, no longer in use.
+            check("cuMemFree", unsafe { driver::cuMemFree_v2(address) })?;
+            self.slide_sync = None;
+        }
+        let want = words.max(SLIDE_SYNC_WORDS);
+        let mut address: CUdeviceptr = 0;
+        // SAFETY: `address` is a valid out-pointer; the context is current.
+        let code = unsafe { driver::cuMemAlloc_v2(&mut address, to_usize(want * 4)?) };
+        if check("cuMemAlloc", code).is_err() {
+            return Ok(None);
+        }
+        self.slide_sync = Some((address, want));
+        Ok(Some(address))
     }
 
     /// One launch of the kernel for `run` (at most [`MAX_MOVES`] independent moves);
@@ -243,17 +368,13 @@ impl Mover {
         if self.load_kernel().is_err() {
             return Ok(false);
         }
-        let MoveKernel::Ready(function) = &self.kernel else {
+        let MoveKernel::Ready {
+            moves: function, ..
+        } = &self.kernel
+        else {
             return Ok(false);
         };
-        let block_moves: Vec<BlockMove> = run
-            .iter()
-            .map(|m| BlockMove {
-                src: m.src,
-                dst: m.dst,
-                len: m.len,
-            })
-            .collect();
+        let block_moves = block_moves(run);
         let Some(params) = MoveBlocksParams::new(&block_moves) else {
             // More chunks than one launch numbers (tens of TiB): copy them one by one.
             return Ok(false);
@@ -339,14 +460,20 @@ impl Mover {
 
 impl Drop for Mover {
     fn drop(&mut self) {
-        let Some(scratch) = self.scratch.take() else {
+        let buffers: Vec<CUdeviceptr> = self
+            .scratch
+            .take()
+            .into_iter()
+            .chain(self.slide_sync.take().map(|(address, _)| address))
+            .collect();
+        // Copies using the buffers may still be queued after a failed batch.
+        if buffers.is_empty() || self.context.synchronize().is_err() {
             return;
-        };
-        // Copies through the scratch buffer may still be queued after a failed batch.
-        if self.context.synchronize().is_ok() {
-            // SAFETY: the scratch buffer cuMemAlloc gave us; the device is idle. Drop
-            // cannot report a failure.
-            let _ = unsafe { driver::cuMemFree_v2(scratch) };
+        }
+        for buffer in buffers {
+            // SAFETY: a buffer cuMemAlloc gave us; the device is idle. Drop cannot
+            // report a failure.
+            let _ = unsafe { driver::cuMemFree_v2(buffer) };
         }
     }
 }

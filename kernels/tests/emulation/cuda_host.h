@@ -1,17 +1,24 @@
 // Just enough of CUDA for the kernels in kernels/cuda to compile as host C++:
-// every qualifier is empty, the thread indices are globals that the driver
-// sets before calling a kernel once per thread, and atomics are plain adds
-// (threads run one after another). malloc and free are the C library's.
+// every qualifier is empty and the thread indices are per-thread globals that
+// the driver sets before calling a kernel once per thread. Most kernels run
+// one thread after another; a kernel that synchronizes its block
+// (__syncthreads) runs each block's threads as real threads, one block after
+// another, so `__shared__` variables (statics) are the running block's.
+// Atomics are real. malloc and free are the C library's.
 #pragma once
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #define __device__
 #define __global__
 #define __forceinline__ inline
 #define __grid_constant__
 #define __launch_bounds__(...)
+#define __shared__ static
 
 struct alignas(16) ulonglong2 {
     unsigned long long x, y;
@@ -33,11 +40,54 @@ static inline void __stcs(T *p, T value)
 struct dim3 {
     unsigned x, y, z;
 };
-static dim3 blockIdx, threadIdx, blockDim, gridDim;
+static thread_local dim3 blockIdx, threadIdx;
+static dim3 blockDim, gridDim;
 
 static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
 {
-    unsigned long long old = *p;
-    *p += v;
-    return old;
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+
+static inline unsigned int atomicAdd(unsigned int *p, unsigned int v)
+{
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+
+static inline void __threadfence()
+{
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+// The barrier of the block that runs now (see the top of this file).
+struct BlockBarrier {
+    std::mutex lock;
+    std::condition_variable changed;
+    unsigned threads;
+    unsigned arrived = 0;
+    unsigned long long round = 0;
+
+    explicit BlockBarrier(unsigned n) : threads(n) {}
+
+    void wait()
+    {
+        std::unique_lock<std::mutex> held(lock);
+        unsigned long long mine = round;
+        if (++arrived == threads) {
+            arrived = 0;
+            round++;
+            changed.notify_all();
+        } else {
+            changed.wait(held, [&] { return round != mine; });
+        }
+    }
+};
+static BlockBarrier *block_barrier = nullptr;
+
+static inline void __syncthreads()
+{
+    if (block_barrier == nullptr) {
+        printf("FAIL __syncthreads in a kernel launched one thread after another\n");
+        exit(1);
+    }
+    block_barrier->wait();
 }

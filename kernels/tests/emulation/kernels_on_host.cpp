@@ -4,7 +4,20 @@
 // kernels::pattern::word. Built and run by kernels/tests/host_emulation.rs.
 #include <initializer_list>
 
+#include <thread>
+#include <vector>
+
 #include "cuda_host.h"
+
+// Blocks run one after another here, so every chunk taken before a block's
+// own is read already: any wait at all means the kernel waits on a chunk
+// taken after its own.
+static void slide_wait_hook()
+{
+    printf("FAIL slide_blocks waited on a chunk not taken yet\n");
+    exit(1);
+}
+#define SLIDE_WAIT_HOOK() slide_wait_hook()
 
 #include "../../cuda/heap.cu"
 #include "../../cuda/local.cu"
@@ -24,6 +37,31 @@ static void launch_grid(void (*kernel)(P), P params, unsigned grid, unsigned blo
             threadIdx.x = t;
             kernel(params);
         }
+    }
+}
+
+// One block after another, each block's threads as real threads (for
+// kernels that synchronize their block).
+template <class P>
+static void launch_threads(void (*kernel)(P), P params, unsigned grid, unsigned block)
+{
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < gridDim.x; b++) {
+        BlockBarrier barrier(block);
+        block_barrier = &barrier;
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < block; t++) {
+            threads.emplace_back([=] {
+                blockIdx.x = b;
+                threadIdx.x = t;
+                kernel(params);
+            });
+        }
+        for (std::thread &thread : threads) {
+            thread.join();
+        }
+        block_barrier = nullptr;
     }
 }
 
@@ -115,6 +153,106 @@ static void moves_kernel()
         wrong += memcmp(to + 256 * (MOVE_MAX_MOVES - 1 - i), from + 256 * i, 256) != 0;
     }
     expect(wrong == 0, "move_blocks finds the move of every chunk", wrong, 0);
+}
+
+// Slides of blocks (offset, length, distance down) as a compaction plans
+// them (sources and destinations ascend without overlapping, 16-byte
+// aligned), copied by slide_blocks and by memmove one block after another.
+static void slide_kernel()
+{
+    const u64 C = MOVE_CHUNK_BYTES;
+    const u64 size = 12 * C;
+    static unsigned char mem[12 * MOVE_CHUNK_BYTES] __attribute__((aligned(64)));
+    static unsigned char want[12 * MOVE_CHUNK_BYTES] __attribute__((aligned(64)));
+    static unsigned int sync[1 + 12 * MOVE_CHUNK_BYTES / 16];
+    struct Block {
+        u64 offset, len, down;
+    };
+    // Contiguous blocks of 2.5 chunks sliding half a chunk (each overlaps
+    // itself and covers the one before); small blocks, several to a chunk,
+    // sliding by 16 bytes; mixed lengths (not multiples of 16) and growing
+    // distances; one block sliding by less than a word's worth of chunks.
+    const std::vector<std::vector<Block>> slides = {
+        {{C / 2, 5 * C / 2, C / 2}, {3 * C, 5 * C / 2, C / 2}, {11 * C / 2, 5 * C / 2, C / 2}},
+        {{16, 48, 16}, {64, 48, 16}, {112, 48, 16}, {160, 4000, 16}, {4160, 100, 16}},
+        {{256, 1000, 256}, {1536, C + 7, 512}, {C + 2048, 3 * C + 5, 1008}, {5 * C, 33, 4096}, {6 * C, 2 * C, C}},
+        {{C + 16, 4 * C, 32}},
+    };
+    for (const std::vector<Block> &slide : slides) {
+        for (unsigned grid : {1u, 4u}) {
+            for (u64 i = 0; i < size; i++) {
+                mem[i] = (unsigned char)(i * 131 + i / 251);
+            }
+            memcpy(want, mem, size);
+            static SlideBlocksParams s;
+            memset(&s, 0, sizeof s);
+            memset(sync, 0, sizeof sync);
+            u64 chunks = 0;
+            u64 src_end = 0, dst_end = 0;
+            for (const Block &b : slide) {
+                u64 dst = b.offset - b.down;
+                bool sound = b.down > 0 && b.offset >= src_end && dst >= dst_end &&
+                             (b.offset | dst) % 16 == 0 && b.offset + b.len <= size;
+                expect(sound, "the test's slide is one slide_blocks takes", b.offset, dst);
+                src_end = b.offset + b.len;
+                dst_end = dst + b.len;
+                MoveBlocksParams &p = s.moves;
+                p.src[p.count] = (u64)(mem + b.offset);
+                p.dst[p.count] = (u64)(mem + b.offset - b.down);
+                p.len[p.count] = b.len;
+                p.first_chunk[p.count] = (u32)chunks;
+                chunks += (b.len + C - 1) / C;
+                p.count++;
+                memmove(want + b.offset - b.down, want + b.offset, b.len);
+            }
+            s.moves.chunks = chunks;
+            s.sync = (u64)sync;
+            launch_threads(slide_blocks, s, grid, SLIDE_BLOCK_THREADS);
+            u64 wrong = 0;
+            for (u64 i = 0; i < size; i++) {
+                wrong += mem[i] != want[i];
+            }
+            expect(wrong == 0, "slide_blocks copies as memmove one by one would", wrong, 0);
+            u64 tickets = (chunks + 1) / 2 + grid;
+            expect(sync[0] == tickets, "every block takes chunks until none is left", sync[0], tickets);
+            u64 unread = 0;
+            for (u64 c = 0; c < chunks; c++) {
+                unread += sync[1 + c] != 1;
+            }
+            expect(unread == 0, "every chunk is marked read", unread, 0);
+
+            // Which chunks each chunk's destination covers, against a
+            // chunk-by-chunk search.
+            const MoveBlocksParams &p = s.moves;
+            u64 mismatched = 0;
+            for (u32 m = 0; m < p.count; m++) {
+                for (u64 off = 0; off < p.len[m]; off += C) {
+                    u64 len = p.len[m] - off < C ? p.len[m] - off : C;
+                    u64 dst = p.dst[m] + off;
+                    u64 first = chunks_ending_by(p, (u32)p.count, dst);
+                    u64 end = chunks_starting_below(p, (u32)p.count, dst + len);
+                    u64 lo = chunks, hi = 0;
+                    for (u32 n = 0; n < p.count; n++) {
+                        for (u64 o = 0; o < p.len[n]; o += C) {
+                            u64 l = p.len[n] - o < C ? p.len[n] - o : C;
+                            u64 src = p.src[n] + o;
+                            if (src < dst + len && dst < src + l) {
+                                u64 c = p.first_chunk[n] + o / C;
+                                lo = c < lo ? c : lo;
+                                hi = c + 1 > hi ? c + 1 : hi;
+                            }
+                        }
+                    }
+                    if (hi == 0) {
+                        mismatched += first < end;
+                    } else {
+                        mismatched += first != lo || end != hi;
+                    }
+                }
+            }
+            expect(mismatched == 0, "slide_blocks waits on exactly the chunks a destination covers", mismatched, 0);
+        }
+    }
 }
 
 static void pattern_kernels()
@@ -245,6 +383,7 @@ int main()
     heap_kernels();
     local_kernels();
     moves_kernel();
+    slide_kernel();
     for (u64 i = 0; i < 4; i++) {
         printf("word %llu %llu\n", i, pattern_word(1234567, i));
     }

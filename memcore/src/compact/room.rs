@@ -186,19 +186,11 @@ fn relocate(victims: &[Placed], mut holes: Vec<Extent>, cost: u64) -> Option<Vec
 mod tests {
     use super::*;
     use crate::Handle;
+    use crate::compact::testing;
     use alloc::vec;
 
     fn block(slot: u32, offset: u64, size: u64, pinned: bool) -> Placed {
-        Placed {
-            handle: Handle {
-                slot,
-                generation: 0,
-            },
-            offset,
-            size,
-            align: 1,
-            pinned,
-        }
+        testing::block(slot, offset, size, 1, pinned)
     }
 
     #[test]

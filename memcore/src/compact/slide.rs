@@ -49,24 +49,7 @@ pub(crate) fn slide(region: Extent, blocks: &[Placed]) -> Vec<Move> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Handle;
-
-    fn block(slot: u32, offset: u64, size: u64, align: u64, pinned: bool) -> Placed {
-        Placed {
-            handle: Handle {
-                slot,
-                generation: 0,
-            },
-            offset,
-            size,
-            align,
-            pinned,
-        }
-    }
-
-    fn dsts(moves: &[Move]) -> Vec<(u32, u64)> {
-        moves.iter().map(|m| (m.handle.slot, m.dst)).collect()
-    }
+    use crate::compact::testing::{block, dsts};
 
     #[test]
     fn packs_down_keeping_alignment() {

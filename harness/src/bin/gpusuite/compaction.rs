@@ -7,8 +7,8 @@
 //! `CompactionPolicy::BeforeGrow`, which relocates the blocks in the way into
 //! holes elsewhere; (iii) one hole at the bottom, which the top block fills;
 //! (iv) a hole at the bottom that no block fills exactly: everything slides
-//! down by less than a block, each move landing where the previous block
-//! was, the worst case for batching.
+//! down by less than a block, each move overlapping itself and landing where
+//! the previous block was, a chain only `slide_blocks` takes in one launch.
 //!
 //! Each is timed on two clocks (`CopyCalls`): the device's, between events
 //! recorded around the copies, and the host's, from handing the moves to the
@@ -182,8 +182,8 @@ fn report(out: &mut Checks, gpu: &mut Gpu, name: &str, timed: &Timed) -> Result<
         name,
         true,
         format!(
-            "{} in {} moves ({} move_blocks launches carrying {} moves, {} cuMemcpyDtoDAsync, \
-             {} scratch bounces, one wait): device {:.3} ms = {device_rate:.0} GB/s, host \
+            "{} in {} moves ({} move_blocks launches carrying {} moves, {} slide_blocks \
+             launches carrying {}, {} cuMemcpyDtoDAsync, {} scratch bounces, one wait): device {:.3} ms = {device_rate:.0} GB/s, host \
              {:.3} ms = {host_rate:.0} GB/s of which {:.3} ms until all was queued; \
              planning {:.3} ms apart; plain copy of the same bytes device {:.3} ms = {:.0} GB/s, \
              host {:.3} ms = {:.0} GB/s; ratio device {device_ratio:.2} ({}), host \
@@ -192,6 +192,8 @@ fn report(out: &mut Checks, gpu: &mut Gpu, name: &str, timed: &Timed) -> Result<
             timed.moves,
             c.launches,
             c.launched_moves,
+            c.slide_launches,
+            c.slid_moves,
             c.memcpys,
             c.bounces,
             ms(copy.device),
@@ -396,29 +398,67 @@ fn targeted_round(out: &mut Checks, gpu: &mut Gpu, log: bool, grown_once: bool) 
 /// with the top block, one move where a slide would move every block.
 /// (iv) The same with a first block of half the size: no block fills the
 /// hole exactly, so everything slides down by half a block, each move
-/// overlapping itself and landing on the previous block's place, a chain no
-/// batch can shorten: the worst case.
+/// overlapping itself and landing on the previous block's place: a chain,
+/// the worst case for any copy path but the slide kernel.
 fn bottom_hole(out: &mut Checks, gpu: &mut Gpu) -> Result<()> {
-    for half_sized_hole in [false, true] {
-        let (pool, _) = pool(gpu)?;
-        let mut sizes = vec![UNIFORM_BLOCK; CHAIN_BLOCKS];
-        if half_sized_hole {
-            sizes[0] = UNIFORM_BLOCK / 2;
-        }
-        let mut blocks = fill(gpu, &pool, &sizes, 0xc4a1)?;
-        pool.free(blocks.remove(0).handle)?;
-        let before = copy_calls(&pool);
-        let done = pool.compact()?;
-        let calls = copy_calls(&pool).since(&before);
-        let bad = mismatches(gpu, &pool, &blocks)?;
-        let (name, expected_moves) = if half_sized_hole {
-            ("a short slide (worst case)", CHAIN_BLOCKS - 1)
-        } else {
-            ("one hole at the bottom", 1)
-        };
+    bottom_hole_round(out, gpu, false, true)?;
+    // The short slide on fresh pools, ROOM_ROUNDS times; the best is
+    // reported against the plain copy, every round's rate in a note.
+    let mut rounds = Vec::with_capacity(ROOM_ROUNDS);
+    for round in 0..ROOM_ROUNDS {
+        rounds.push(bottom_hole_round(out, gpu, true, round == 0)?);
+    }
+    let device = |t: &Timed| Duration::from_nanos(t.calls.device_nanos);
+    out.note(&format!(
+        "short slide rounds: device {} GB/s",
+        rounds
+            .iter()
+            .map(|t| format!("{:.0}", gb_per_s(t.bytes, device(t))))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    ));
+    let best = rounds
+        .iter()
+        .min_by_key(|t| device(t))
+        .context("no short slide ran")?;
+    report(
+        out,
+        gpu,
+        "a short slide (worst case) bandwidth against a plain copy (best round)",
+        best,
+    )
+}
+
+/// One pool of (iii), or of (iv) with `half_sized_hole`, compacted and
+/// checked byte for byte; the check is logged when `log` is set, and
+/// always when it fails.
+fn bottom_hole_round(
+    out: &mut Checks,
+    gpu: &mut Gpu,
+    half_sized_hole: bool,
+    log: bool,
+) -> Result<Timed> {
+    let (pool, _) = pool(gpu)?;
+    let mut sizes = vec![UNIFORM_BLOCK; CHAIN_BLOCKS];
+    if half_sized_hole {
+        sizes[0] = UNIFORM_BLOCK / 2;
+    }
+    let mut blocks = fill(gpu, &pool, &sizes, 0xc4a1)?;
+    pool.free(blocks.remove(0).handle)?;
+    let before = copy_calls(&pool);
+    let done = pool.compact()?;
+    let calls = copy_calls(&pool).since(&before);
+    let bad = mismatches(gpu, &pool, &blocks)?;
+    let (name, expected_moves) = if half_sized_hole {
+        ("a short slide (worst case)", CHAIN_BLOCKS - 1)
+    } else {
+        ("one hole at the bottom", 1)
+    };
+    let intact = bad == 0 && done.moves == expected_moves;
+    if log || !intact {
         out.check(
             &format!("{name} keeps every byte"),
-            bad == 0 && done.moves == expected_moves,
+            intact,
             format!(
                 "a {} hole under {} blocks of {}: {} moves of {}, largest free block {} \
                  after; {bad} bytes differ",
@@ -430,25 +470,16 @@ fn bottom_hole(out: &mut Checks, gpu: &mut Gpu) -> Result<()> {
                 mib(done.largest_free_after),
             ),
         );
-        if half_sized_hole {
-            let timed = Timed {
-                moves: done.moves as u64,
-                bytes: done.bytes_moved,
-                plan: done.plan_time,
-                calls,
-            };
-            report(
-                out,
-                gpu,
-                &format!("{name} bandwidth against a plain copy"),
-                &timed,
-            )?;
-        }
-        for block in blocks {
-            pool.free(block.handle)?;
-        }
     }
-    Ok(())
+    for block in blocks {
+        pool.free(block.handle)?;
+    }
+    Ok(Timed {
+        moves: done.moves as u64,
+        bytes: done.bytes_moved,
+        plan: done.plan_time,
+        calls,
+    })
 }
 
 pub fn run(out: &mut Checks) -> Result<()> {

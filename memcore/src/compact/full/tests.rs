@@ -3,28 +3,12 @@
 
 use super::*;
 use crate::compact::planning_align;
+use crate::compact::testing::{block, dsts};
 use crate::{Handle, align_up};
 use alloc::vec;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
-
-fn block(slot: u32, offset: u64, size: u64, align: u64, pinned: bool) -> Placed {
-    Placed {
-        handle: Handle {
-            slot,
-            generation: 0,
-        },
-        offset,
-        size,
-        align,
-        pinned,
-    }
-}
-
-fn dsts(moves: &[Move]) -> Vec<(u32, u64)> {
-    moves.iter().map(|m| (m.handle.slot, m.dst)).collect()
-}
 
 /// `count` blocks of `size` bytes back to back from 0, 256-aligned; block
 /// `i` has slot `i`.
