@@ -43,7 +43,7 @@ fn config() -> impl Strategy<Value = PoolConfig> {
             compaction,
             reserve_bytes: 32 * PAGE,
             max_bytes: max_pages * PAGE,
-            chunk_bytes: chunk_pages * PAGE,
+            min_growth_bytes: chunk_pages * PAGE,
         },
     )
 }

@@ -15,8 +15,13 @@ fn pool(growth: Growth, compaction: CompactionPolicy, max_bytes: u64) -> Pool<Si
         compaction,
         reserve_bytes: 64 * PAGE,
         max_bytes,
-        // One chunk holds the whole cap, so chunk pools fragment like VMM ones.
-        chunk_bytes: max_bytes,
+        // One chunk holds the whole cap, so chunk pools fragment like VMM ones;
+        // VMM pools grow by what each request needs.
+        min_growth_bytes: if growth == Growth::Chunks {
+            max_bytes
+        } else {
+            0
+        },
     };
     Pool::new(SimDevice::new(SimConfig::small(64 * PAGE)), config).unwrap()
 }
@@ -143,6 +148,85 @@ fn vmm_growth_maps_whole_pages_at_the_top_and_shrink_unmaps_them() {
     );
     let counters = pool.into_device().counters();
     assert_eq!(counters.maps, counters.unmaps);
+}
+
+#[test]
+fn vmm_growth_takes_whole_steps_where_there_is_room() {
+    // Steps of 8 pages, 20 pages of reservation, a device of 64 pages.
+    let config = PoolConfig {
+        reserve_bytes: 20 * PAGE,
+        min_growth_bytes: 8 * PAGE - 1,
+        ..PoolConfig::vmm(0)
+    };
+    let pool = Pool::new(SimDevice::new(SimConfig::small(64 * PAGE)), config).unwrap();
+    let first = pool.allocate(100, 256, None).unwrap();
+    assert_eq!(
+        pool.stats().mapped_bytes,
+        8 * PAGE,
+        "a step, rounded to pages"
+    );
+    let small: Vec<_> = (0..8)
+        .map(|_| pool.allocate(PAGE, 256, None).unwrap())
+        .collect();
+    assert_eq!(
+        (pool.stats().mapped_bytes, pool.stats().grows),
+        (16 * PAGE, 2),
+        "eight pages more than the first step held: one more step"
+    );
+    // Nine pages need two more (the tail holds a little under eight); a
+    // step of 8 does not fit under the reservation, so the growth takes the
+    // 4 pages left.
+    let large = pool.allocate(9 * PAGE, 256, None).unwrap();
+    assert_eq!(
+        (pool.stats().mapped_bytes, pool.stats().grows),
+        (20 * PAGE, 3)
+    );
+    assert!(matches!(
+        pool.allocate(3 * PAGE, 256, None),
+        Err(Error::OutOfMemory { .. })
+    ));
+    pool.free(large).unwrap();
+    for handle in small {
+        pool.free(handle).unwrap();
+    }
+    pool.free(first).unwrap();
+    // The mappings are the steps: 8 + 8 + 4 pages, all free, all given back.
+    assert_eq!(pool.shrink().unwrap(), 20 * PAGE);
+    let counters = pool.into_device().counters();
+    assert_eq!((counters.maps, counters.unmaps), (3, 3));
+}
+
+#[test]
+fn a_vmm_step_shrinks_to_what_is_left() {
+    // Room for 5 pages under max_bytes and 3 on the device (64 pages less 61
+    // the context takes): steps of 8 shrink to what fits, then to what the
+    // request needs.
+    let capped = PoolConfig {
+        reserve_bytes: 64 * PAGE,
+        max_bytes: 5 * PAGE,
+        min_growth_bytes: 8 * PAGE,
+        ..PoolConfig::vmm(0)
+    };
+    let pool = Pool::new(SimDevice::new(SimConfig::small(64 * PAGE)), capped).unwrap();
+    pool.allocate(100, 256, None).unwrap();
+    assert_eq!(pool.stats().mapped_bytes, 5 * PAGE, "capped by max_bytes");
+
+    let device_full = SimConfig {
+        context_reserved_bytes: 61 * PAGE,
+        ..SimConfig::small(64 * PAGE)
+    };
+    let config = PoolConfig {
+        reserve_bytes: 64 * PAGE,
+        min_growth_bytes: 8 * PAGE,
+        ..PoolConfig::vmm(0)
+    };
+    let pool = Pool::new(SimDevice::new(device_full), config).unwrap();
+    pool.allocate(PAGE, 256, None).unwrap();
+    assert_eq!(
+        pool.stats().mapped_bytes,
+        PAGE,
+        "the device refused the step, the request's page was granted"
+    );
 }
 
 #[test]

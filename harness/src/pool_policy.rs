@@ -32,7 +32,7 @@ pub fn pool(arena: Arena) -> Result<Pool<SimDevice>> {
         compaction: CompactionPolicy::BeforeGrow,
         reserve_bytes: bytes,
         max_bytes: bytes,
-        chunk_bytes: 0,
+        min_growth_bytes: 0,
     };
     Ok(Pool::new(device, config)?)
 }

@@ -37,7 +37,7 @@ pub enum Growth {
     /// the pool stays one contiguous region. Needs
     /// [`DeviceMemory::supports_vmm`].
     Vmm,
-    /// Allocate chunks of at least `chunk_bytes` (`cuMemAlloc`); the pool is
+    /// Allocate chunks of at least `min_growth_bytes` (`cuMemAlloc`); the pool is
     /// a set of separate regions, and only whole chunks at the top of the
     /// highest one can be given back.
     Chunks,
@@ -70,9 +70,17 @@ pub struct PoolConfig {
     pub reserve_bytes: u64,
     /// The most device memory the pool holds (mapped or in chunks).
     pub max_bytes: u64,
-    /// Smallest chunk for [`Growth::Chunks`], rounded up to whole pages.
-    /// Ignored for VMM.
-    pub chunk_bytes: u64,
+    /// The fewest bytes one growth takes, rounded up to whole pages: for
+    /// [`Growth::Chunks`] the smallest chunk; for [`Growth::Vmm`] the fewest
+    /// bytes mapped at once (0: what the request needs). A VMM pool that
+    /// grows by whole steps makes fewer driver calls (each growth is one
+    /// cuMemCreate + cuMemMap + cuMemSetAccess, about 40 us on an H200
+    /// whatever its size up to 64 MiB) and fewer, larger mappings, over
+    /// which `cuMemcpy` runs faster (BENCHMARKS.md); it may hold up to one
+    /// step more than it needs. A step larger than what is left under the
+    /// reservation and `max_bytes`, or than the device can give, shrinks to
+    /// what the request needs.
+    pub min_growth_bytes: u64,
 }
 
 impl PoolConfig {
@@ -84,19 +92,19 @@ impl PoolConfig {
             compaction: CompactionPolicy::BeforeGrow,
             reserve_bytes,
             max_bytes: u64::MAX,
-            chunk_bytes: 0,
+            min_growth_bytes: 0,
         }
     }
 
-    /// A chunk pool allocating at least `chunk_bytes` at a time, compacting
+    /// A chunk pool allocating at least `min_growth_bytes` at a time, compacting
     /// before it grows, uncapped.
-    pub const fn chunks(chunk_bytes: u64) -> Self {
+    pub const fn chunks(min_growth_bytes: u64) -> Self {
         Self {
             growth: Growth::Chunks,
             compaction: CompactionPolicy::BeforeGrow,
             reserve_bytes: 0,
             max_bytes: u64::MAX,
-            chunk_bytes,
+            min_growth_bytes,
         }
     }
 }

@@ -140,21 +140,30 @@ impl<D: DeviceMemory> PoolState<D> {
         }
     }
 
-    /// Grow by what the request needs (whole pages, at least a chunk), then
-    /// fit; `None` if growth is capped or the device is full.
+    /// Grow by what the request needs (whole pages, at least
+    /// `min_growth_bytes`), then fit; `None` if growth is capped or the
+    /// device is full.
     fn grow_and_fit(&mut self, size: u64, align: u64) -> Result<Option<Handle>> {
         let mut extra = 0u64;
+        let step = memcore::align_up(self.config.min_growth_bytes, self.granularity);
         for _ in 0..GROW_ATTEMPTS {
             let need = self
                 .memory
                 .growth_for(&self.heap, size, align)
                 .saturating_add(extra);
-            let mut bytes = memcore::align_up(need.max(1), self.granularity).unwrap_or(u64::MAX);
-            if self.config.growth == Growth::Chunks {
-                let chunk = memcore::align_up(self.config.chunk_bytes, self.granularity);
-                bytes = bytes.max(chunk.unwrap_or(u64::MAX));
-            }
-            if !self.try_grow(bytes)? {
+            let need = memcore::align_up(need.max(1), self.granularity).unwrap_or(u64::MAX);
+            let grown = match self.config.growth {
+                Growth::Chunks => self.try_grow(need.max(step.unwrap_or(u64::MAX)))?,
+                Growth::Vmm => {
+                    // A whole step where there is room for it, else what the
+                    // request needs.
+                    let room = self.memory.headroom(self.config.max_bytes);
+                    let room = room - room % self.granularity.max(1);
+                    let bytes = need.max(step.unwrap_or(0).min(room));
+                    self.try_grow(bytes)? || (bytes > need && self.try_grow(need)?)
+                }
+            };
+            if !grown {
                 return Ok(None);
             }
             if let Some(handle) = self.try_fit(size, align)? {

@@ -1,6 +1,7 @@
 //! (f) What an allocation costs the host: the pool's allocate+free pair
 //! against cuMemAlloc/cuMemFree and cuMemAllocAsync/cuMemFreeAsync on a warm
-//! pool, and VMM growth against cuMemAlloc of the same size.
+//! pool, VMM growth against cuMemAlloc of the same size, and filling a fresh
+//! pool block by block with and without a growth step.
 //!
 //! Growth is timed on one pool (the first growth of a fresh reservation,
 //! then several warm ones, alternating with as many cuMemAllocs) and split
@@ -79,6 +80,68 @@ pub fn run(out: &mut Checks) -> Result<()> {
     for bytes in GROWTH_BYTES {
         growth(out, context, bytes)?;
     }
+    fill_by_steps(out, context)
+}
+
+/// Blocks a fresh pool is filled with, and their size.
+const FILL_BLOCKS: usize = 2048;
+const FILL_BLOCK: u64 = 2 << 20;
+/// The growth step set against growing by each request.
+const FILL_STEP: u64 = 64 << 20;
+
+/// Fills a fresh VMM pool with [`FILL_BLOCKS`] blocks of [`FILL_BLOCK`]
+/// bytes, growing by what each request needs and by [`FILL_STEP`]
+/// (`PoolConfig::min_growth_bytes`), against as many cuMemAllocs.
+fn fill_by_steps(out: &mut Checks, context: &CudaContext) -> Result<()> {
+    let start = Instant::now();
+    let mut addresses = Vec::with_capacity(FILL_BLOCKS);
+    for _ in 0..FILL_BLOCKS {
+        addresses.push(context.mem_alloc(FILL_BLOCK)?);
+    }
+    let driver = start.elapsed();
+    for address in addresses {
+        context.mem_free(address)?;
+    }
+    let mut line = Vec::new();
+    let mut grows = Vec::new();
+    for step in [0, FILL_STEP] {
+        let config = PoolConfig {
+            min_growth_bytes: step,
+            ..PoolConfig::vmm(RESERVE_BYTES)
+        };
+        let pool = Pool::new(CudaDevice::new(context)?, config)?;
+        let start = Instant::now();
+        let mut handles = Vec::with_capacity(FILL_BLOCKS);
+        for _ in 0..FILL_BLOCKS {
+            handles.push(pool.allocate(FILL_BLOCK, 256, None)?);
+        }
+        let filled = start.elapsed();
+        let stats = pool.stats();
+        for handle in handles {
+            pool.free(handle)?;
+        }
+        grows.push(stats.grows);
+        line.push(format!(
+            "step {} MiB: {:.1} ms ({} growths, {} MiB mapped)",
+            step >> 20,
+            filled.as_secs_f64() * 1e3,
+            stats.grows,
+            stats.mapped_bytes >> 20
+        ));
+    }
+    let steps = (FILL_BLOCKS as u64 * FILL_BLOCK).div_ceil(FILL_STEP);
+    out.check(
+        &format!(
+            "filling a pool with {FILL_BLOCKS} blocks of {} MiB",
+            FILL_BLOCK >> 20
+        ),
+        grows == [FILL_BLOCKS as u64, steps],
+        format!(
+            "{}; {FILL_BLOCKS} cuMemAlloc {:.1} ms",
+            line.join("; "),
+            driver.as_secs_f64() * 1e3
+        ),
+    );
     Ok(())
 }
 
