@@ -307,6 +307,18 @@ mod tests {
         assert_eq!(at, kept.len());
     }
 
+    /// Batches of `moves` (at most `max` a batch) copy on `original` what the
+    /// moves copy one by one, and are the ones the rule asks for.
+    fn check_case(original: &[u8], moves: &[CopyMove], max: usize, case: u32) {
+        let mut expected = original.to_vec();
+        sequential(&mut expected, moves);
+        let mut actual = original.to_vec();
+        let found = all(moves, max);
+        run(&mut actual, &found);
+        assert_eq!(actual, expected, "case {case}: {moves:?} max {max}");
+        assert_runs_are_longest(moves, &found, max);
+    }
+
     fn sequential(memory: &mut [u8], moves: &[CopyMove]) {
         for m in moves {
             let (s, d, l) = (m.src as usize, m.dst as usize, m.len as usize);
@@ -343,13 +355,7 @@ mod tests {
                 })
                 .collect();
             let max = 1 + rng.below(5) as usize;
-            let mut expected = original.clone();
-            sequential(&mut expected, &moves);
-            let mut actual = original.clone();
-            let found = all(&moves, max);
-            run(&mut actual, &found);
-            assert_eq!(actual, expected, "case {case}: {moves:?} max {max}");
-            assert_runs_are_longest(&moves, &found, max);
+            check_case(&original, &moves, max, case);
         }
     }
 
@@ -380,13 +386,7 @@ mod tests {
                 src = (src + len).next_multiple_of(16) + 16 * rng.below(4);
             }
             let max = 1 + rng.below(10) as usize;
-            let mut expected = original.clone();
-            sequential(&mut expected, &moves);
-            let mut actual = original.clone();
-            let found = all(&moves, max);
-            run(&mut actual, &found);
-            assert_eq!(actual, expected, "case {case}: {moves:?} max {max}");
-            assert_runs_are_longest(&moves, &found, max);
+            check_case(&original, &moves, max, case);
         }
     }
 
