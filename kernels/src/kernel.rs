@@ -6,8 +6,8 @@ use bytemuck::Pod;
 
 use crate::module::{KernelInfo, Module};
 
-/// Threads per block for every launch of this crate's kernels but
-/// `move_blocks` ([`crate::moves::MOVE_THREADS`]).
+/// Threads per block for every launch of this crate's kernels but the copy
+/// kernels ([`crate::moves::MOVE_THREADS`], [`crate::moves::SLIDE_THREADS`]).
 pub const BLOCK_THREADS: u32 = 256;
 
 /// A kernel whose one parameter is a `P` passed by value.
