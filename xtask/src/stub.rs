@@ -151,7 +151,10 @@ fn cust_raw_bindings(workspace_root: &Path) -> anyhow::Result<PathBuf> {
 
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(&cargo)
-        .args(["metadata", "--format-version", "1"])
+        // `cust` is optional (feature `cuda`): without the features cargo neither
+        // lists nor downloads it.
+        .args(["metadata", "--format-version", "1", "--features"])
+        .arg(crate::ci::CUDA_FEATURES)
         .current_dir(workspace_root)
         .output()
         .with_context(|| format!("running `{cargo} metadata`"))?;
