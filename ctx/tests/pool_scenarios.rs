@@ -305,6 +305,39 @@ fn streams_are_recorded_per_block() {
 }
 
 #[test]
+fn another_pools_handle_is_refused_and_frees_nothing() {
+    for growth in [Growth::Vmm, Growth::Chunks] {
+        let mine = pool(growth, CompactionPolicy::BeforeGrow, 16 * BLOCK);
+        let theirs = pool(growth, CompactionPolicy::BeforeGrow, 16 * BLOCK);
+        let kept = mine.allocate(BLOCK, 256, None).unwrap();
+        mine.write(kept, 0, b"kept").unwrap();
+        // Same slot and generation as `kept`, from the other pool.
+        let foreign = theirs.allocate(BLOCK, 256, None).unwrap();
+        assert_eq!(foreign.slot(), kept.slot());
+        for refused in [
+            mine.free(foreign),
+            mine.pin(foreign),
+            mine.write(foreign, 0, b"lost"),
+            mine.device_ptr(foreign).map(drop),
+        ] {
+            assert!(
+                matches!(
+                    refused,
+                    Err(Error::Memcore(memcore::Error::ForeignHandle(h))) if h == foreign
+                ),
+                "{growth:?}: {refused:?}"
+            );
+        }
+        let mut out = [0; 4];
+        mine.read(kept, 0, &mut out).unwrap();
+        assert_eq!(&out, b"kept", "{growth:?}");
+        assert_eq!(mine.stats().heap.live_bytes, BLOCK, "{growth:?}");
+        theirs.free(foreign).unwrap();
+        mine.free(kept).unwrap();
+    }
+}
+
+#[test]
 fn bad_requests_are_errors() {
     let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 16 * BLOCK);
     assert!(matches!(

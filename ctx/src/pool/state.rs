@@ -311,10 +311,7 @@ impl<D: DeviceMemory> PoolState<D> {
     }
 
     pub(super) fn set_pinned(&mut self, handle: Handle, pinned: bool) -> Result<()> {
-        let info = self
-            .heap
-            .get(handle)
-            .ok_or(memcore::Error::StaleHandle(handle))?;
+        let info = self.heap.info(handle)?;
         let mut flags = info.flags;
         flags.set(BlockFlags::PINNED, pinned);
         Ok(self.heap.set_flags(handle, flags)?)
@@ -322,10 +319,7 @@ impl<D: DeviceMemory> PoolState<D> {
 
     /// Device address of `[offset, offset + len)` inside the block.
     fn block_range(&self, handle: Handle, offset: u64, len: u64) -> Result<u64> {
-        let info = self
-            .heap
-            .get(handle)
-            .ok_or(memcore::Error::StaleHandle(handle))?;
+        let info = self.heap.info(handle)?;
         match offset.checked_add(len) {
             Some(end) if end <= info.size => Ok(info.offset + offset),
             _ => Err(Error::InvalidAddress {
