@@ -26,9 +26,31 @@ impl Extent {
         Self { offset, size }
     }
 
-    /// One past the last byte.
+    /// One past the last byte, clipped to the 64-bit address space: an
+    /// extent that runs past it ends at `u64::MAX`, and [`checked_end`]
+    /// says so. Never panics.
+    ///
+    /// Allocators never hand out such an extent: regions and layouts that
+    /// would overflow are refused with [`Error::Overflow`] or
+    /// [`Error::InvalidLayout`].
+    ///
+    /// ```
+    /// use memcore::Extent;
+    ///
+    /// assert_eq!(Extent::new(4096, 256).end(), 4352);
+    /// let past = Extent::new(u64::MAX, 2);
+    /// assert_eq!((past.end(), past.checked_end()), (u64::MAX, None));
+    /// ```
+    ///
+    /// [`checked_end`]: Extent::checked_end
     pub const fn end(&self) -> u64 {
-        self.offset + self.size
+        self.offset.saturating_add(self.size)
+    }
+
+    /// One past the last byte, or `None` if that overflows the 64-bit
+    /// address space.
+    pub const fn checked_end(&self) -> Option<u64> {
+        self.offset.checked_add(self.size)
     }
 
     /// Whether the two ranges share a byte.
@@ -191,4 +213,21 @@ pub(crate) fn check_layout(used: &[Extent], inside: impl Fn(&Extent) -> bool) ->
         prev_end = end;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_extent_past_the_address_space_is_clipped_not_wrapped() {
+        let past = Extent::new(u64::MAX, 2);
+        assert_eq!(past.end(), u64::MAX);
+        assert_eq!(past.checked_end(), None);
+        assert_eq!(Extent::new(7, 9).checked_end(), Some(16));
+        // Wrapped, its end would be 1 and it would contain [0, 1).
+        assert!(!past.contains(&Extent::new(0, 1)));
+        assert!(!past.overlaps(&Extent::new(0, 1)));
+        assert!(Extent::new(u64::MAX - 4, 8).overlaps(&Extent::new(u64::MAX - 1, 1)));
+    }
 }
