@@ -309,6 +309,19 @@ impl<A: Allocator> Heap<A> {
     /// # Ok::<(), memcore::Error>(())
     /// ```
     pub fn plan_full(&self) -> CompactionPlan {
+        // Nothing free or padded below the top's free tail: every block
+        // already sits where a plan would put it, so skip the walk (this
+        // keeps a compact-then-grow policy O(1) while nothing is freed).
+        let stats = self.allocator.stats();
+        let tail = self.allocator.free_tail().map_or(0, |tail| tail.size);
+        if stats.managed_bytes - stats.live_bytes == tail {
+            return CompactionPlan {
+                relayout: false,
+                moves: Vec::new(),
+                heap: self.id,
+                epoch: self.epoch,
+            };
+        }
         let moves = compact::by_region(&self.allocator.regions(), self.placed())
             .iter()
             .flat_map(|(region, blocks)| compact::pack(*region, blocks))
@@ -363,6 +376,14 @@ impl<A: Allocator> Heap<A> {
         };
         let (window, window_align) =
             compact::request_window(size, align).ok_or(out_of_memory.clone())?;
+        // Padding counts as free: the commit lays the allocator out anew,
+        // so even a plan without moves makes room by giving padding back.
+        let slack = stats.managed_bytes.saturating_sub(stats.live_bytes);
+        // Judged first from the counters: a heap too full for the request
+        // to fit anywhere (a pool that only grows) is told so without a walk.
+        if slack < size {
+            return Err(out_of_memory);
+        }
         let fits_now = self
             .allocator
             .free_extents()
@@ -376,9 +397,7 @@ impl<A: Allocator> Heap<A> {
                 relayout: false,
             });
         }
-        // Padding counts as free: the commit lays the allocator out anew,
-        // so even a plan without moves makes room by giving padding back.
-        if stats.managed_bytes.saturating_sub(stats.live_bytes) < window {
+        if slack < window {
             return Err(out_of_memory);
         }
         let layout = compact::by_region(&self.allocator.regions(), self.placed());

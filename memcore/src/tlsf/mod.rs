@@ -18,7 +18,10 @@ mod tests;
 
 use alloc::vec::Vec;
 
-use crate::{Allocation, Allocator, Error, Extent, Result, Stats, align_up, check_align};
+use crate::alloc_api::tail_growth;
+use crate::{
+    Allocation, Allocator, Error, Extent, NewRegion, Result, Stats, align_up, check_align,
+};
 use class::{Bins, Class, GRANULE};
 use node::{NONE, Node, Nodes, State};
 
@@ -505,6 +508,18 @@ impl Allocator for Tlsf {
             }
         }
         free
+    }
+
+    fn free_tail(&self) -> Option<Extent> {
+        let node = &self.nodes[self.regions.last()?.last];
+        (node.state == State::Free).then_some(Extent::new(node.offset, node.size))
+    }
+
+    fn growth_needed(&self, size: u64, align: u64, at: NewRegion) -> Result<u64> {
+        check_align(align)?;
+        let top = self.regions.last().map(|r| r.extent.end());
+        // Every offset handed out is a multiple of the granule.
+        tail_growth(top, self.free_tail(), size, align.max(GRANULE), at)
     }
 
     fn stats(&self) -> Stats {
