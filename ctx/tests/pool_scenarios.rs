@@ -230,6 +230,43 @@ fn a_vmm_step_shrinks_to_what_is_left() {
 }
 
 #[test]
+fn an_over_large_step_shrinks_alike_for_both_growths() {
+    for growth in [Growth::Vmm, Growth::Chunks] {
+        let config = |max_bytes| PoolConfig {
+            growth,
+            compaction: CompactionPolicy::BeforeGrow,
+            reserve_bytes: 64 * PAGE,
+            max_bytes,
+            min_growth_bytes: 32 * PAGE,
+        };
+        // A 16-page device refuses a 32-page step: each growth takes what
+        // its request needs instead, until the device is full.
+        let pool = Pool::new(SimDevice::new(SimConfig::small(16 * PAGE)), config(u64::MAX)).unwrap();
+        let first = pool.allocate(100, 256, None).unwrap();
+        assert_eq!(pool.stats().mapped_bytes, PAGE, "{growth:?}");
+        let big = pool.allocate(10 * PAGE, 256, None).unwrap();
+        assert_eq!(
+            (pool.stats().mapped_bytes, pool.stats().grows),
+            (11 * PAGE, 2),
+            "{growth:?}"
+        );
+        assert!(
+            matches!(pool.allocate(6 * PAGE, 256, None), Err(Error::OutOfMemory { .. })),
+            "{growth:?}: 5 pages left on the device"
+        );
+        pool.free(big).unwrap();
+        pool.free(first).unwrap();
+
+        // Capped at 5 pages under max_bytes: the step shrinks to the room left.
+        let pool = Pool::new(SimDevice::new(SimConfig::small(16 * PAGE)), config(5 * PAGE)).unwrap();
+        pool.allocate(100, 256, None).unwrap();
+        assert_eq!(pool.stats().mapped_bytes, 5 * PAGE, "{growth:?}");
+        pool.allocate(4 * PAGE, 256, None).unwrap();
+        assert_eq!(pool.stats().grows, 1, "{growth:?}: the step held it");
+    }
+}
+
+#[test]
 fn chunk_growth_takes_at_least_a_chunk_and_gives_whole_chunks_back() {
     let config = PoolConfig {
         max_bytes: 32 * PAGE,
