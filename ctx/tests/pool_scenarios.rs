@@ -241,7 +241,11 @@ fn an_over_large_step_shrinks_alike_for_both_growths() {
         };
         // A 16-page device refuses a 32-page step: each growth takes what
         // its request needs instead, until the device is full.
-        let pool = Pool::new(SimDevice::new(SimConfig::small(16 * PAGE)), config(u64::MAX)).unwrap();
+        let pool = Pool::new(
+            SimDevice::new(SimConfig::small(16 * PAGE)),
+            config(u64::MAX),
+        )
+        .unwrap();
         let first = pool.allocate(100, 256, None).unwrap();
         assert_eq!(pool.stats().mapped_bytes, PAGE, "{growth:?}");
         let big = pool.allocate(10 * PAGE, 256, None).unwrap();
@@ -251,14 +255,21 @@ fn an_over_large_step_shrinks_alike_for_both_growths() {
             "{growth:?}"
         );
         assert!(
-            matches!(pool.allocate(6 * PAGE, 256, None), Err(Error::OutOfMemory { .. })),
+            matches!(
+                pool.allocate(6 * PAGE, 256, None),
+                Err(Error::OutOfMemory { .. })
+            ),
             "{growth:?}: 5 pages left on the device"
         );
         pool.free(big).unwrap();
         pool.free(first).unwrap();
 
         // Capped at 5 pages under max_bytes: the step shrinks to the room left.
-        let pool = Pool::new(SimDevice::new(SimConfig::small(16 * PAGE)), config(5 * PAGE)).unwrap();
+        let pool = Pool::new(
+            SimDevice::new(SimConfig::small(16 * PAGE)),
+            config(5 * PAGE),
+        )
+        .unwrap();
         pool.allocate(100, 256, None).unwrap();
         assert_eq!(pool.stats().mapped_bytes, 5 * PAGE, "{growth:?}");
         pool.allocate(4 * PAGE, 256, None).unwrap();

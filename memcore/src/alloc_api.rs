@@ -337,11 +337,19 @@ mod tests {
                 if need > 1 {
                     let mut short = a.clone();
                     short.add_region(top, need - 1).unwrap();
-                    assert!(short.allocate(size, align).is_err(), "{need} is not the least");
+                    assert!(
+                        short.allocate(size, align).is_err(),
+                        "{need} is not the least"
+                    );
                 }
                 let far = 1 << 40;
                 // The worst multiple of 256 for the alignment: just past one.
-                let worst = far + if align > DEFAULT_ALIGN { DEFAULT_ALIGN } else { 0 };
+                let worst = far
+                    + if align > DEFAULT_ALIGN {
+                        DEFAULT_ALIGN
+                    } else {
+                        0
+                    };
                 let anywhere = a.growth_needed(size, align, NewRegion::Anywhere).unwrap();
                 let mut apart = a.clone();
                 apart.add_region(worst, anywhere).unwrap();

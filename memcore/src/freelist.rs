@@ -248,7 +248,10 @@ impl Allocator for FreeList {
 
     fn release_tail(&mut self, min_bytes: u64) -> Option<Extent> {
         let (&region, &region_len) = self.regions.last_key_value()?;
-        let Extent { offset: start, size: len } = self.free_tail()?;
+        let Extent {
+            offset: start,
+            size: len,
+        } = self.free_tail()?;
         if len < min_bytes {
             return None;
         }

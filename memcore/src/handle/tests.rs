@@ -47,7 +47,10 @@ fn another_heaps_handle_is_refused_and_frees_nothing() {
     let kept = mine.allocate(KIB, 256, movable()).unwrap();
     // Same slot and generation as `kept`, made by the other heap.
     let foreign = theirs.allocate(KIB, 256, movable()).unwrap();
-    assert_eq!((foreign.slot, foreign.generation), (kept.slot, kept.generation));
+    assert_eq!(
+        (foreign.slot, foreign.generation),
+        (kept.slot, kept.generation)
+    );
     assert_eq!(mine.free(foreign), Err(Error::ForeignHandle(foreign)));
     assert_eq!(mine.offset(foreign), Err(Error::ForeignHandle(foreign)));
     assert_eq!(mine.get(foreign), None);
