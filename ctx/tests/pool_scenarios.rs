@@ -230,6 +230,54 @@ fn a_vmm_step_shrinks_to_what_is_left() {
 }
 
 #[test]
+fn an_over_large_step_shrinks_alike_for_both_growths() {
+    for growth in [Growth::Vmm, Growth::Chunks] {
+        let config = |max_bytes| PoolConfig {
+            growth,
+            compaction: CompactionPolicy::BeforeGrow,
+            reserve_bytes: 64 * PAGE,
+            max_bytes,
+            min_growth_bytes: 32 * PAGE,
+        };
+        // A 16-page device refuses a 32-page step: each growth takes what
+        // its request needs instead, until the device is full.
+        let pool = Pool::new(
+            SimDevice::new(SimConfig::small(16 * PAGE)),
+            config(u64::MAX),
+        )
+        .unwrap();
+        let first = pool.allocate(100, 256, None).unwrap();
+        assert_eq!(pool.stats().mapped_bytes, PAGE, "{growth:?}");
+        let big = pool.allocate(10 * PAGE, 256, None).unwrap();
+        assert_eq!(
+            (pool.stats().mapped_bytes, pool.stats().grows),
+            (11 * PAGE, 2),
+            "{growth:?}"
+        );
+        assert!(
+            matches!(
+                pool.allocate(6 * PAGE, 256, None),
+                Err(Error::OutOfMemory { .. })
+            ),
+            "{growth:?}: 5 pages left on the device"
+        );
+        pool.free(big).unwrap();
+        pool.free(first).unwrap();
+
+        // Capped at 5 pages under max_bytes: the step shrinks to the room left.
+        let pool = Pool::new(
+            SimDevice::new(SimConfig::small(16 * PAGE)),
+            config(5 * PAGE),
+        )
+        .unwrap();
+        pool.allocate(100, 256, None).unwrap();
+        assert_eq!(pool.stats().mapped_bytes, 5 * PAGE, "{growth:?}");
+        pool.allocate(4 * PAGE, 256, None).unwrap();
+        assert_eq!(pool.stats().grows, 1, "{growth:?}: the step held it");
+    }
+}
+
+#[test]
 fn chunk_growth_takes_at_least_a_chunk_and_gives_whole_chunks_back() {
     let config = PoolConfig {
         max_bytes: 32 * PAGE,
@@ -302,6 +350,39 @@ fn streams_are_recorded_per_block() {
         None,
         "a reused slot must not inherit a stream"
     );
+}
+
+#[test]
+fn another_pools_handle_is_refused_and_frees_nothing() {
+    for growth in [Growth::Vmm, Growth::Chunks] {
+        let mine = pool(growth, CompactionPolicy::BeforeGrow, 16 * BLOCK);
+        let theirs = pool(growth, CompactionPolicy::BeforeGrow, 16 * BLOCK);
+        let kept = mine.allocate(BLOCK, 256, None).unwrap();
+        mine.write(kept, 0, b"kept").unwrap();
+        // Same slot and generation as `kept`, from the other pool.
+        let foreign = theirs.allocate(BLOCK, 256, None).unwrap();
+        assert_eq!(foreign.slot(), kept.slot());
+        for refused in [
+            mine.free(foreign),
+            mine.pin(foreign),
+            mine.write(foreign, 0, b"lost"),
+            mine.device_ptr(foreign).map(drop),
+        ] {
+            assert!(
+                matches!(
+                    refused,
+                    Err(Error::Memcore(memcore::Error::ForeignHandle(h))) if h == foreign
+                ),
+                "{growth:?}: {refused:?}"
+            );
+        }
+        let mut out = [0; 4];
+        mine.read(kept, 0, &mut out).unwrap();
+        assert_eq!(&out, b"kept", "{growth:?}");
+        assert_eq!(mine.stats().heap.live_bytes, BLOCK, "{growth:?}");
+        theirs.free(foreign).unwrap();
+        mine.free(kept).unwrap();
+    }
 }
 
 #[test]

@@ -18,18 +18,14 @@
 use anyhow::Result;
 use clap::ValueEnum;
 use memcore::{
-    Allocation, Allocator, BlockFlags, DEFAULT_ALIGN, Error, FreeList, Handle, Heap, Tlsf,
+    Allocation, Allocator, BlockFlags, DEFAULT_ALIGN, Error, FreeList, Handle, Heap, NewRegion,
+    Tlsf,
 };
 use serde::Serialize;
 
 /// The step in which address space is mapped, in bytes: the H200's VMM
 /// granularity (2 MiB).
 pub const GRANULE: u64 = 2 << 20;
-
-/// How many times one request may grow the arena before it counts as failed.
-/// The first step is the exact need; allocators that round requests up to a
-/// size class (TLSF) may need a little more, which later steps add.
-const GROW_ATTEMPTS: u32 = 16;
 
 /// The policies `cudamem replay` knows, in report order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
@@ -138,7 +134,9 @@ pub fn granules(bytes: u64) -> u64 {
 }
 
 /// How much to grow an arena of `mapped` bytes whose highest live byte ends
-/// at `top` so that a `size`-byte request fits, on the `attempt`-th try.
+/// at `top` so that a `size`-byte request fits, on the `attempt`-th try:
+/// for allocators outside memcore, which cannot say. memcore's allocators
+/// answer exactly ([`memcore::Allocator::growth_needed`], [`grow_to_fit`]).
 pub fn growth(mapped: u64, top: u64, size: u64, attempt: u32) -> u64 {
     if attempt == 0 {
         let start = top.div_ceil(DEFAULT_ALIGN) * DEFAULT_ALIGN;
@@ -174,6 +172,27 @@ impl<A: Allocator> Grown<A> {
     }
 }
 
+/// The whole granules to map at the end of an arena of `mapped` bytes so
+/// that a `size`-byte request refused by `allocator` fits, as memcore
+/// answers exactly ([`Allocator::growth_needed`]); `None` when that passes
+/// the address space.
+fn granules_to_fit<A: Allocator>(allocator: &A, mapped: u64, size: u64) -> Result<Option<u64>> {
+    match allocator.growth_needed(size, DEFAULT_ALIGN, NewRegion::At(mapped)) {
+        Ok(need) => {
+            let grow = need.max(1).checked_next_multiple_of(GRANULE);
+            Ok(grow.filter(|&grow| mapped.checked_add(grow).is_some()))
+        }
+        Err(err) if is_refusal(&err) => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The error for a request refused after growing by what the allocator
+/// asked for: a broken allocator, not a full arena.
+fn refused_after_growth(size: u64) -> anyhow::Error {
+    anyhow::anyhow!("{size} bytes refused after growing by what the allocator asked for")
+}
+
 impl<A: Allocator> Grown<A> {
     /// Map more and retry, after `size` bytes did not fit.
     #[cold]
@@ -181,17 +200,16 @@ impl<A: Allocator> Grown<A> {
         if !self.growable {
             return Ok(None);
         }
-        for attempt in 0..GROW_ATTEMPTS {
-            let grow = growth(self.mapped, self.allocator.stats().top, size, attempt);
-            self.allocator.add_region(self.mapped, grow)?;
-            self.mapped += grow;
-            match self.allocator.allocate(size, DEFAULT_ALIGN) {
-                Ok(block) => return Ok(Some(block)),
-                Err(err) if is_refusal(&err) => {}
-                Err(err) => return Err(err.into()),
-            }
+        let Some(grow) = granules_to_fit(&self.allocator, self.mapped, size)? else {
+            return Ok(None);
+        };
+        self.allocator.add_region(self.mapped, grow)?;
+        self.mapped += grow;
+        match self.allocator.allocate(size, DEFAULT_ALIGN) {
+            Ok(block) => Ok(Some(block)),
+            Err(err) if is_refusal(&err) => Err(refused_after_growth(size)),
+            Err(err) => Err(err.into()),
         }
-        Ok(None)
     }
 }
 
@@ -327,17 +345,19 @@ impl Policy for CompactingTlsf {
         if !self.growable {
             return Ok(None);
         }
+        // A full plan brings free space down to the tail, so the growth is
+        // the least; it is empty without a walk when there is none to bring.
         let plan = self.heap.plan_full();
         self.commit(plan)?;
-        for attempt in 0..GROW_ATTEMPTS {
-            let grow = growth(self.mapped, self.heap.stats().top, size, attempt);
-            self.heap.add_region(self.mapped, grow)?;
-            self.mapped += grow;
-            if let Some(handle) = self.try_allocate(size)? {
-                return Ok(Some(handle));
-            }
+        let Some(grow) = granules_to_fit(self.heap.allocator(), self.mapped, size)? else {
+            return Ok(None);
+        };
+        self.heap.add_region(self.mapped, grow)?;
+        self.mapped += grow;
+        match self.try_allocate(size)? {
+            Some(handle) => Ok(Some(handle)),
+            None => Err(refused_after_growth(size)),
         }
-        Ok(None)
     }
 
     fn free(&mut self, block: Handle) -> Result<()> {

@@ -83,7 +83,8 @@ impl Move {
 /// Executing a move never overwrites bytes of a block that has not been moved
 /// yet, nor of a block that stays. A plan can be committed once, and only to
 /// the heap it came from while that heap is unchanged; otherwise
-/// [`crate::Heap::commit`] answers [`crate::Error::StalePlan`].
+/// [`crate::Heap::commit`] answers [`crate::Error::ForeignPlan`] or
+/// [`crate::Error::StalePlan`].
 ///
 /// Plans put blocks at multiples of [`DEFAULT_ALIGN`] (256 bytes) at least,
 /// whatever alignment was asked for: device code may rely on `cudaMalloc`'s
@@ -110,6 +111,8 @@ impl Move {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompactionPlan {
     pub(crate) moves: Vec<Move>,
+    /// The identity of the heap it was made for.
+    pub(crate) heap: u64,
     /// The heap's epoch when the plan was made.
     pub(crate) epoch: u64,
     /// Whether committing lays the allocator out anew. Not when nothing

@@ -49,9 +49,13 @@ pub enum Error {
         /// Offset the caller named, in bytes.
         offset: u64,
     },
-    /// A handle that does not name a live block (freed, or from another heap).
-    #[error("stale or foreign handle {0:?}")]
+    /// A handle of this heap whose block was freed.
+    #[error("stale handle {0:?}: its block was freed")]
     StaleHandle(crate::Handle),
+    /// A handle made by another heap: acting on it here would touch one of
+    /// this heap's blocks instead.
+    #[error("foreign handle {0:?}: made by another heap")]
+    ForeignHandle(crate::Handle),
     /// A region that overlaps a region already managed.
     #[error("region [{offset:#x}, +{size}) overlaps a managed region")]
     RegionOverlap {
@@ -74,6 +78,10 @@ pub enum Error {
     /// A plan that was made for another state of the heap.
     #[error("compaction plan is stale: the heap changed since it was made")]
     StalePlan,
+    /// A plan that was made for another heap: committing it here would
+    /// move this heap's blocks without copying them.
+    #[error("compaction plan was made for another heap")]
+    ForeignPlan,
     /// The allocator's own bookkeeping is inconsistent; a bug, reported
     /// rather than acted upon.
     #[error("internal state is corrupt: {0}")]

@@ -9,8 +9,10 @@
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 
-use crate::alloc_api::check_layout;
-use crate::{Allocation, Allocator, Error, Extent, Result, Stats, align_up, check_align};
+use crate::alloc_api::{check_layout, tail_growth};
+use crate::{
+    Allocation, Allocator, Error, Extent, NewRegion, Result, Stats, align_up, check_align,
+};
 
 /// Which free range [`FreeList`] places a request in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -232,11 +234,25 @@ impl Allocator for FreeList {
         Ok(())
     }
 
-    fn release_tail(&mut self, min_bytes: u64) -> Option<Extent> {
+    fn free_tail(&self) -> Option<Extent> {
         let (&region, &region_len) = self.regions.last_key_value()?;
         let end = region + region_len;
         let (&start, &len) = self.free.range(..end).next_back()?;
-        if start + len != end || len < min_bytes {
+        (start + len == end).then_some(Extent::new(start, len))
+    }
+
+    fn growth_needed(&self, size: u64, align: u64, at: NewRegion) -> Result<u64> {
+        let top = self.regions.last_key_value().map(|(&o, &l)| o + l);
+        tail_growth(top, self.free_tail(), size, align, at)
+    }
+
+    fn release_tail(&mut self, min_bytes: u64) -> Option<Extent> {
+        let (&region, &region_len) = self.regions.last_key_value()?;
+        let Extent {
+            offset: start,
+            size: len,
+        } = self.free_tail()?;
+        if len < min_bytes {
             return None;
         }
         self.remove_free_raw(start, len);

@@ -3,6 +3,7 @@
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use slab::Slab;
 
@@ -19,12 +20,19 @@ bitflags::bitflags! {
     }
 }
 
+/// The identity of the next heap made: every [`Heap`] takes its own, so a
+/// handle or plan can say which heap it came from.
+static NEXT_HEAP_ID: AtomicU64 = AtomicU64::new(0);
+
 /// A name for a live block that stays valid when the block moves.
 ///
 /// Carries a generation, so a handle kept after its block was freed is
-/// rejected rather than aliasing the next block in the same slot.
+/// rejected rather than aliasing the next block in the same slot, and the
+/// identity of its heap, so another heap rejects it
+/// ([`Error::ForeignHandle`]) rather than freeing its own block in that slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Handle {
+    pub(crate) heap: u64,
     pub(crate) slot: u32,
     pub(crate) generation: u32,
 }
@@ -103,6 +111,8 @@ enum Slot {
 /// ```
 #[derive(Debug)]
 pub struct Heap<A: Allocator> {
+    /// This heap's identity, carried by its handles and plans.
+    id: u64,
     allocator: A,
     slots: Slab<Slot>,
     /// Current generation of each slot ever used, indexed by slot.
@@ -118,6 +128,8 @@ impl<A: Allocator> Heap<A> {
     /// already manages are used as they are.
     pub fn new(allocator: A) -> Self {
         Self {
+            // Only uniqueness matters, not order with other memory.
+            id: NEXT_HEAP_ID.fetch_add(1, Ordering::Relaxed),
             allocator,
             slots: Slab::new(),
             generations: Vec::new(),
@@ -150,12 +162,16 @@ impl<A: Allocator> Heap<A> {
         }));
         self.live += 1;
         self.epoch += 1;
-        Ok(Handle { slot, generation })
+        Ok(Handle {
+            heap: self.id,
+            slot,
+            generation,
+        })
     }
 
-    /// Give the block back and return what it was. A handle that is not live
-    /// (freed already, or never from this heap) is [`Error::StaleHandle`]
-    /// and changes nothing.
+    /// Give the block back and return what it was. A handle from another
+    /// heap is [`Error::ForeignHandle`], one whose block is freed already
+    /// [`Error::StaleHandle`]; either changes nothing.
     pub fn free(&mut self, handle: Handle) -> Result<BlockInfo> {
         let entry = *self.entry(handle)?;
         self.allocator.free(entry.allocation)?;
@@ -181,8 +197,14 @@ impl<A: Allocator> Heap<A> {
         self.entry(handle).ok().map(Entry::info)
     }
 
+    /// The block behind `handle`; [`Error::StaleHandle`] if the handle is
+    /// not live, [`Error::ForeignHandle`] if it is another heap's.
+    pub fn info(&self, handle: Handle) -> Result<BlockInfo> {
+        self.entry(handle).map(Entry::info)
+    }
+
     /// The block's current offset in bytes; [`Error::StaleHandle`] if the
-    /// handle is not live.
+    /// handle is not live, [`Error::ForeignHandle`] if it is another heap's.
     pub fn offset(&self, handle: Handle) -> Result<u64> {
         self.entry(handle).map(|e| e.allocation.offset)
     }
@@ -190,6 +212,7 @@ impl<A: Allocator> Heap<A> {
     /// Replace the block's flags, e.g. pin it while a kernel holds its
     /// address. Plans made before are stale afterwards.
     pub fn set_flags(&mut self, handle: Handle, flags: BlockFlags) -> Result<()> {
+        self.check_owner(handle)?;
         let live = self.generations.get(handle.slot as usize) == Some(&handle.generation);
         match self.slots.get_mut(handle.slot as usize) {
             Some(Slot::Live(entry)) if live => {
@@ -206,6 +229,7 @@ impl<A: Allocator> Heap<A> {
         self.slots.iter().filter_map(|(key, slot)| match slot {
             Slot::Live(entry) => Some((
                 Handle {
+                    heap: self.id,
                     slot: u32::try_from(key).ok()?,
                     generation: *self.generations.get(key)?,
                 },
@@ -285,6 +309,19 @@ impl<A: Allocator> Heap<A> {
     /// # Ok::<(), memcore::Error>(())
     /// ```
     pub fn plan_full(&self) -> CompactionPlan {
+        // Nothing free or padded below the top's free tail: every block
+        // already sits where a plan would put it, so skip the walk (this
+        // keeps a compact-then-grow policy O(1) while nothing is freed).
+        let stats = self.allocator.stats();
+        let tail = self.allocator.free_tail().map_or(0, |tail| tail.size);
+        if stats.managed_bytes - stats.live_bytes == tail {
+            return CompactionPlan {
+                relayout: false,
+                moves: Vec::new(),
+                heap: self.id,
+                epoch: self.epoch,
+            };
+        }
         let moves = compact::by_region(&self.allocator.regions(), self.placed())
             .iter()
             .flat_map(|(region, blocks)| compact::pack(*region, blocks))
@@ -292,6 +329,7 @@ impl<A: Allocator> Heap<A> {
         CompactionPlan {
             relayout: !moves.is_empty(),
             moves,
+            heap: self.id,
             epoch: self.epoch,
         }
     }
@@ -338,6 +376,14 @@ impl<A: Allocator> Heap<A> {
         };
         let (window, window_align) =
             compact::request_window(size, align).ok_or(out_of_memory.clone())?;
+        // Padding counts as free: the commit lays the allocator out anew,
+        // so even a plan without moves makes room by giving padding back.
+        let slack = stats.managed_bytes.saturating_sub(stats.live_bytes);
+        // Judged first from the counters: a heap too full for the request
+        // to fit anywhere (a pool that only grows) is told so without a walk.
+        if slack < size {
+            return Err(out_of_memory);
+        }
         let fits_now = self
             .allocator
             .free_extents()
@@ -346,19 +392,19 @@ impl<A: Allocator> Heap<A> {
         if fits_now {
             return Ok(CompactionPlan {
                 moves: Vec::new(),
+                heap: self.id,
                 epoch: self.epoch,
                 relayout: false,
             });
         }
-        // Padding counts as free: the commit lays the allocator out anew,
-        // so even a plan without moves makes room by giving padding back.
-        if stats.managed_bytes.saturating_sub(stats.live_bytes) < window {
+        if slack < window {
             return Err(out_of_memory);
         }
         let layout = compact::by_region(&self.allocator.regions(), self.placed());
         let moves = compact::make_room(&layout, window, window_align).ok_or(out_of_memory)?;
         Ok(CompactionPlan {
             moves,
+            heap: self.id,
             epoch: self.epoch,
             relayout: true,
         })
@@ -371,9 +417,13 @@ impl<A: Allocator> Heap<A> {
     /// anything leaves the allocator as it is. Either way the plan is used
     /// up: committing it again is [`Error::StalePlan`].
     ///
-    /// [`Error::StalePlan`] if the heap changed since the plan was made (or
-    /// the plan is from another heap); nothing changes then.
+    /// [`Error::ForeignPlan`] if the plan was made for another heap,
+    /// [`Error::StalePlan`] if this heap changed since the plan was made;
+    /// nothing changes then.
     pub fn commit(&mut self, plan: CompactionPlan) -> Result<()> {
+        if plan.heap != self.id {
+            return Err(Error::ForeignPlan);
+        }
         if plan.epoch != self.epoch {
             return Err(Error::StalePlan);
         }
@@ -431,12 +481,22 @@ impl<A: Allocator> Heap<A> {
 
     /// The live entry behind `handle`.
     fn entry(&self, handle: Handle) -> Result<&Entry> {
+        self.check_owner(handle)?;
         let key = handle.slot as usize;
         match (self.generations.get(key), self.slots.get(key)) {
             (Some(&generation), Some(Slot::Live(entry))) if generation == handle.generation => {
                 Ok(entry)
             }
             _ => Err(Error::StaleHandle(handle)),
+        }
+    }
+
+    /// [`Error::ForeignHandle`] unless `handle` was made by this heap.
+    fn check_owner(&self, handle: Handle) -> Result<()> {
+        if handle.heap == self.id {
+            Ok(())
+        } else {
+            Err(Error::ForeignHandle(handle))
         }
     }
 

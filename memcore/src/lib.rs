@@ -13,7 +13,8 @@ mod handle;
 mod tlsf;
 
 pub use alloc_api::{
-    Allocation, Allocator, DEFAULT_ALIGN, Extent, MAX_ALIGN, Stats, align_up, check_align,
+    Allocation, Allocator, DEFAULT_ALIGN, Extent, MAX_ALIGN, NewRegion, Stats, align_up,
+    check_align,
 };
 pub use compact::{CompactionPlan, Move};
 pub use error::{Error, Result};

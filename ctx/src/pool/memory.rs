@@ -3,7 +3,7 @@
 //! shrinks by giving back whole mappings (or chunks) from the top, and keeps
 //! the heap's regions equal to what it holds.
 
-use memcore::{Allocator, DEFAULT_ALIGN, Extent, Heap};
+use memcore::{Allocator, Extent, Heap, NewRegion};
 
 use crate::device::DeviceMemory;
 use crate::{Error, Result};
@@ -72,30 +72,21 @@ impl PoolMemory {
         }
     }
 
-    /// Bytes to add so that a `size`-byte block aligned to `align` fits at
-    /// the top, counting the free block already there (VMM) or assuming a
-    /// fresh chunk aligned to 256 bytes (chunks). Not yet rounded to pages.
-    ///
-    /// The allocator hands out at least [`DEFAULT_ALIGN`]-aligned blocks of
-    /// whole [`DEFAULT_ALIGN`]s, so the estimate does too.
-    pub(super) fn growth_for<A: Allocator>(&self, heap: &Heap<A>, size: u64, align: u64) -> u64 {
-        let align = align.max(DEFAULT_ALIGN);
-        let size = memcore::align_up(size, DEFAULT_ALIGN).unwrap_or(u64::MAX);
-        match self {
-            Self::Vmm { base, mapped, .. } => {
-                let top = base + mapped;
-                let tail_start = heap
-                    .allocator()
-                    .free_extents()
-                    .last()
-                    .filter(|free| free.end() == top)
-                    .map_or(top, |free| free.offset);
-                let start = memcore::align_up(tail_start, align).unwrap_or(u64::MAX);
-                start.saturating_add(size).saturating_sub(top)
-            }
-            Self::Chunks { .. } if align > DEFAULT_ALIGN => size.saturating_add(align - 1),
-            Self::Chunks { .. } => size,
-        }
+    /// Bytes to add so that a `size`-byte block aligned to `align` fits:
+    /// at the top of the mapped range (VMM), or in a fresh chunk, whose
+    /// address the device aligns to at least 256 bytes. The heap answers
+    /// exactly; not yet rounded to pages.
+    pub(super) fn growth_for<A: Allocator>(
+        &self,
+        heap: &Heap<A>,
+        size: u64,
+        align: u64,
+    ) -> memcore::Result<u64> {
+        let at = match self {
+            Self::Vmm { base, mapped, .. } => NewRegion::At(base + mapped),
+            Self::Chunks { .. } => NewRegion::Anywhere,
+        };
+        heap.allocator().growth_needed(size, align, at)
     }
 
     /// Take `bytes` (a multiple of the granularity) more from the device and

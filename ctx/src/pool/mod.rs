@@ -37,7 +37,8 @@ pub enum Growth {
     /// the pool stays one contiguous region. Needs
     /// [`DeviceMemory::supports_vmm`].
     Vmm,
-    /// Allocate chunks of at least `min_growth_bytes` (`cuMemAlloc`); the pool is
+    /// Allocate chunks (`cuMemAlloc`) of at least `min_growth_bytes` where
+    /// there is room (see [`PoolConfig::min_growth_bytes`]); the pool is
     /// a set of separate regions, and only whole chunks at the top of the
     /// highest one can be given back.
     Chunks,
@@ -72,14 +73,16 @@ pub struct PoolConfig {
     pub max_bytes: u64,
     /// The fewest bytes one growth takes, rounded up to whole pages: for
     /// [`Growth::Chunks`] the smallest chunk; for [`Growth::Vmm`] the fewest
-    /// bytes mapped at once (0: what the request needs). A VMM pool that
-    /// grows by whole steps makes fewer driver calls (each growth is one
-    /// cuMemCreate + cuMemMap + cuMemSetAccess, about 40 us on an H200
-    /// whatever its size up to 64 MiB) and fewer, larger mappings, over
-    /// which `cuMemcpy` runs faster (BENCHMARKS.md); it may hold up to one
-    /// step more than it needs. A step larger than what is left under the
-    /// reservation and `max_bytes`, or than the device can give, shrinks to
-    /// what the request needs.
+    /// bytes mapped at once (0: what the request needs). A pool that grows
+    /// by whole steps makes fewer driver calls (a VMM growth is one
+    /// cuMemCreate + cuMemMap + cuMemSetAccess whatever its size) and
+    /// fewer, larger mappings, over which `cuMemcpy` runs faster
+    /// (BENCHMARKS.md); it may hold up to one step more than it needs.
+    ///
+    /// One rule for both kinds of growth: a step larger than what is left
+    /// under `max_bytes` (and, for VMM, the reservation) shrinks to what is
+    /// left, and a step the device refuses shrinks to what the request
+    /// needs.
     pub min_growth_bytes: u64,
 }
 

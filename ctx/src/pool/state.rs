@@ -10,12 +10,6 @@ use super::{CompactionPolicy, CompactionReport, Growth, PoolConfig, PoolStats};
 use crate::device::{CopyMove, DeviceMemory, StreamId};
 use crate::{Error, Result};
 
-/// How often the grow path retries with more memory when the allocator
-/// still finds no block after a growth that should have been enough (a
-/// segregated-fit allocator may skip a free block only slightly larger than
-/// the request). Each retry doubles the extra, starting at one page.
-const GROW_ATTEMPTS: u32 = 8;
-
 /// A pool's state; every field is guarded by the pool's one mutex.
 #[derive(Debug)]
 pub(super) struct PoolState<D: DeviceMemory> {
@@ -141,37 +135,41 @@ impl<D: DeviceMemory> PoolState<D> {
     }
 
     /// Grow by what the request needs (whole pages, at least
-    /// `min_growth_bytes`), then fit; `None` if growth is capped or the
-    /// device is full.
+    /// `min_growth_bytes` where there is room), then fit; `None` if growth
+    /// is capped or the device is full.
     fn grow_and_fit(&mut self, size: u64, align: u64) -> Result<Option<Handle>> {
-        let mut extra = 0u64;
-        let step = memcore::align_up(self.config.min_growth_bytes, self.granularity);
-        for _ in 0..GROW_ATTEMPTS {
-            let need = self
-                .memory
-                .growth_for(&self.heap, size, align)
-                .saturating_add(extra);
-            let need = memcore::align_up(need.max(1), self.granularity).unwrap_or(u64::MAX);
-            let grown = match self.config.growth {
-                Growth::Chunks => self.try_grow(need.max(step.unwrap_or(u64::MAX)))?,
-                Growth::Vmm => {
-                    // A whole step where there is room for it, else what the
-                    // request needs.
-                    let room = self.memory.headroom(self.config.max_bytes);
-                    let room = room - room % self.granularity.max(1);
-                    let bytes = need.max(step.unwrap_or(0).min(room));
-                    self.try_grow(bytes)? || (bytes > need && self.try_grow(need)?)
-                }
-            };
-            if !grown {
-                return Ok(None);
-            }
-            if let Some(handle) = self.try_fit(size, align)? {
-                return Ok(Some(handle));
-            }
-            extra = self.granularity.max(extra.saturating_mul(2));
+        let need = match self.memory.growth_for(&self.heap, size, align) {
+            Ok(need) => need,
+            // Past the address space: no growth can hold it.
+            Err(memcore::Error::Overflow { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let Some(need) = memcore::align_up(need.max(1), self.granularity) else {
+            return Ok(None);
+        };
+        if !self.grow_by_step(need)? {
+            return Ok(None);
         }
-        Ok(None)
+        // The heap said how much it needs, exactly: a refusal now is a
+        // broken promise, not a reason to grow again.
+        self.try_fit(size, align)?
+            .map(Some)
+            .ok_or(Error::from(memcore::Error::Corrupt(
+                "the heap refused a request after growing by what it asked for",
+            )))
+    }
+
+    /// Grow by `need` bytes (whole pages) or by a whole step of
+    /// `min_growth_bytes`, for both kinds of growth alike: a step larger
+    /// than the room left under `max_bytes` (and the reservation) shrinks
+    /// to that room, and a step the device refuses shrinks to `need`.
+    /// `false` if even `need` cannot be had.
+    fn grow_by_step(&mut self, need: u64) -> Result<bool> {
+        let step = memcore::align_up(self.config.min_growth_bytes, self.granularity);
+        let room = self.memory.headroom(self.config.max_bytes);
+        let room = room - room % self.granularity;
+        let bytes = need.max(step.unwrap_or(u64::MAX).min(room));
+        Ok(self.try_grow(bytes)? || (bytes > need && self.try_grow(need)?))
     }
 
     /// Compact just enough for the request, then fit; `None` if no plan can
@@ -311,10 +309,7 @@ impl<D: DeviceMemory> PoolState<D> {
     }
 
     pub(super) fn set_pinned(&mut self, handle: Handle, pinned: bool) -> Result<()> {
-        let info = self
-            .heap
-            .get(handle)
-            .ok_or(memcore::Error::StaleHandle(handle))?;
+        let info = self.heap.info(handle)?;
         let mut flags = info.flags;
         flags.set(BlockFlags::PINNED, pinned);
         Ok(self.heap.set_flags(handle, flags)?)
@@ -322,10 +317,7 @@ impl<D: DeviceMemory> PoolState<D> {
 
     /// Device address of `[offset, offset + len)` inside the block.
     fn block_range(&self, handle: Handle, offset: u64, len: u64) -> Result<u64> {
-        let info = self
-            .heap
-            .get(handle)
-            .ok_or(memcore::Error::StaleHandle(handle))?;
+        let info = self.heap.info(handle)?;
         match offset.checked_add(len) {
             Some(end) if end <= info.size => Ok(info.offset + offset),
             _ => Err(Error::InvalidAddress {

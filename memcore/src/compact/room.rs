@@ -227,6 +227,7 @@ mod tests {
         // for the 29 KiB (8 KiB-aligned) request's evicted blocks.
         let placed = |slot, offset, size, align| Placed {
             handle: Handle {
+                heap: 0,
                 slot,
                 generation: 0,
             },

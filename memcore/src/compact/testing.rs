@@ -9,6 +9,7 @@ use crate::Handle;
 pub(crate) fn block(slot: u32, offset: u64, size: u64, align: u64, pinned: bool) -> Placed {
     Placed {
         handle: Handle {
+            heap: 0,
             slot,
             generation: 0,
         },

@@ -32,11 +32,59 @@ fn stale_handle_is_rejected_and_never_aliases() {
         Err(Error::StaleHandle(a))
     );
     let forged = Handle {
+        heap: heap.id,
         slot: 99,
         generation: 0,
     };
     assert_eq!(heap.free(forged), Err(Error::StaleHandle(forged)));
     assert_eq!(heap.get(b).map(|i| i.offset), Some(0));
+}
+
+#[test]
+fn another_heaps_handle_is_refused_and_frees_nothing() {
+    let mut mine = heap(64 * KIB);
+    let mut theirs = heap(64 * KIB);
+    let kept = mine.allocate(KIB, 256, movable()).unwrap();
+    // Same slot and generation as `kept`, made by the other heap.
+    let foreign = theirs.allocate(KIB, 256, movable()).unwrap();
+    assert_eq!(
+        (foreign.slot, foreign.generation),
+        (kept.slot, kept.generation)
+    );
+    assert_eq!(mine.free(foreign), Err(Error::ForeignHandle(foreign)));
+    assert_eq!(mine.offset(foreign), Err(Error::ForeignHandle(foreign)));
+    assert_eq!(mine.get(foreign), None);
+    assert_eq!(
+        mine.set_flags(foreign, BlockFlags::PINNED),
+        Err(Error::ForeignHandle(foreign))
+    );
+    assert_eq!(mine.len(), 1);
+    assert_eq!(mine.offset(kept), Ok(0));
+    assert_eq!(mine.stats().live_bytes, KIB);
+    assert_eq!(theirs.free(foreign).map(|info| info.size), Ok(KIB));
+}
+
+#[test]
+fn another_heaps_plan_is_refused_even_at_the_same_epoch() {
+    // Two heaps built alike are at the same epoch, with the same slots.
+    let build = || {
+        let mut heap = heap(64 * KIB);
+        let a = heap.allocate(KIB, 256, movable()).unwrap();
+        let b = heap.allocate(KIB, 256, movable()).unwrap();
+        heap.free(a).unwrap();
+        (heap, b)
+    };
+    let (mut mine, b) = build();
+    let (theirs, _) = build();
+    let plan = theirs.plan_full();
+    assert_eq!(plan.moves().len(), 1);
+    assert_eq!(plan.epoch, mine.epoch);
+    assert_eq!(mine.commit(plan), Err(Error::ForeignPlan));
+    // The block was not moved behind the caller's back.
+    assert_eq!(mine.offset(b), Ok(KIB));
+    let own = mine.plan_full();
+    assert_eq!(mine.commit(own), Ok(()));
+    assert_eq!(mine.offset(b), Ok(0));
 }
 
 #[test]

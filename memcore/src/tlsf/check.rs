@@ -30,7 +30,7 @@ impl Tlsf {
     /// apart, each covered exactly by a chain of blocks, no two free blocks
     /// touching, every free block on the list of its class and nowhere
     /// else, the bitmaps matching the lists, the counters matching the
-    /// blocks, and every node either in a chain or spare.
+    /// blocks, and every node in a chain, spare or retired.
     ///
     /// O(blocks). Returns [`Error::Corrupt`] naming the first broken rule.
     ///
@@ -76,6 +76,9 @@ impl Tlsf {
                 )?;
                 match node.state {
                     State::Spare => return Err(Error::Corrupt("spare node in a block chain")),
+                    State::Retired => {
+                        return Err(Error::Corrupt("retired node in a block chain"));
+                    }
                     State::Free => {
                         ensure(!prev_free, "two free blocks touch")?;
                         tally.free += node.size;
@@ -126,9 +129,13 @@ impl Tlsf {
             spare = node.next_free;
         }
         ensure(walked == spare_count, "spare count is wrong")?;
+        let retired = (0..node_count as u32)
+            .filter(|&i| self.nodes.get(i).is_some_and(|n| n.state == State::Retired))
+            .count();
+        ensure(retired == self.nodes.retired(), "retired count is wrong")?;
         ensure(
-            walked + in_chains == node_count,
-            "node neither in a chain nor spare",
+            walked + in_chains + retired == node_count,
+            "node neither in a chain, spare nor retired",
         )
     }
 

@@ -18,7 +18,10 @@ mod tests;
 
 use alloc::vec::Vec;
 
-use crate::{Allocation, Allocator, Error, Extent, Result, Stats, align_up, check_align};
+use crate::alloc_api::tail_growth;
+use crate::{
+    Allocation, Allocator, Error, Extent, NewRegion, Result, Stats, align_up, check_align,
+};
 use class::{Bins, Class, GRANULE};
 use node::{NONE, Node, Nodes, State};
 
@@ -353,6 +356,32 @@ impl Tlsf {
         })
     }
 
+    /// Move block `index` (live, on no list) to a fresh entry, relinking
+    /// its neighbours and region, retire `index`, and return the new entry.
+    #[cold]
+    fn renew_node(&mut self, index: u32) -> Result<u32> {
+        if !self.nodes.can_take(1) {
+            return Err(Error::Corrupt("node table full while retiring a node"));
+        }
+        let old = self.nodes[index];
+        let fresh = self.nodes.take(old.offset, old.size);
+        let generation = self.nodes[fresh].generation;
+        self.nodes[fresh] = Node { generation, ..old };
+        if old.prev_phys == NONE {
+            let region = self.region_of(old.offset);
+            self.regions[region].first = fresh;
+        } else {
+            self.nodes[old.prev_phys].next_phys = fresh;
+        }
+        if old.next_phys == NONE {
+            self.set_region_last(old.offset, fresh);
+        } else {
+            self.nodes[old.next_phys].prev_phys = fresh;
+        }
+        self.nodes.retire(index);
+        Ok(fresh)
+    }
+
     #[cold]
     fn out_of_memory(&self, requested: u64, align: u64) -> Error {
         Error::OutOfMemory {
@@ -436,7 +465,16 @@ impl Allocator for Tlsf {
         self.live_blocks -= 1;
         self.padding_bytes -= padding;
         let node = &mut self.nodes[index];
-        node.generation = node.generation.wrapping_add(1);
+        let index = match node.generation.checked_add(1) {
+            Some(generation) => {
+                node.generation = generation;
+                index
+            }
+            // The entry's generations have run out: the block moves to
+            // another entry and this one is retired, so the ids it handed
+            // out stay stale for the life of the allocator.
+            None => self.renew_node(index)?,
+        };
         self.release_block(index);
         Ok(())
     }
@@ -470,6 +508,18 @@ impl Allocator for Tlsf {
             }
         }
         free
+    }
+
+    fn free_tail(&self) -> Option<Extent> {
+        let node = &self.nodes[self.regions.last()?.last];
+        (node.state == State::Free).then_some(Extent::new(node.offset, node.size))
+    }
+
+    fn growth_needed(&self, size: u64, align: u64, at: NewRegion) -> Result<u64> {
+        check_align(align)?;
+        let top = self.regions.last().map(|r| r.extent.end());
+        // Every offset handed out is a multiple of the granule.
+        tail_growth(top, self.free_tail(), size, align.max(GRANULE), at)
     }
 
     fn stats(&self) -> Stats {

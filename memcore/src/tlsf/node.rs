@@ -20,6 +20,9 @@ pub(super) enum State {
     Free,
     /// A live allocation.
     Used,
+    /// Never used again: its generation has run out, so a new one could
+    /// repeat the generation of an allocation still held somewhere.
+    Retired,
 }
 
 /// One block of a region: `[offset, offset + size)` bytes, linked to its
@@ -39,7 +42,9 @@ pub(super) struct Node {
     /// Next block of the same class list (free blocks), or the next spare
     /// entry (spare entries).
     pub(super) next_free: u32,
-    /// Bumped whenever a live allocation ends, so its id goes stale.
+    /// Bumped whenever a live allocation ends, so its id goes stale. Never
+    /// wraps: an entry whose generation reaches `u32::MAX` is retired at
+    /// its next change instead ([`State::Retired`]).
     pub(super) generation: u32,
     pub(super) state: State,
     /// Bytes between the block's start and the allocation's (used blocks
@@ -98,6 +103,8 @@ pub(super) struct Nodes {
     table: Vec<Node>,
     spare_head: u32,
     spare: usize,
+    /// Entries retired for good.
+    retired: usize,
 }
 
 impl Nodes {
@@ -106,6 +113,7 @@ impl Nodes {
             table: Vec::with_capacity(capacity),
             spare_head: NONE,
             spare: 0,
+            retired: 0,
         }
     }
 
@@ -147,16 +155,39 @@ impl Nodes {
         index as u32
     }
 
-    /// Put an entry back on the spare list; ids naming it go stale.
+    /// Put an entry back on the spare list; ids naming it go stale. An
+    /// entry whose generation has run out is retired instead.
     #[inline]
     pub(super) fn give_back(&mut self, index: u32) {
         let spare_head = self.spare_head;
         let node = &mut self.table[index as usize];
+        let Some(generation) = node.generation.checked_add(1) else {
+            self.retire(index);
+            return;
+        };
         node.state = State::Spare;
-        node.generation = node.generation.wrapping_add(1);
+        node.generation = generation;
         node.next_free = spare_head;
         self.spare_head = index;
         self.spare += 1;
+    }
+
+    /// Take entry `index` (unlinked from every chain and list) out of use
+    /// for good, so no id naming it can ever match again.
+    #[cold]
+    pub(super) fn retire(&mut self, index: u32) {
+        let node = &mut self.table[index as usize];
+        node.state = State::Retired;
+        node.prev_phys = NONE;
+        node.next_phys = NONE;
+        node.prev_free = NONE;
+        node.next_free = NONE;
+        self.retired += 1;
+    }
+
+    /// Entries retired for good, for the consistency check.
+    pub(super) fn retired(&self) -> usize {
+        self.retired
     }
 
     /// Make every entry spare (all ids go stale), keeping the table's
@@ -165,14 +196,16 @@ impl Nodes {
         self.spare_head = NONE;
         self.spare = 0;
         for index in (0..self.table.len() as u32).rev() {
-            if self.table[index as usize].state == State::Spare {
-                // Already stale; relink only.
-                let node = &mut self.table[index as usize];
-                node.next_free = self.spare_head;
-                self.spare_head = index;
-                self.spare += 1;
-            } else {
-                self.give_back(index);
+            match self.table[index as usize].state {
+                State::Retired => {}
+                State::Spare => {
+                    // Already stale; relink only.
+                    let node = &mut self.table[index as usize];
+                    node.next_free = self.spare_head;
+                    self.spare_head = index;
+                    self.spare += 1;
+                }
+                State::Free | State::Used => self.give_back(index),
             }
         }
     }

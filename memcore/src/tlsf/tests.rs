@@ -166,6 +166,50 @@ fn stale_double_and_forged_frees_change_nothing() {
 }
 
 #[test]
+fn a_node_whose_generations_run_out_is_retired_not_wrapped() {
+    let mut t = tlsf(0, MIB);
+    let keep = t.allocate(KIB, 256).unwrap();
+    let first = t.allocate(KIB, 256).unwrap();
+    t.free(first).unwrap();
+    // The freed block's node is used again at the same place and size.
+    let stale = t.allocate(KIB, 256).unwrap();
+    let node = stale.id as u32;
+    assert_eq!((first.id as u32, stale.extent()), (node, first.extent()));
+    t.free(stale).unwrap();
+    // Skip ahead 2^32 - 3 frees: the node's next generation is the last.
+    t.nodes[node].generation = u32::MAX;
+    let last = t.allocate(KIB, 256).unwrap();
+    assert_eq!(last.id, u64::from(u32::MAX) << 32 | u64::from(node));
+    t.free(last).unwrap();
+    assert_sound(&t);
+    // Cycle the same place and size through as many generations as `stale`
+    // had: with wrapping generations its id would name a live block again.
+    let mut live = t.allocate(KIB, 256).unwrap();
+    for _ in 0..4 {
+        assert_eq!(live.extent(), stale.extent());
+        assert_ne!(live.id as u32, node, "the retired node came back");
+        t.free(live).unwrap();
+        live = t.allocate(KIB, 256).unwrap();
+    }
+    let before = t.stats();
+    for old in [stale, last, first] {
+        assert_eq!(
+            t.free(old),
+            Err(Error::UnknownAllocation { offset: old.offset })
+        );
+    }
+    assert_eq!(t.stats(), before);
+    assert_eq!(t.nodes[node].state, State::Retired);
+    assert_sound(&t);
+    t.free(live).unwrap();
+    t.free(keep).unwrap();
+    // A rebuild keeps the retired node out of use too.
+    t.rebuild(&[Extent::new(0, KIB)]).unwrap();
+    assert_eq!(t.nodes[node].state, State::Retired);
+    assert_sound(&t);
+}
+
+#[test]
 fn bad_requests_are_errors() {
     let mut t = tlsf(0, 64 * KIB);
     assert_eq!(t.allocate(0, 256), Err(Error::ZeroSize));
