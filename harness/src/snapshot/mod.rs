@@ -12,6 +12,7 @@
 //! default allocator, `segment_map`/`segment_unmap` for expandable
 //! segments) give the bytes PyTorch itself reserved over time.
 
+pub mod blocks;
 pub mod pickle;
 pub mod state;
 
@@ -20,22 +21,12 @@ use std::path::Path;
 
 use pickle::{Limits, Pickle, Value};
 
-use crate::trace::{Event, Location, Problem, Recorded, Trace, TraceBuilder, TraceError};
+use blocks::BlockModel;
+
+use crate::trace::{Location, Problem, Recorded, Trace, TraceBuilder, TraceError};
 
 /// Actions that neither allocate, free nor change what is reserved.
 const BOOKKEEPING: [&str; 3] = ["snapshot", "oom", "user_defined"];
-
-/// Bytes PyTorch's caching allocator rounds every request up to a multiple
-/// of (`kMinBlockSize` in CUDACachingAllocator.cpp); its
-/// `max_memory_allocated` counts blocks of at least this rounding.
-pub const PYTORCH_ROUNDING_BYTES: u64 = 512;
-
-/// A request of `size` bytes as PyTorch's allocator counts it at least.
-pub fn pytorch_block_bytes(size: u64) -> u64 {
-    size.div_ceil(PYTORCH_ROUNDING_BYTES)
-        .max(1)
-        .saturating_mul(PYTORCH_ROUNDING_BYTES)
-}
 
 /// Cut a quoted value for a message to 80 characters.
 fn cut(text: &str) -> String {
@@ -166,6 +157,7 @@ fn parse_device(
     let mut reserved = 0u64;
     let mut peak_reserved = 0u64;
     let mut curve = vec![(0usize, 0u64)];
+    let mut model = BlockModel::default();
     for (index, &entry) in entries.iter().enumerate() {
         let fail = |problem| (index as u64, problem);
         let at = Location::Entry {
@@ -178,17 +170,29 @@ fn parse_device(
                 let addr = integer(pickle, entry, "addr").map_err(fail)?;
                 let size = integer(pickle, entry, "size").map_err(fail)?;
                 trace.allocate(addr, size, at).map_err(fail)?;
+                model.alloc(addr, size);
                 pushed += 1;
             }
-            "free_requested" | "free_completed" if action == free_action => {
+            "free_requested" | "free_completed" => {
                 let addr = integer(pickle, entry, "addr").map_err(fail)?;
                 let size = integer(pickle, entry, "size").map_err(fail)?;
-                trace.free_or_assume(addr, size, at).map_err(fail)?;
-                pushed += 1;
+                if action == "free_requested" {
+                    model.free_requested(addr);
+                }
+                if action == free_action {
+                    model.free_completed(addr);
+                    trace.free_or_assume(addr, size, at).map_err(fail)?;
+                    pushed += 1;
+                }
             }
-            "free_requested" | "free_completed" => {}
             "segment_alloc" | "segment_map" => {
+                let addr = integer(pickle, entry, "addr").map_err(fail)?;
                 let size = integer(pickle, entry, "size").map_err(fail)?;
+                if action == "segment_alloc" {
+                    model.segment_alloc(addr, size);
+                } else {
+                    model.expandable();
+                }
                 reserved = reserved.checked_add(size).ok_or_else(|| {
                     fail(Problem::BadSize {
                         text: size.to_string(),
@@ -199,7 +203,13 @@ fn parse_device(
                 curve.push((pushed, reserved));
             }
             "segment_free" | "segment_unmap" => {
+                let addr = integer(pickle, entry, "addr").map_err(fail)?;
                 let size = integer(pickle, entry, "size").map_err(fail)?;
+                if action == "segment_free" {
+                    model.segment_free(addr, size);
+                } else {
+                    model.expandable();
+                }
                 // A segment reserved before recording began: the curve counts
                 // only what the history shows.
                 reserved = reserved.saturating_sub(size);
@@ -224,27 +234,9 @@ fn parse_device(
     trace.recorded = Some(Recorded {
         reserved: reserved_curve,
         peak_reserved_bytes: peak_reserved,
-        peak_allocated_bytes: peak_rounded(&trace),
+        peak_allocated_bytes: model.peak_allocated_bytes(),
     });
     Ok(trace)
-}
-
-/// Peak live bytes of `trace` with every request rounded as PyTorch rounds.
-fn peak_rounded(trace: &Trace) -> u64 {
-    let mut sizes = vec![0u64; trace.allocations as usize];
-    let (mut live, mut peak) = (0u64, 0u64);
-    for event in &trace.events {
-        match *event {
-            Event::Alloc { id, size } => {
-                let bytes = pytorch_block_bytes(size);
-                sizes[id as usize] = bytes;
-                live += bytes;
-                peak = peak.max(live);
-            }
-            Event::Free { id } => live -= sizes[id as usize],
-        }
-    }
-    peak
 }
 
 /// A trace entry's action.
