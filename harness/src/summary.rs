@@ -155,7 +155,7 @@ impl TraceSummary {
         if let Some(recorded) = &self.pytorch_recorded {
             let _ = writeln!(
                 out,
-                "  {:<17} {:>16} {:>10.3} {:>13} {:>8} {:>9}",
+                "  {:<18} {:>15} {:>10.3} {:>13} {:>8} {:>9}",
                 recorded.name,
                 human(recorded.peak_reserved_bytes),
                 recorded.footprint_ratio,
