@@ -318,9 +318,14 @@ impl Trace {
     /// peak again (the assumed blocks are live from the start).
     fn prepend_assumed(&mut self, assumed: &[(u32, u64, Location)]) {
         let count = assumed.len() as u32;
-        let mut new_id: Vec<u32> = (0..self.allocations).map(|id| id + count).collect();
+        let mut new_id = vec![u32::MAX; self.allocations as usize];
         for (rank, &(id, _, _)) in assumed.iter().enumerate() {
             new_id[id as usize] = rank as u32;
+        }
+        let mut next = count;
+        for id in new_id.iter_mut().filter(|id| **id == u32::MAX) {
+            *id = next;
+            next += 1;
         }
         let mut events = Vec::with_capacity(self.events.len() + assumed.len());
         let mut locations = Vec::with_capacity(events.capacity());
@@ -411,6 +416,35 @@ mod tests {
             why("99999999999999999999999"),
             "overflows a 64-bit byte count"
         );
+    }
+
+    #[test]
+    fn frees_of_blocks_never_allocated_are_live_from_the_start() {
+        let mut trace = TraceBuilder::new("t".into());
+        trace.allocate(0x100, 10, Location::Line(2)).unwrap();
+        trace.free_or_assume(0x900, 50, Location::Line(3)).unwrap();
+        trace.allocate(0x200, 30, Location::Line(4)).unwrap();
+        trace.free_or_assume(0x100, 10, Location::Line(5)).unwrap();
+        assert_eq!(
+            trace.free_or_assume(0x100, 10, Location::Line(6)),
+            Err(Problem::UnknownPointer(0x100)),
+            "a second free of a block the trace allocated"
+        );
+        let trace = trace.finish();
+        assert_eq!(trace.unknown_frees, 1);
+        assert_eq!(
+            trace.events,
+            vec![
+                Event::Alloc { id: 0, size: 50 },
+                Event::Alloc { id: 1, size: 10 },
+                Event::Free { id: 0 },
+                Event::Alloc { id: 2, size: 30 },
+                Event::Free { id: 1 },
+            ]
+        );
+        assert_eq!(trace.locations[0], Location::Line(3));
+        assert_eq!(trace.live_bytes_curve(), vec![50, 60, 10, 40, 30]);
+        assert_eq!((trace.peak_live_bytes, trace.peak_live_event), (60, 1));
     }
 
     #[test]
