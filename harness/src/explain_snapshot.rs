@@ -77,7 +77,11 @@ fn segment_line(segment: &Segment) -> String {
         human(segment.active_bytes),
         human(segment.free_bytes),
         human(segment.largest_free_bytes),
-        if segment.expandable { "  expandable" } else { "" }
+        if segment.expandable {
+            "  expandable"
+        } else {
+            ""
+        }
     )
 }
 
@@ -177,7 +181,11 @@ pub fn html(name: &str, state: &State) -> String {
             body,
             "<tr><td>{:#x}{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             segment.address,
-            if segment.expandable { " (expandable)" } else { "" },
+            if segment.expandable {
+                " (expandable)"
+            } else {
+                ""
+            },
             escape(&segment.pool),
             human(segment.total_bytes),
             human(segment.allocated_bytes),

@@ -322,10 +322,8 @@ impl Trace {
         for (rank, &(id, _, _)) in assumed.iter().enumerate() {
             new_id[id as usize] = rank as u32;
         }
-        let mut next = count;
-        for id in new_id.iter_mut().filter(|id| **id == u32::MAX) {
+        for (next, id) in (count..).zip(new_id.iter_mut().filter(|id| **id == u32::MAX)) {
             *id = next;
-            next += 1;
         }
         let mut events = Vec::with_capacity(self.events.len() + assumed.len());
         let mut locations = Vec::with_capacity(events.capacity());

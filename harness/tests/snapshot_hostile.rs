@@ -68,7 +68,10 @@ fn every_action_several_devices_and_streams() {
         on_stream("free_completed", base + 20 * MIB, 4096, 7),
         on_stream("segment_free", base + 20 * MIB, 2 * MIB, 7),
         on_stream("oom", 0, 64 * MIB, 0),
-        dict(vec![("action", s("user_defined")), ("user_metadata", s("step 1"))]),
+        dict(vec![
+            ("action", s("user_defined")),
+            ("user_metadata", s("step 1")),
+        ]),
         on_stream("snapshot", 0, 0, 0),
     ];
     let device1 = vec![
@@ -80,15 +83,27 @@ fn every_action_several_devices_and_streams() {
     ];
     let root = dict(vec![
         ("segments", Py::List(vec![])),
-        ("device_traces", Py::List(vec![Py::List(device0), Py::List(device1)])),
+        (
+            "device_traces",
+            Py::List(vec![Py::List(device0), Py::List(device1)]),
+        ),
         (
             "allocator_settings",
-            dict(vec![("expandable_segments", Py::Bool(false)), ("max_split_size", Py::Int(-1))]),
+            dict(vec![
+                ("expandable_segments", Py::Bool(false)),
+                ("max_split_size", Py::Int(-1)),
+            ]),
         ),
         ("external_annotations", Py::List(vec![])),
     ]);
     let path = write_file("two-devices.pickle", &Pickler::new().value(&root).finish());
-    let output = cudamem(&["replay", path.to_str().unwrap(), "--json", "--policy", "tlsf"]);
+    let output = cudamem(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--json",
+        "--policy",
+        "tlsf",
+    ]);
     assert!(output.status.success(), "{output:?}");
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
         .lines()
@@ -96,7 +111,10 @@ fn every_action_several_devices_and_streams() {
         .collect();
     assert_eq!(lines.len(), 2);
     assert!(lines[0]["trace"].as_str().unwrap().ends_with("[device 0]"));
-    assert_eq!(lines[0]["pytorch_recorded"]["peak_reserved_bytes"], 22 * MIB);
+    assert_eq!(
+        lines[0]["pytorch_recorded"]["peak_reserved_bytes"],
+        22 * MIB
+    );
     assert_eq!(lines[0]["peak_live_bytes"], 3 * MIB + 4096);
     assert_eq!(lines[1]["pytorch_recorded"]["peak_reserved_bytes"], 4 * MIB);
 
@@ -104,12 +122,25 @@ fn every_action_several_devices_and_streams() {
     assert!(json["trace"].as_str().unwrap().ends_with("[device 1]"));
     assert_eq!(json["events"], 2);
     let stderr = failure_of(&replay_json(&path, &["--device", "3"]));
-    assert!(stderr.contains("no events for device 3 (devices with events: 0, 1)"), "{stderr}");
+    assert!(
+        stderr.contains("no events for device 3 (devices with events: 0, 1)"),
+        "{stderr}"
+    );
 
     // The table has PyTorch's own row beside the policies.
-    let output = cudamem(&["replay", path.to_str().unwrap(), "--policy", "tlsf", "--device", "0"]);
+    let output = cudamem(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--policy",
+        "tlsf",
+        "--device",
+        "0",
+    ]);
     let table = String::from_utf8_lossy(&output.stdout);
-    assert!(table.contains("pytorch (recorded)") && table.contains("22.0 MiB"), "{table}");
+    assert!(
+        table.contains("pytorch (recorded)") && table.contains("22.0 MiB"),
+        "{table}"
+    );
 }
 
 /// Entries that share one frames list and frame dicts, as PyTorch writes them.
@@ -132,7 +163,11 @@ fn shared_frames_snapshot(entries: usize) -> Vec<u8> {
     let mut frames_memo = None;
     for index in 0..entries {
         let addr = Py::Int(0x1000 + (index as i64 / 2) * 4096);
-        let action = if index % 2 == 0 { "alloc" } else { "free_completed" };
+        let action = if index % 2 == 0 {
+            "alloc"
+        } else {
+            "free_completed"
+        };
         pickler.raw(b"}");
         pickler.memoize();
         pickler.raw(b"(");
@@ -200,13 +235,21 @@ fn deep_nesting_is_bounded_without_recursion() {
     bytes.extend(std::iter::repeat_n(b'a', 7999));
     bytes.push(b'.');
     let stderr = failure_of(&replay_json(&write_file("deep.pickle", &bytes), &[]));
-    assert!(stderr.contains("deep.pickle: whole file: not a PyTorch memory snapshot: the pickle holds a list"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "deep.pickle: whole file: not a PyTorch memory snapshot: the pickle holds a list"
+        ),
+        "{stderr}"
+    );
 
     // Past the bound: a clear error, not a crash.
     let mut bytes = vec![0x80, 4];
     bytes.extend(std::iter::repeat_n(b']', 1_000_001));
     let stderr = failure_of(&replay_json(&write_file("deeper.pickle", &bytes), &[]));
-    assert!(stderr.contains("too many values open at once (nesting too deep)"), "{stderr}");
+    assert!(
+        stderr.contains("too many values open at once (nesting too deep)"),
+        "{stderr}"
+    );
 
     let mut bytes = vec![0x80, 4];
     bytes.extend(std::iter::repeat_n(b'(', 5000));
@@ -233,7 +276,9 @@ fn a_huge_integer_is_a_fast_short_error() {
     pickler.value(&s("size"));
     let width: u32 = 4 << 20;
     pickler.raw(&[0x8b]).raw(&width.to_le_bytes());
-    pickler.out.extend(std::iter::repeat_n(0x7f, width as usize));
+    pickler
+        .out
+        .extend(std::iter::repeat_n(0x7f, width as usize));
     pickler.raw(b"u").raw(b"a").raw(b"a").raw(b"u");
     let path = write_file("huge-int.pickle", &pickler.finish());
     let started = std::time::Instant::now();
@@ -262,8 +307,14 @@ fn a_wrapped_ring_buffer_counts_frees_of_unknown_blocks() {
     assert_eq!(json["unknown_frees"], 1);
     assert_eq!(json["events"], 5, "the assumed allocation comes first");
     assert_eq!(json["peak_live_bytes"], 5096);
-    let table = String::from_utf8_lossy(&cudamem(&["replay", path.to_str().unwrap(), "--policy", "tlsf"]).stdout).into_owned();
-    assert!(table.contains("1 frees of blocks allocated before the trace began"), "{table}");
+    let table = String::from_utf8_lossy(
+        &cudamem(&["replay", path.to_str().unwrap(), "--policy", "tlsf"]).stdout,
+    )
+    .into_owned();
+    assert!(
+        table.contains("1 frees of blocks allocated before the trace began"),
+        "{table}"
+    );
 
     // A second free of a block the history did allocate is still an error.
     let bytes = snapshot(vec![vec![
@@ -272,30 +323,57 @@ fn a_wrapped_ring_buffer_counts_frees_of_unknown_blocks() {
         entry("free_completed", 0x1000, 64),
     ]]);
     let stderr = failure_of(&replay_json(&write_file("double-free.pickle", &bytes), &[]));
-    assert!(stderr.contains("double-free.pickle: device_traces[0] entry 2: free of unknown pointer 0x1000"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "double-free.pickle: device_traces[0] entry 2: free of unknown pointer 0x1000"
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn malformed_snapshots_name_the_file_and_entry() {
-    let bytes = snapshot(vec![vec![entry("alloc", 0x1000, 64), entry("alloc", 0x2000, -64)]]);
+    let bytes = snapshot(vec![vec![
+        entry("alloc", 0x1000, 64),
+        entry("alloc", 0x2000, -64),
+    ]]);
     let stderr = failure_of(&replay_json(&write_file("negative.pickle", &bytes), &[]));
-    assert!(stderr.contains("negative.pickle: device_traces[0] entry 1: size \"-64\" is negative"), "{stderr}");
+    assert!(
+        stderr.contains("negative.pickle: device_traces[0] entry 1: size \"-64\" is negative"),
+        "{stderr}"
+    );
 
-    let no_addr = snapshot(vec![vec![dict(vec![("action", s("alloc")), ("size", Py::Int(8))])]]);
+    let no_addr = snapshot(vec![vec![dict(vec![
+        ("action", s("alloc")),
+        ("size", Py::Int(8)),
+    ])]]);
     let stderr = failure_of(&replay_json(&write_file("no-addr.pickle", &no_addr), &[]));
-    assert!(stderr.contains("device_traces[0] entry 0: malformed record: entry has no \"addr\""), "{stderr}");
+    assert!(
+        stderr.contains("device_traces[0] entry 0: malformed record: entry has no \"addr\""),
+        "{stderr}"
+    );
 
     let long_action = "x".repeat(500);
     let bytes = snapshot(vec![vec![entry(&long_action, 0, 0)]]);
     let stderr = failure_of(&replay_json(&write_file("action.pickle", &bytes), &[]));
-    assert!(stderr.contains(&format!("unknown action \"{}...\"", "x".repeat(77))), "{stderr}");
+    assert!(
+        stderr.contains(&format!("unknown action \"{}...\"", "x".repeat(77))),
+        "{stderr}"
+    );
     assert!(!stderr.contains(&"x".repeat(81)), "{stderr}");
 
     let list = Pickler::new().value(&Py::List(vec![Py::Int(1)])).finish();
     let stderr = failure_of(&replay_json(&write_file("list.pickle", &list), &[]));
-    assert!(stderr.contains("list.pickle: whole file: not a PyTorch memory snapshot: the pickle holds a list"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "list.pickle: whole file: not a PyTorch memory snapshot: the pickle holds a list"
+        ),
+        "{stderr}"
+    );
 
-    let other = Pickler::new().value(&dict(vec![("weights", Py::List(vec![]))])).finish();
+    let other = Pickler::new()
+        .value(&dict(vec![("weights", Py::List(vec![]))]))
+        .finish();
     let stderr = failure_of(&replay_json(&write_file("dict.pickle", &other), &[]));
     assert!(stderr.contains("no \"segments\" key"), "{stderr}");
 
@@ -304,9 +382,14 @@ fn malformed_snapshots_name_the_file_and_entry() {
     let stderr = failure_of(&replay_json(&write_file("truncated.pickle", &full), &[]));
     assert!(stderr.contains("truncated.pickle: whole file: not a PyTorch memory snapshot: unreadable pickle: truncated at byte"), "{stderr}");
 
-    let object = [0x80, 4, b'c', b'o', b's', b'\n', b's', b'y', b's', b't', b'e', b'm', b'\n', b'.'];
+    let object = [
+        0x80, 4, b'c', b'o', b's', b'\n', b's', b'y', b's', b't', b'e', b'm', b'\n', b'.',
+    ];
     let stderr = failure_of(&replay_json(&write_file("object.pickle", &object), &[]));
-    assert!(stderr.contains("byte 2: opcode GLOBAL is not supported"), "{stderr}");
+    assert!(
+        stderr.contains("byte 2: opcode GLOBAL is not supported"),
+        "{stderr}"
+    );
 }
 
 /// A snapshot whose state holds two segments: one pinned by a block
@@ -314,11 +397,18 @@ fn malformed_snapshots_name_the_file_and_entry() {
 fn state_snapshot(total: i64) -> Vec<u8> {
     let frames = Py::List(vec![
         dict(vec![
-            ("filename", s("/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py")),
+            (
+                "filename",
+                s("/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py"),
+            ),
             ("line", Py::Int(134)),
             ("name", s("forward")),
         ]),
-        dict(vec![("filename", s("/home/me/train.py")), ("line", Py::Int(42)), ("name", s("step"))]),
+        dict(vec![
+            ("filename", s("/home/me/train.py")),
+            ("line", Py::Int(42)),
+            ("name", s("step")),
+        ]),
     ]);
     let block = |address: i64, size: i64, state: &str, frames: Py| {
         dict(vec![
@@ -356,7 +446,12 @@ fn state_snapshot(total: i64) -> Vec<u8> {
                 segment(
                     0x20_0000_0000,
                     total,
-                    vec![block(0x20_0000_0000, 40 * MIB, "inactive", Py::List(vec![]))],
+                    vec![block(
+                        0x20_0000_0000,
+                        40 * MIB,
+                        "inactive",
+                        Py::List(vec![]),
+                    )],
                 ),
             ]),
         ),
@@ -391,7 +486,10 @@ fn explain_snapshot_describes_the_state() {
     ]);
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{output:?}");
-    assert!(text.contains("live blocks keep 1 segments from being returned: 19.0 MiB free"), "{text}");
+    assert!(
+        text.contains("live blocks keep 1 segments from being returned: 19.0 MiB free"),
+        "{text}"
+    );
     assert!(text.contains("/home/me/train.py:42 in step"), "{text}");
     let html = std::fs::read_to_string(&report).unwrap();
     assert!(html.contains("/home/me/train.py:42 in step"));

@@ -57,12 +57,27 @@ fn every_real_snapshot_replays_with_pytorchs_own_figures() {
 fn every_real_snapshot_is_explained() {
     for (path, said) in real_snapshots() {
         let name = path.display();
-        let json = json_of(&cudamem(&["explain", "--snapshot", path.to_str().unwrap(), "--json"]));
-        assert_eq!(json["reserved_bytes"], said["memory_reserved_at_dump"], "{name}");
-        assert_eq!(json["allocated_bytes"], said["memory_allocated_at_dump"], "{name}");
+        let json = json_of(&cudamem(&[
+            "explain",
+            "--snapshot",
+            path.to_str().unwrap(),
+            "--json",
+        ]));
+        assert_eq!(
+            json["reserved_bytes"], said["memory_reserved_at_dump"],
+            "{name}"
+        );
+        assert_eq!(
+            json["allocated_bytes"], said["memory_allocated_at_dump"],
+            "{name}"
+        );
         let free = json["free_bytes"].as_u64().unwrap();
         let largest = json["largest_free_bytes"].as_u64().unwrap();
-        assert_eq!(json["fragmented_bytes"].as_u64().unwrap(), free - largest, "{name}");
+        assert_eq!(
+            json["fragmented_bytes"].as_u64().unwrap(),
+            free - largest,
+            "{name}"
+        );
         assert!(!json["segments"].as_array().unwrap().is_empty(), "{name}");
     }
     // With Python frames, a block that pins a segment names the user's line.
@@ -88,21 +103,32 @@ fn the_report_draws_pytorchs_curve() {
     ]);
     assert!(output.status.success(), "{output:?}");
     let html = std::fs::read_to_string(&report).unwrap();
-    assert!(html.contains("<td>pytorch (recorded)</td><td>3.40 GiB</td>"), "table row");
-    assert!(html.matches("pytorch (recorded)").count() >= 2, "and the curve's legend");
+    assert!(
+        html.contains("<td>pytorch (recorded)</td><td>3.40 GiB</td>"),
+        "table row"
+    );
+    assert!(
+        html.matches("pytorch (recorded)").count() >= 2,
+        "and the curve's legend"
+    );
 }
 
 /// The smallest real snapshots with frames, decompressed.
 fn fixture_pickles() -> Vec<Vec<u8>> {
-    ["vit_infer.fixture.default.pickle.gz", "gpt2_train.fixture.default.pickle.gz"]
-        .iter()
-        .map(|name| {
-            let file = std::fs::File::open(traces_dir().join(name)).unwrap();
-            let mut bytes = Vec::new();
-            flate2::read::GzDecoder::new(file).read_to_end(&mut bytes).unwrap();
-            bytes
-        })
-        .collect()
+    [
+        "vit_infer.fixture.default.pickle.gz",
+        "gpt2_train.fixture.default.pickle.gz",
+    ]
+    .iter()
+    .map(|name| {
+        let file = std::fs::File::open(traces_dir().join(name)).unwrap();
+        let mut bytes = Vec::new();
+        flate2::read::GzDecoder::new(file)
+            .read_to_end(&mut bytes)
+            .unwrap();
+        bytes
+    })
+    .collect()
 }
 
 proptest! {

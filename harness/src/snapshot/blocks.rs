@@ -140,7 +140,10 @@ impl BlockModel {
             block.bytes += next.bytes;
         }
         if let Some((&before, previous)) = self.blocks.range(..address).next_back() {
-            if previous.free && previous.segment == block.segment && before + previous.bytes == address {
+            if previous.free
+                && previous.segment == block.segment
+                && before + previous.bytes == address
+            {
                 start = before;
                 block.bytes += previous.bytes;
             }

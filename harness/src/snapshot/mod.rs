@@ -116,13 +116,14 @@ pub fn traces(path: &Path, name: &str, pickle: &Pickle) -> Result<Vec<Trace>, Tr
         } else {
             name.to_string()
         };
-        let trace = parse_device(pickle, device, entries, trace_name).map_err(
-            |(index, problem)| TraceError {
-                path: path.to_path_buf(),
-                location: Location::Entry { device, index },
-                problem,
-            },
-        )?;
+        let trace =
+            parse_device(pickle, device, entries, trace_name).map_err(|(index, problem)| {
+                TraceError {
+                    path: path.to_path_buf(),
+                    location: Location::Entry { device, index },
+                    problem,
+                }
+            })?;
         traces.push(trace);
     }
     if traces.is_empty() {
@@ -248,9 +249,9 @@ fn action(pickle: &Pickle, entry: Value) -> Result<&str, Problem> {
         )));
     }
     match pickle.get(entry, "action") {
-        Some(value) => pickle.text(value).ok_or_else(|| {
-            Problem::Malformed(format!("\"action\" is a {}", Pickle::kind(value)))
-        }),
+        Some(value) => pickle
+            .text(value)
+            .ok_or_else(|| Problem::Malformed(format!("\"action\" is a {}", Pickle::kind(value)))),
         None => Err(Problem::Malformed("entry has no \"action\"".into())),
     }
 }

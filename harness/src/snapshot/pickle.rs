@@ -63,7 +63,9 @@ pub enum PickleError {
     },
     /// An opcode for something a memory snapshot never holds (objects,
     /// out-of-band buffers, protocol 0/1 text records).
-    #[error("byte {offset}: opcode {name} is not supported (a memory snapshot holds only plain data)")]
+    #[error(
+        "byte {offset}: opcode {name} is not supported (a memory snapshot holds only plain data)"
+    )]
     Unsupported {
         /// Offset of the opcode.
         offset: u64,
@@ -362,7 +364,8 @@ impl<R: BufRead> Reader<R> {
     }
 
     fn check_objects(&self) -> Result<(), PickleError> {
-        let count = self.pickle.strings.len() + self.pickle.sequences.len() + self.pickle.dicts.len();
+        let count =
+            self.pickle.strings.len() + self.pickle.sequences.len() + self.pickle.dicts.len();
         if count >= self.limits.max_objects {
             return Err(PickleError::Limit {
                 offset: self.input.offset,
@@ -441,7 +444,13 @@ impl<R: BufRead> Reader<R> {
         self.push(value)
     }
 
-    fn append(&mut self, target: Value, items: Vec<Value>, at: u64, opcode: &'static str) -> Result<(), PickleError> {
+    fn append(
+        &mut self,
+        target: Value,
+        items: Vec<Value>,
+        at: u64,
+        opcode: &'static str,
+    ) -> Result<(), PickleError> {
         match target {
             Value::List(index) => {
                 self.pickle.sequences[index as usize].extend(items);
@@ -451,7 +460,13 @@ impl<R: BufRead> Reader<R> {
         }
     }
 
-    fn set_items(&mut self, target: Value, items: Vec<Value>, at: u64, opcode: &'static str) -> Result<(), PickleError> {
+    fn set_items(
+        &mut self,
+        target: Value,
+        items: Vec<Value>,
+        at: u64,
+        opcode: &'static str,
+    ) -> Result<(), PickleError> {
         let Value::Dict(index) = target else {
             return Err(self.malformed(at, opcode, "the target is not a dict"));
         };
@@ -644,7 +659,11 @@ impl<R: BufRead> Reader<R> {
                     self.append(target, vec![item], at, "APPEND")?;
                 }
                 b'e' | 0x90 => {
-                    let name = if opcode == b'e' { "APPENDS" } else { "ADDITEMS" };
+                    let name = if opcode == b'e' {
+                        "APPENDS"
+                    } else {
+                        "ADDITEMS"
+                    };
                     let items = self.pop_mark(at, name)?;
                     let target = *self
                         .stack
@@ -709,5 +728,91 @@ impl<R: BufRead> Reader<R> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: Limits = Limits {
+        max_bytes: 64,
+        max_stack: 8,
+        max_marks: 2,
+        max_objects: 16,
+    };
+
+    #[test]
+    fn a_memoized_list_filled_after_it_was_shared_is_one_object() {
+        // d = {}; l = []; d["a"] = l; d["b"] = l; l.append(7)
+        let bytes = b"\x80\x04}\x94(\x8c\x01a\x94]\x94\x8c\x01b\x94h\x02uh\x02K\x07a0.";
+        let pickle = read(&bytes[..], Limits::SNAPSHOT).unwrap();
+        let root = pickle.root();
+        let a = pickle.get(root, "a").unwrap();
+        assert_eq!(a, pickle.get(root, "b").unwrap());
+        assert_eq!(pickle.items(a), Some(&[Value::Int(7)][..]));
+    }
+
+    #[test]
+    fn every_bound_is_an_error_at_a_byte() {
+        let long = [&b"\x80\x04"[..], &b"N0".repeat(40), b"N."].concat();
+        assert!(matches!(
+            read(&long[..], TINY),
+            Err(PickleError::Limit {
+                what: "the pickle is larger than the reader accepts",
+                ..
+            })
+        ));
+        let deep = [&b"\x80\x04"[..], &[b']'; 9]].concat();
+        assert!(matches!(
+            read(&deep[..], TINY),
+            Err(PickleError::Limit {
+                what: "too many values open at once (nesting too deep)",
+                ..
+            })
+        ));
+        let marks = b"\x80\x04(((";
+        assert!(matches!(
+            read(&marks[..], TINY),
+            Err(PickleError::Limit { offset: 4, .. })
+        ));
+        let objects = [&b"\x80\x04"[..], &b"]0".repeat(17)].concat();
+        assert!(matches!(
+            read(&objects[..], TINY),
+            Err(PickleError::Limit {
+                what: "too many objects",
+                ..
+            })
+        ));
+        // A string longer than the data is truncation, found without
+        // allocating its claimed length.
+        let claims = b"\x80\x04\x8d\xff\xff\xff\xff\x00\x00\x00\x00ab";
+        assert!(matches!(
+            read(&claims[..], Limits::SNAPSHOT),
+            Err(PickleError::Truncated { offset: 13 })
+        ));
+        assert_eq!(
+            read(&b"\x80\x04h\x05."[..], Limits::SNAPSHOT).unwrap_err(),
+            PickleError::Malformed {
+                offset: 2,
+                opcode: "BINGET",
+                why: "memo index never stored"
+            }
+        );
+    }
+
+    #[test]
+    fn integers_keep_their_value_or_their_width() {
+        let value = |bytes: &[u8]| read(bytes, Limits::SNAPSHOT).unwrap().root();
+        assert_eq!(value(b"\x80\x04J\xff\xff\xff\xff."), Value::Int(-1));
+        assert_eq!(value(b"\x80\x04M\x00\x02."), Value::Int(512));
+        assert_eq!(
+            value(b"\x80\x04\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00."),
+            Value::UInt(u64::MAX)
+        );
+        assert_eq!(
+            value(b"\x80\x04\x8a\x0a\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01."),
+            Value::BigInt { bytes: 10 }
+        );
     }
 }

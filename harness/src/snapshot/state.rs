@@ -108,7 +108,11 @@ impl State {
             .iter()
             .filter(|segment| !segment.live_blocks.is_empty() && segment.free_bytes > 0)
             .collect();
-        pinned.sort_by(|a, b| b.free_bytes.cmp(&a.free_bytes).then(a.address.cmp(&b.address)));
+        pinned.sort_by(|a, b| {
+            b.free_bytes
+                .cmp(&a.free_bytes)
+                .then(a.address.cmp(&b.address))
+        });
         pinned
     }
 }
@@ -149,7 +153,11 @@ pub fn top_user_frame(pickle: &Pickle, frames: Value) -> Option<Frame> {
                 .filter(python)
                 .find(|frame| !frame.file.contains("/torch/"))
         })
-        .or_else(|| frames.iter().find(|frame| !frame.file.is_empty() && frame.file != "??"))
+        .or_else(|| {
+            frames
+                .iter()
+                .find(|frame| !frame.file.is_empty() && frame.file != "??")
+        })
         .cloned()
 }
 
@@ -179,7 +187,8 @@ pub fn read(path: &Path, pickle: &Pickle) -> Result<State, TraceError> {
         segments.push(segment(pickle, value).map_err(|problem| at(index, problem))?);
     }
     segments.sort_by_key(|segment| (segment.device, segment.address));
-    let sum = |field: fn(&Segment) -> u64| segments.iter().map(field).fold(0u64, u64::saturating_add);
+    let sum =
+        |field: fn(&Segment) -> u64| segments.iter().map(field).fold(0u64, u64::saturating_add);
     let reserved_bytes = sum(|segment| segment.total_bytes);
     let free_bytes = sum(|segment| segment.free_bytes);
     let largest_free_bytes = segments
@@ -302,8 +311,10 @@ fn segment(pickle: &Pickle, value: Value) -> Result<Segment, Problem> {
             "its blocks hold {block_bytes} bytes but \"total_size\" is {total_bytes}"
         )));
     }
-    segment
-        .live_blocks
-        .sort_by(|a, b| b.size_bytes.cmp(&a.size_bytes).then(a.address.cmp(&b.address)));
+    segment.live_blocks.sort_by(|a, b| {
+        b.size_bytes
+            .cmp(&a.size_bytes)
+            .then(a.address.cmp(&b.address))
+    });
     Ok(segment)
 }

@@ -28,7 +28,12 @@ pub fn s(text: &str) -> Py {
 
 /// A dict with str keys.
 pub fn dict(pairs: Vec<(&str, Py)>) -> Py {
-    Py::Dict(pairs.into_iter().map(|(key, value)| (s(key), value)).collect())
+    Py::Dict(
+        pairs
+            .into_iter()
+            .map(|(key, value)| (s(key), value))
+            .collect(),
+    )
 }
 
 /// Opcodes written one by one.
@@ -180,7 +185,13 @@ pub fn cudamem(args: &[&str]) -> Output {
 
 /// `cudamem replay PATH --json --policy tlsf EXTRA...`.
 pub fn replay_json(path: &Path, extra: &[&str]) -> Output {
-    let mut args = vec!["replay", path.to_str().unwrap(), "--json", "--policy", "tlsf"];
+    let mut args = vec![
+        "replay",
+        path.to_str().unwrap(),
+        "--json",
+        "--policy",
+        "tlsf",
+    ];
     args.extend_from_slice(extra);
     cudamem(&args)
 }
