@@ -36,6 +36,11 @@ pub struct ExplainArgs {
     /// frame sets the reservation when it exceeds the stack limit.
     #[arg(long = "lmem", value_parser = byte_size::parse)]
     kernel_local_bytes: Vec<u64>,
+    /// Explain a PyTorch memory snapshot's state at the dump instead
+    /// (torch.cuda.memory._dump_snapshot, gzip or plain): segments,
+    /// fragmentation, and the live blocks that pin segments.
+    #[arg(long, conflicts_with = "device")]
+    snapshot: Option<PathBuf>,
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -54,6 +59,9 @@ struct Explained {
 
 /// Run `cudamem explain`.
 pub fn run(args: ExplainArgs) -> Result<()> {
+    if let Some(snapshot) = &args.snapshot {
+        return crate::explain_snapshot::run(snapshot, args.json, args.report.as_deref());
+    }
     let defaults = Limits::cuda_default();
     let limits = Limits {
         stack_bytes: args.stack_size.unwrap_or(defaults.stack_bytes),

@@ -5,7 +5,9 @@
 //!   reports each one's footprint, compaction traffic and speed; with no
 //!   trace it replays a built-in ResNet-50 trace and writes an HTML report.
 //! - `cudamem explain` shows the context ledger: what a CUDA context takes
-//!   before the first allocation (local memory, malloc heap, printf FIFO).
+//!   before the first allocation (local memory, malloc heap, printf FIFO);
+//!   `cudamem explain --snapshot FILE` shows the state a PyTorch memory
+//!   snapshot captured (segments, fragmentation, what pins memory).
 //! - `cudamem heap` sizes `cudaLimitMallocHeapSize` for an in-kernel malloc
 //!   pattern.
 //!
@@ -15,6 +17,7 @@
 mod baseline;
 mod byte_size;
 mod explain;
+mod explain_snapshot;
 mod malloc_heap;
 mod memory_map;
 mod policy;

@@ -45,6 +45,9 @@ pub struct ReplayArgs {
     /// Write an HTML report (memory maps, footprint curves) to this file.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// Of a multi-device PyTorch snapshot, replay only CUDA device N.
+    #[arg(long)]
+    device: Option<usize>,
 }
 
 /// Run `cudamem replay`.
@@ -74,7 +77,26 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     } else {
         let mut traces = Vec::new();
         for path in &args.traces {
-            traces.extend(trace_file::load(path)?);
+            let mut loaded = trace_file::load(path)?;
+            if let Some(device) = args.device {
+                let present: Vec<String> = loaded
+                    .iter()
+                    .filter_map(|trace| trace.device.map(|device| device.to_string()))
+                    .collect();
+                loaded.retain(|trace| trace.device == Some(device));
+                if loaded.is_empty() {
+                    bail!(
+                        "{}: no events for device {device} (devices with events: {})",
+                        path.display(),
+                        if present.is_empty() {
+                            "none; not a snapshot".to_string()
+                        } else {
+                            present.join(", ")
+                        }
+                    );
+                }
+            }
+            traces.extend(loaded);
         }
         (traces, args.report)
     };

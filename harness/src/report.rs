@@ -105,7 +105,21 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
             policy.ns_per_op
         );
     }
+    if let Some(recorded) = &summary.pytorch_recorded {
+        html += &format!(
+            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>-</td><td>-</td><td>-</td></tr>\n",
+            recorded.name,
+            human(recorded.peak_reserved_bytes),
+            recorded.footprint_ratio
+        );
+    }
     html += "</table>\n";
+    if summary.unknown_frees > 0 {
+        html += &format!(
+            "<p>{} frees of blocks allocated before the trace began: taken as live from the first event.</p>\n",
+            summary.unknown_frees
+        );
+    }
 
     let span = report
         .policies
@@ -122,6 +136,12 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
         .max()
         .unwrap_or(0)
         .max(summary.peak_live_bytes)
+        .max(
+            summary
+                .pytorch_recorded
+                .as_ref()
+                .map_or(0, |recorded| recorded.peak_reserved_bytes),
+        )
         .max(1);
     html += "<h3>Footprint and live bytes over the trace</h3>\n";
     html += &footprint_chart(report, span)?;
@@ -164,9 +184,14 @@ fn axis_unit(span: u64) -> (f64, &'static str) {
 
 /// A step curve of mapped bytes, ending at event `events`.
 fn mapped_steps(placement: &Placement, events: usize, unit: f64) -> Vec<(f64, f64)> {
-    let mut points = Vec::with_capacity(placement.mapped.len() * 2 + 1);
+    steps(&placement.mapped, events, unit)
+}
+
+/// A step curve of (event from which it holds, bytes), ending at `events`.
+fn steps(mapped: &[(usize, u64)], events: usize, unit: f64) -> Vec<(f64, f64)> {
+    let mut points = Vec::with_capacity(mapped.len() * 2 + 1);
     let mut last = 0.0;
-    for &(event, bytes) in &placement.mapped {
+    for &(event, bytes) in mapped {
         let y = bytes as f64 / unit;
         if !points.is_empty() {
             points.push((event as f64, last));
@@ -210,6 +235,18 @@ fn footprint_chart(report: &TraceReport<'_>, span: u64) -> Result<String> {
                     color.stroke_width(2),
                 ))?
                 .label(outcome.policy.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+        if let Some(recorded) = &report.trace.recorded {
+            let color = RGBColor(200, 30, 30);
+            chart
+                .draw_series(LineSeries::new(
+                    steps(&recorded.reserved, events, unit),
+                    color.stroke_width(2),
+                ))?
+                .label(crate::summary::RECORDED_ROW)
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
                 });

@@ -38,6 +38,24 @@ pub struct PolicySummary {
     pub first_failure: Option<Failure>,
 }
 
+/// What the recording allocator itself did (PyTorch's caching allocator,
+/// from a snapshot's segment events): the row `pytorch (recorded)`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecordedSummary {
+    /// Row name in the table.
+    pub name: &'static str,
+    /// Most bytes PyTorch reserved at once.
+    pub peak_reserved_bytes: u64,
+    /// Peak reserved over peak live bytes.
+    pub footprint_ratio: f64,
+    /// Peak live bytes with each request rounded as PyTorch rounds it (to
+    /// 512 bytes): comparable with `torch.cuda.max_memory_allocated()`.
+    pub peak_allocated_bytes: u64,
+}
+
+/// The row name of PyTorch's own figures.
+pub const RECORDED_ROW: &str = "pytorch (recorded)";
+
 /// One trace's figures, one JSON line of `--json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct TraceSummary {
@@ -49,6 +67,12 @@ pub struct TraceSummary {
     pub peak_live_bytes: u64,
     /// Index of the event at which the live bytes first peaked.
     pub peak_live_event: usize,
+    /// Frees of blocks allocated before the trace began, taken as live from
+    /// the first event.
+    pub unknown_frees: u64,
+    /// PyTorch's own figures, for a snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pytorch_recorded: Option<RecordedSummary>,
     /// The fixed arena size, when `--capacity` was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity_bytes: Option<u64>,
@@ -68,11 +92,7 @@ impl TraceSummary {
                 PolicySummary {
                     name: outcome.policy.as_str(),
                     peak_footprint_bytes: outcome.peak_footprint_bytes,
-                    footprint_ratio: if trace.peak_live_bytes == 0 {
-                        0.0
-                    } else {
-                        outcome.peak_footprint_bytes as f64 / trace.peak_live_bytes as f64
-                    },
+                    footprint_ratio: ratio(outcome.peak_footprint_bytes, trace.peak_live_bytes),
                     compaction_bytes_moved: outcome.bytes_moved,
                     failed_allocations: outcome.failed_allocations,
                     ns_per_op,
@@ -90,6 +110,13 @@ impl TraceSummary {
             events: trace.events.len(),
             peak_live_bytes: trace.peak_live_bytes,
             peak_live_event: trace.peak_live_event,
+            unknown_frees: trace.unknown_frees,
+            pytorch_recorded: trace.recorded.as_ref().map(|recorded| RecordedSummary {
+                name: RECORDED_ROW,
+                peak_reserved_bytes: recorded.peak_reserved_bytes,
+                footprint_ratio: ratio(recorded.peak_reserved_bytes, trace.peak_live_bytes),
+                peak_allocated_bytes: recorded.peak_allocated_bytes,
+            }),
             capacity_bytes,
             footprint_rule: FOOTPRINT_RULE,
             policies,
@@ -125,6 +152,26 @@ impl TraceSummary {
                 policy.ns_per_op
             );
         }
+        if let Some(recorded) = &self.pytorch_recorded {
+            let _ = writeln!(
+                out,
+                "  {:<18} {:>15} {:>10.3} {:>13} {:>8} {:>9}",
+                recorded.name,
+                human(recorded.peak_reserved_bytes),
+                recorded.footprint_ratio,
+                "-",
+                "-",
+                "-"
+            );
+        }
+        if self.unknown_frees > 0 {
+            let _ = writeln!(
+                out,
+                "  {} frees of blocks allocated before the trace began (recording started late, \
+                 or its ring buffer wrapped): taken as live from the first event",
+                self.unknown_frees
+            );
+        }
         for policy in &self.policies {
             if let Some(failure) = &policy.first_failure {
                 let state = &failure.state;
@@ -142,5 +189,14 @@ impl TraceSummary {
             }
         }
         out
+    }
+}
+
+/// `bytes` over `live` (0 when nothing was live).
+fn ratio(bytes: u64, live: u64) -> f64 {
+    if live == 0 {
+        0.0
+    } else {
+        bytes as f64 / live as f64
     }
 }

@@ -6,7 +6,7 @@
 //! second allocation at a live pointer) while it builds, so a replay never
 //! meets a bad event.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -45,6 +45,12 @@ pub enum Location {
         /// Index in that device's trace list.
         index: u64,
     },
+    /// Entry `index` (0-based) of a snapshot's `segments` (its state at
+    /// the dump).
+    Segment {
+        /// Index in `segments`.
+        index: u64,
+    },
     /// The file as a whole (it is not a trace at all, or is truncated).
     File,
 }
@@ -56,6 +62,7 @@ impl fmt::Display for Location {
             Location::Entry { device, index } => {
                 write!(f, "device_traces[{device}] entry {index}")
             }
+            Location::Segment { index } => write!(f, "segments[{index}]"),
             Location::File => f.write_str("whole file"),
         }
     }
@@ -128,6 +135,28 @@ pub struct Trace {
     pub peak_live_bytes: u64,
     /// Event index at which `peak_live_bytes` was first reached.
     pub peak_live_event: usize,
+    /// Frees of blocks the trace never allocated (allocated before recording
+    /// began, or lost when a ring buffer wrapped): each is taken as
+    /// allocated before the first event, with the size its free names.
+    pub unknown_frees: u64,
+    /// The CUDA device, for a trace from a snapshot.
+    pub device: Option<usize>,
+    /// What the recording allocator itself held, when the trace says.
+    pub recorded: Option<Recorded>,
+}
+
+/// The recording allocator's own figures over a trace (PyTorch's caching
+/// allocator, from a snapshot's segment events).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// Bytes reserved from the device, as (event index from which it holds,
+    /// bytes); starts at event 0.
+    pub reserved: Vec<(usize, u64)>,
+    /// Most bytes reserved at once.
+    pub peak_reserved_bytes: u64,
+    /// Most bytes allocated at once, each request counted as the recording
+    /// allocator rounds it.
+    pub peak_allocated_bytes: u64,
 }
 
 impl Trace {
@@ -170,6 +199,10 @@ impl Trace {
 pub struct TraceBuilder {
     name: String,
     live: HashMap<u64, (u32, u64)>,
+    /// Pointers allocated at some point of the trace.
+    seen: HashSet<u64>,
+    /// Blocks freed but never allocated: (id, size, where the free was).
+    assumed: Vec<(u32, u64, Location)>,
     events: Vec<Event>,
     locations: Vec<Location>,
     allocations: u32,
@@ -184,6 +217,8 @@ impl TraceBuilder {
         Self {
             name,
             live: HashMap::new(),
+            seen: HashSet::new(),
+            assumed: Vec::new(),
             events: Vec::new(),
             locations: Vec::new(),
             allocations: 0,
@@ -213,6 +248,7 @@ impl TraceBuilder {
         let id = self.allocations;
         self.allocations = id.checked_add(1).ok_or(Problem::TooManyAllocations)?;
         self.live.insert(pointer, (id, size));
+        self.seen.insert(pointer);
         self.events.push(Event::Alloc { id, size });
         self.locations.push(at);
         // Cannot overflow: at most 2^32 allocations of at most 2^48 bytes.
@@ -236,16 +272,89 @@ impl TraceBuilder {
         Ok(())
     }
 
+    /// Record the free of `size` bytes at `pointer`, where a free of a
+    /// pointer the trace never allocated is a block allocated before the
+    /// trace began (a late start, or a wrapped ring buffer). A second free
+    /// of a pointer the trace did allocate is still an error.
+    pub fn free_or_assume(&mut self, pointer: u64, size: u64, at: Location) -> Result<(), Problem> {
+        if self.live.contains_key(&pointer) || self.seen.contains(&pointer) {
+            return self.free(pointer, at);
+        }
+        if size == 0 || size > MAX_REQUEST_BYTES {
+            return Err(Problem::UnknownPointer(pointer));
+        }
+        let id = self.allocations;
+        self.allocations = id.checked_add(1).ok_or(Problem::TooManyAllocations)?;
+        self.seen.insert(pointer);
+        self.assumed.push((id, size, at));
+        self.events.push(Event::Free { id });
+        self.locations.push(at);
+        Ok(())
+    }
+
     /// The finished trace.
     pub fn finish(self) -> Trace {
-        Trace {
+        let mut trace = Trace {
             name: self.name,
             events: self.events,
             locations: self.locations,
             allocations: self.allocations,
             peak_live_bytes: self.peak_live_bytes,
             peak_live_event: self.peak_live_event,
+            unknown_frees: self.assumed.len() as u64,
+            device: None,
+            recorded: None,
+        };
+        if !self.assumed.is_empty() {
+            trace.prepend_assumed(&self.assumed);
         }
+        trace
+    }
+}
+
+impl Trace {
+    /// Put an allocation of each assumed block before the first event,
+    /// renumber ids so they stay in order of first appearance, and find the
+    /// peak again (the assumed blocks are live from the start).
+    fn prepend_assumed(&mut self, assumed: &[(u32, u64, Location)]) {
+        let count = assumed.len() as u32;
+        let mut new_id = vec![u32::MAX; self.allocations as usize];
+        for (rank, &(id, _, _)) in assumed.iter().enumerate() {
+            new_id[id as usize] = rank as u32;
+        }
+        for (next, id) in (count..).zip(new_id.iter_mut().filter(|id| **id == u32::MAX)) {
+            *id = next;
+        }
+        let mut events = Vec::with_capacity(self.events.len() + assumed.len());
+        let mut locations = Vec::with_capacity(events.capacity());
+        for (rank, &(_, size, at)) in assumed.iter().enumerate() {
+            events.push(Event::Alloc {
+                id: rank as u32,
+                size,
+            });
+            locations.push(at);
+        }
+        events.extend(self.events.iter().map(|event| match *event {
+            Event::Alloc { id, size } => Event::Alloc {
+                id: new_id[id as usize],
+                size,
+            },
+            Event::Free { id } => Event::Free {
+                id: new_id[id as usize],
+            },
+        }));
+        locations.extend_from_slice(&self.locations);
+        self.events = events;
+        self.locations = locations;
+        let (mut peak, mut peak_event) = (0, 0);
+        for (index, live) in self.live_bytes_curve().into_iter().enumerate() {
+            if live > peak {
+                peak = live;
+                peak_event = index;
+            }
+        }
+        self.peak_live_bytes = peak;
+        self.peak_live_event = peak_event;
     }
 }
 
@@ -305,6 +414,35 @@ mod tests {
             why("99999999999999999999999"),
             "overflows a 64-bit byte count"
         );
+    }
+
+    #[test]
+    fn frees_of_blocks_never_allocated_are_live_from_the_start() {
+        let mut trace = TraceBuilder::new("t".into());
+        trace.allocate(0x100, 10, Location::Line(2)).unwrap();
+        trace.free_or_assume(0x900, 50, Location::Line(3)).unwrap();
+        trace.allocate(0x200, 30, Location::Line(4)).unwrap();
+        trace.free_or_assume(0x100, 10, Location::Line(5)).unwrap();
+        assert_eq!(
+            trace.free_or_assume(0x100, 10, Location::Line(6)),
+            Err(Problem::UnknownPointer(0x100)),
+            "a second free of a block the trace allocated"
+        );
+        let trace = trace.finish();
+        assert_eq!(trace.unknown_frees, 1);
+        assert_eq!(
+            trace.events,
+            vec![
+                Event::Alloc { id: 0, size: 50 },
+                Event::Alloc { id: 1, size: 10 },
+                Event::Free { id: 0 },
+                Event::Alloc { id: 2, size: 30 },
+                Event::Free { id: 1 },
+            ]
+        );
+        assert_eq!(trace.locations[0], Location::Line(3));
+        assert_eq!(trace.live_bytes_curve(), vec![50, 60, 10, 40, 30]);
+        assert_eq!((trace.peak_live_bytes, trace.peak_live_event), (60, 1));
     }
 
     #[test]

@@ -32,6 +32,27 @@ pub fn load(path: &Path) -> Result<Vec<Trace>, TraceError> {
     read(path, &display_name(path), BufReader::new(file))
 }
 
+/// Read the pickle of the PyTorch snapshot at `path` (gzip or plain).
+pub fn load_pickle(path: &Path) -> Result<snapshot::pickle::Pickle, TraceError> {
+    let file = File::open(path).map_err(|err| TraceError {
+        path: path.to_path_buf(),
+        location: Location::File,
+        problem: Problem::Unreadable(format!("cannot open: {err}")),
+    })?;
+    let mut input = BufReader::new(file);
+    let head = input.fill_buf().map_err(|err| TraceError {
+        path: path.to_path_buf(),
+        location: Location::File,
+        problem: Problem::Unreadable(format!("cannot read: {err}")),
+    })?;
+    if head.starts_with(&GZIP_MAGIC) {
+        let decoded = BufReader::with_capacity(1 << 16, MultiGzDecoder::new(input));
+        snapshot::read_pickle(path, decoded)
+    } else {
+        snapshot::read_pickle(path, input)
+    }
+}
+
 /// Read the trace compiled into the binary.
 pub fn load_embedded() -> Result<Vec<Trace>, TraceError> {
     read(Path::new("<embedded>"), EMBEDDED_NAME, EMBEDDED_RESNET50)
@@ -66,13 +87,7 @@ fn read_decoded(
         problem: Problem::Unreadable(describe_read_error(&err)),
     })?;
     if head.first() == Some(&PICKLE_PROTO) {
-        let mut bytes = Vec::new();
-        input.read_to_end(&mut bytes).map_err(|err| TraceError {
-            path: path.to_path_buf(),
-            location: Location::File,
-            problem: Problem::Unreadable(describe_read_error(&err)),
-        })?;
-        snapshot::parse(path, name, &bytes)
+        snapshot::parse(path, name, input)
     } else {
         rmm_csv::parse(path, name, input).map(|trace| vec![trace])
     }

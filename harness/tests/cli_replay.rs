@@ -1,7 +1,6 @@
 //! `cudamem replay` as a user runs it: the built binary on trace files
 //! written to a temporary folder.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -9,7 +8,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
-use serde_pickle::{HashableValue, SerOptions, Value};
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
 
@@ -292,119 +290,4 @@ fn the_report_is_html_with_svg() {
         "footprint chart and one memory map"
     );
     assert!(html.contains("Memory map: tlsf-compact"));
-}
-
-fn key(name: &str) -> HashableValue {
-    HashableValue::String(name.into())
-}
-
-fn entry(action: &str, addr: i64, size: i64) -> Value {
-    let mut fields = BTreeMap::new();
-    fields.insert(key("action"), Value::String(action.into()));
-    fields.insert(key("addr"), Value::I64(addr));
-    fields.insert(key("size"), Value::I64(size));
-    fields.insert(key("stream"), Value::I64(0));
-    fields.insert(key("frames"), Value::List(vec![]));
-    Value::Dict(fields)
-}
-
-/// A snapshot as `torch.cuda.memory._dump_snapshot` writes it, reduced to
-/// the keys a replay reads.
-fn snapshot(device_traces: Vec<Vec<Value>>) -> Vec<u8> {
-    let mut root = BTreeMap::new();
-    root.insert(key("segments"), Value::List(vec![]));
-    root.insert(
-        key("device_traces"),
-        Value::List(device_traces.into_iter().map(Value::List).collect()),
-    );
-    serde_pickle::value_to_vec(&Value::Dict(root), SerOptions::new()).unwrap()
-}
-
-#[test]
-fn a_pytorch_snapshot_replays() {
-    let base = 0x7f00_0000_0000;
-    let bytes = snapshot(vec![vec![
-        entry("segment_alloc", base, 2 << 20),
-        entry("alloc", base, 512),
-        entry("alloc", base + 512, 1536),
-        entry("free_requested", base, 512),
-        entry("free_completed", base, 512),
-        entry("alloc", base, 256),
-        entry("free_requested", base + 512, 1536),
-        entry("free_completed", base + 512, 1536),
-        entry("snapshot", 0, 0),
-    ]]);
-    let path = write_file("snapshot.pickle", &bytes);
-    let output = replay(&path, &["--json", "--policy", "tlsf"]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(json["events"], 5);
-    assert_eq!(json["peak_live_bytes"], 2048);
-
-    // Gzipped too, and with frees only requested (no completions recorded).
-    let requested_only = snapshot(vec![vec![
-        entry("alloc", base, 100),
-        entry("free_requested", base, 100),
-        entry("alloc", base, 300),
-    ]]);
-    let path = write_file("snapshot.pickle.gz", &gzip(&requested_only));
-    let output = replay(&path, &["--json", "--policy", "tlsf"]);
-    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(json["events"], 3);
-    assert_eq!(json["peak_live_bytes"], 300);
-}
-
-#[test]
-fn bad_snapshots_are_errors_naming_the_entry() {
-    let base = 0x1000;
-    let path = write_file(
-        "unknown-free.pickle",
-        &snapshot(vec![vec![
-            entry("alloc", base, 64),
-            entry("free_completed", base + 64, 64),
-        ]]),
-    );
-    let output = replay(&path, &[]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
-    assert!(
-        stderr.contains("unknown-free.pickle: device_traces[0] entry 1: free of unknown pointer"),
-        "{stderr}"
-    );
-
-    let path = write_file(
-        "negative.pickle",
-        &snapshot(vec![vec![entry("alloc", base, -64)]]),
-    );
-    let stderr = String::from_utf8_lossy(&replay(&path, &[]).stderr).into_owned();
-    assert!(
-        stderr.contains("entry 0: size \"-64\" is negative"),
-        "{stderr}"
-    );
-
-    let not_snapshot =
-        serde_pickle::value_to_vec(&Value::List(vec![Value::I64(1)]), SerOptions::new()).unwrap();
-    let path = write_file("list.pickle", &not_snapshot);
-    let output = replay(&path, &[]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
-    assert!(
-        stderr.contains(
-            "list.pickle: whole file: not a PyTorch memory snapshot: the pickle holds a list"
-        ),
-        "{stderr}"
-    );
-
-    let mut other = BTreeMap::new();
-    other.insert(key("weights"), Value::List(vec![]));
-    let path = write_file(
-        "dict.pickle",
-        &serde_pickle::value_to_vec(&Value::Dict(other), SerOptions::new()).unwrap(),
-    );
-    let stderr = String::from_utf8_lossy(&replay(&path, &[]).stderr).into_owned();
-    assert!(stderr.contains("no \"segments\" key"), "{stderr}");
 }

@@ -1,0 +1,320 @@
+//! The allocator's state when the snapshot was dumped (`segments`): per
+//! segment its size, what is allocated, active and free, and the live blocks
+//! with the frame that allocated each.
+
+use std::path::Path;
+
+use super::pickle::{Pickle, Value};
+use super::{cut, integer, root};
+use crate::trace::{Location, Problem, TraceError};
+
+/// Where a block was allocated: the innermost frame of the user's own code.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Frame {
+    /// Source file.
+    pub file: String,
+    /// Line in it (0 when unknown, as for C++ frames without symbols).
+    pub line: u64,
+    /// Function name.
+    pub function: String,
+}
+
+/// A block's state, as PyTorch names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    /// `active_allocated`: handed to a tensor.
+    Allocated,
+    /// `active_pending_free`: freed, waiting for its stream's work.
+    PendingFree,
+    /// `inactive`: free inside the segment.
+    Free,
+}
+
+/// A live block (allocated or pending free) of a segment.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LiveBlock {
+    /// Device address.
+    pub address: u64,
+    /// Block bytes (rounded as the allocator rounds).
+    pub size_bytes: u64,
+    /// Bytes the program asked for.
+    pub requested_bytes: u64,
+    /// Allocated or pending free.
+    pub state: BlockState,
+    /// The innermost user frame that allocated it, when frames were recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frame: Option<Frame>,
+}
+
+/// One segment (a `cudaMalloc` or an expandable segment's mapped range).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Segment {
+    /// CUDA device.
+    pub device: u64,
+    /// Device address of the first byte.
+    pub address: u64,
+    /// Segment bytes.
+    pub total_bytes: u64,
+    /// Bytes in allocated blocks.
+    pub allocated_bytes: u64,
+    /// Bytes in allocated or pending-free blocks.
+    pub active_bytes: u64,
+    /// Bytes in free blocks.
+    pub free_bytes: u64,
+    /// The largest free block, bytes.
+    pub largest_free_bytes: u64,
+    /// `small` (requests up to 1 MiB) or `large`.
+    pub pool: String,
+    /// CUDA stream the segment serves.
+    pub stream: u64,
+    /// An expandable segment (`expandable_segments:True`).
+    pub expandable: bool,
+    /// Its live blocks, largest first.
+    pub live_blocks: Vec<LiveBlock>,
+}
+
+/// The whole state at the dump.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct State {
+    /// Segments in address order.
+    pub segments: Vec<Segment>,
+    /// Bytes PyTorch held from the device.
+    pub reserved_bytes: u64,
+    /// Bytes in allocated blocks.
+    pub allocated_bytes: u64,
+    /// Bytes in allocated or pending-free blocks.
+    pub active_bytes: u64,
+    /// Bytes in free blocks.
+    pub free_bytes: u64,
+    /// The largest free block of any segment, bytes.
+    pub largest_free_bytes: u64,
+    /// Free bytes outside the largest free block: a request larger than that
+    /// block can use none of them, though PyTorch holds them.
+    pub fragmented_bytes: u64,
+    /// `fragmented_bytes` as a share of `reserved_bytes` (0 to 1).
+    pub fragmented_share: f64,
+    /// Free bytes of segments that hold at least one live block: what
+    /// `torch.cuda.empty_cache()` cannot return because of those blocks.
+    pub pinned_free_bytes: u64,
+}
+
+impl State {
+    /// Segments with live blocks and free bytes, most free bytes first:
+    /// those whose live blocks keep `empty_cache` from returning them.
+    pub fn pinned_segments(&self) -> Vec<&Segment> {
+        let mut pinned: Vec<&Segment> = self
+            .segments
+            .iter()
+            .filter(|segment| !segment.live_blocks.is_empty() && segment.free_bytes > 0)
+            .collect();
+        pinned.sort_by(|a, b| {
+            b.free_bytes
+                .cmp(&a.free_bytes)
+                .then(a.address.cmp(&b.address))
+        });
+        pinned
+    }
+}
+
+/// The innermost frame of the user's own code: the first Python frame
+/// outside installed packages, else the first Python frame outside torch,
+/// else the first frame with a file.
+pub fn top_user_frame(pickle: &Pickle, frames: Value) -> Option<Frame> {
+    let items = pickle.items(frames)?;
+    let read = |frame: Value| -> Option<Frame> {
+        let file = pickle.text(pickle.get(frame, "filename")?)?;
+        let function = pickle
+            .get(frame, "name")
+            .and_then(|name| pickle.text(name))
+            .unwrap_or("?");
+        let line = match pickle.get(frame, "line") {
+            Some(Value::Int(line)) if line >= 0 => line as u64,
+            _ => 0,
+        };
+        Some(Frame {
+            file: cut(file),
+            line,
+            function: cut(function),
+        })
+    };
+    let frames: Vec<Frame> = items.iter().filter_map(|&frame| read(frame)).collect();
+    let python = |frame: &&Frame| frame.file.ends_with(".py");
+    let installed = |frame: &&Frame| {
+        frame.file.contains("site-packages") || frame.file.contains("dist-packages")
+    };
+    frames
+        .iter()
+        .filter(python)
+        .find(|frame| !installed(frame) && !frame.file.starts_with('<'))
+        .or_else(|| {
+            frames
+                .iter()
+                .filter(python)
+                .find(|frame| !frame.file.contains("/torch/"))
+        })
+        .or_else(|| {
+            frames
+                .iter()
+                .find(|frame| !frame.file.is_empty() && frame.file != "??")
+        })
+        .cloned()
+}
+
+/// Read the state at the dump from a snapshot's `segments`.
+pub fn read(path: &Path, pickle: &Pickle) -> Result<State, TraceError> {
+    let root = root(path, pickle)?;
+    let at = |index: usize, problem| TraceError {
+        path: path.to_path_buf(),
+        location: Location::Segment {
+            index: index as u64,
+        },
+        problem,
+    };
+    let list = pickle.get(root, "segments").unwrap_or(Value::None);
+    let Some(items) = pickle.items(list) else {
+        return Err(TraceError {
+            path: path.to_path_buf(),
+            location: Location::File,
+            problem: Problem::NotSnapshot(format!(
+                "\"segments\" is a {}, not a list",
+                Pickle::kind(list)
+            )),
+        });
+    };
+    let mut segments = Vec::with_capacity(items.len());
+    for (index, &value) in items.iter().enumerate() {
+        segments.push(segment(pickle, value).map_err(|problem| at(index, problem))?);
+    }
+    segments.sort_by_key(|segment| (segment.device, segment.address));
+    let sum =
+        |field: fn(&Segment) -> u64| segments.iter().map(field).fold(0u64, u64::saturating_add);
+    let reserved_bytes = sum(|segment| segment.total_bytes);
+    let free_bytes = sum(|segment| segment.free_bytes);
+    let largest_free_bytes = segments
+        .iter()
+        .map(|segment| segment.largest_free_bytes)
+        .max()
+        .unwrap_or(0);
+    let fragmented_bytes = free_bytes - largest_free_bytes;
+    let pinned_free_bytes = sum(|segment| {
+        if segment.live_blocks.is_empty() {
+            0
+        } else {
+            segment.free_bytes
+        }
+    });
+    Ok(State {
+        reserved_bytes,
+        allocated_bytes: sum(|segment| segment.allocated_bytes),
+        active_bytes: sum(|segment| segment.active_bytes),
+        free_bytes,
+        largest_free_bytes,
+        fragmented_bytes,
+        fragmented_share: if reserved_bytes == 0 {
+            0.0
+        } else {
+            fragmented_bytes as f64 / reserved_bytes as f64
+        },
+        pinned_free_bytes,
+        segments,
+    })
+}
+
+fn segment(pickle: &Pickle, value: Value) -> Result<Segment, Problem> {
+    if pickle.pairs(value).is_none() {
+        return Err(Problem::Malformed(format!(
+            "segment is a {}, not a dict",
+            Pickle::kind(value)
+        )));
+    }
+    let text = |key: &str| {
+        pickle
+            .get(value, key)
+            .and_then(|value| pickle.text(value))
+            .map(cut)
+    };
+    let total_bytes = integer(pickle, value, "total_size")?;
+    let blocks = pickle.get(value, "blocks").unwrap_or(Value::None);
+    let Some(blocks) = pickle.items(blocks) else {
+        return Err(Problem::Malformed(format!(
+            "\"blocks\" is a {}, not a list",
+            Pickle::kind(blocks)
+        )));
+    };
+    let mut segment = Segment {
+        device: integer(pickle, value, "device").unwrap_or(0),
+        address: integer(pickle, value, "address")?,
+        total_bytes,
+        allocated_bytes: 0,
+        active_bytes: 0,
+        free_bytes: 0,
+        largest_free_bytes: 0,
+        pool: text("segment_type").unwrap_or_else(|| "?".into()),
+        stream: integer(pickle, value, "stream").unwrap_or(0),
+        expandable: matches!(pickle.get(value, "is_expandable"), Some(Value::Bool(true))),
+        live_blocks: Vec::new(),
+    };
+    let mut block_bytes = 0u64;
+    for (index, &block) in blocks.iter().enumerate() {
+        let in_block = |problem: Problem| Problem::Malformed(format!("block {index}: {problem}"));
+        if pickle.pairs(block).is_none() {
+            return Err(in_block(Problem::Malformed(format!(
+                "is a {}, not a dict",
+                Pickle::kind(block)
+            ))));
+        }
+        let size = integer(pickle, block, "size").map_err(in_block)?;
+        let state_value = pickle.get(block, "state").unwrap_or(Value::None);
+        let state = match pickle.text(state_value) {
+            Some("active_allocated") => BlockState::Allocated,
+            Some("active_pending_free") => BlockState::PendingFree,
+            Some("inactive") => BlockState::Free,
+            Some(other) => {
+                return Err(in_block(Problem::Malformed(format!(
+                    "unknown \"state\" {:?}",
+                    cut(other)
+                ))));
+            }
+            None => {
+                return Err(in_block(Problem::Malformed(format!(
+                    "\"state\" is a {}, not a str",
+                    Pickle::kind(state_value)
+                ))));
+            }
+        };
+        block_bytes = block_bytes.saturating_add(size);
+        match state {
+            BlockState::Free => {
+                segment.free_bytes += size;
+                segment.largest_free_bytes = segment.largest_free_bytes.max(size);
+            }
+            BlockState::Allocated | BlockState::PendingFree => {
+                segment.active_bytes += size;
+                if state == BlockState::Allocated {
+                    segment.allocated_bytes += size;
+                }
+                segment.live_blocks.push(LiveBlock {
+                    address: integer(pickle, block, "address").map_err(in_block)?,
+                    size_bytes: size,
+                    requested_bytes: integer(pickle, block, "requested_size").unwrap_or(size),
+                    state,
+                    frame: pickle
+                        .get(block, "frames")
+                        .and_then(|frames| top_user_frame(pickle, frames)),
+                });
+            }
+        }
+    }
+    if block_bytes != total_bytes {
+        return Err(Problem::Malformed(format!(
+            "its blocks hold {block_bytes} bytes but \"total_size\" is {total_bytes}"
+        )));
+    }
+    segment.live_blocks.sort_by(|a, b| {
+        b.size_bytes
+            .cmp(&a.size_bytes)
+            .then(a.address.cmp(&b.address))
+    });
+    Ok(segment)
+}

@@ -1,0 +1,167 @@
+//! The real snapshots in traces/pytorch (PyTorch 2.11 on an H200) against
+//! what PyTorch said in the same process, and random damage to them.
+
+mod snapshot_support;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use snapshot_support::*;
+
+fn traces_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/pytorch")
+}
+
+/// Every snapshot with its `.json` of PyTorch's own figures.
+fn real_snapshots() -> Vec<(PathBuf, serde_json::Value)> {
+    let mut found: Vec<_> = std::fs::read_dir(traces_dir())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_string_lossy().ends_with(".pickle.gz"))
+        .map(|path| {
+            let json = path.to_string_lossy().replace(".pickle.gz", ".json");
+            let said = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+            (path, said)
+        })
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(found.len(), 18, "6 workloads x 3 recordings");
+    found
+}
+
+#[test]
+fn every_real_snapshot_replays_with_pytorchs_own_figures() {
+    for (path, said) in real_snapshots() {
+        let json = json_of(&replay_json(&path, &[]));
+        let name = path.display();
+        let recorded = &json["pytorch_recorded"];
+        assert_eq!(
+            recorded["peak_reserved_bytes"], said["max_memory_reserved"],
+            "{name}: reserved peak"
+        );
+        assert_eq!(
+            recorded["peak_allocated_bytes"], said["max_memory_allocated"],
+            "{name}: allocated peak as PyTorch counts blocks"
+        );
+        let live = json["peak_live_bytes"].as_u64().unwrap();
+        let allocated = said["max_memory_allocated"].as_u64().unwrap();
+        assert!(live <= allocated, "{name}: {live} requested > {allocated}");
+        assert_eq!(json["unknown_frees"], 0, "{name}: recorded from the start");
+        assert!(json["events"].as_u64().unwrap() > 1000, "{name}");
+    }
+}
+
+#[test]
+fn every_real_snapshot_is_explained() {
+    for (path, said) in real_snapshots() {
+        let name = path.display();
+        let json = json_of(&cudamem(&[
+            "explain",
+            "--snapshot",
+            path.to_str().unwrap(),
+            "--json",
+        ]));
+        assert_eq!(
+            json["reserved_bytes"], said["memory_reserved_at_dump"],
+            "{name}"
+        );
+        assert_eq!(
+            json["allocated_bytes"], said["memory_allocated_at_dump"],
+            "{name}"
+        );
+        let free = json["free_bytes"].as_u64().unwrap();
+        let largest = json["largest_free_bytes"].as_u64().unwrap();
+        assert_eq!(
+            json["fragmented_bytes"].as_u64().unwrap(),
+            free - largest,
+            "{name}"
+        );
+        assert!(!json["segments"].as_array().unwrap().is_empty(), "{name}");
+    }
+    // With Python frames, a block that pins a segment names the user's line.
+    let path = traces_dir().join("vit_infer.fixture.default.pickle.gz");
+    let output = cudamem(&["explain", "--snapshot", path.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success());
+    assert!(text.contains("scripts/torch/workloads.py:"), "{text}");
+    assert!(text.contains(" in vit_infer"), "{text}");
+}
+
+#[test]
+fn the_report_draws_pytorchs_curve() {
+    let path = traces_dir().join("gpt2_train.fixture.default.pickle.gz");
+    let report = temp_path("gpt2.html");
+    let output = cudamem(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--policy",
+        "tlsf",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(
+        html.contains("<td>pytorch (recorded)</td><td>3.40 GiB</td>"),
+        "table row"
+    );
+    assert!(
+        html.matches("pytorch (recorded)").count() >= 2,
+        "and the curve's legend"
+    );
+}
+
+/// The smallest real snapshots with frames, decompressed.
+fn fixture_pickles() -> Vec<Vec<u8>> {
+    [
+        "vit_infer.fixture.default.pickle.gz",
+        "gpt2_train.fixture.default.pickle.gz",
+    ]
+    .iter()
+    .map(|name| {
+        let file = std::fs::File::open(traces_dir().join(name)).unwrap();
+        let mut bytes = Vec::new();
+        flate2::read::GzDecoder::new(file)
+            .read_to_end(&mut bytes)
+            .unwrap();
+        bytes
+    })
+    .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    /// Damaged snapshots end in a result or an error (exit 0 or 1), never a
+    /// panic or abort, and soon.
+    #[test]
+    fn damaged_real_snapshots_never_crash(
+        which in 0usize..2,
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..8),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let pickles = fixture_pickles();
+        let mut bytes = pickles[which].clone();
+        for (at, value) in flips {
+            let index = at.index(bytes.len());
+            bytes[index] = value;
+        }
+        if let Some(cut) = cut {
+            bytes.truncate(cut.index(bytes.len()));
+        }
+        let path = write_file("damaged.pickle", &bytes);
+        let started = Instant::now();
+        let output = replay_json(&path, &[]);
+        prop_assert!(started.elapsed() < Duration::from_secs(10));
+        let code = output.status.code();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        prop_assert!(code == Some(0) || code == Some(1), "{code:?}: {stderr}");
+        prop_assert!(!stderr.contains("panicked"), "{stderr}");
+        if code == Some(1) {
+            prop_assert!(stderr.contains("damaged.pickle: "), "{stderr}");
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
