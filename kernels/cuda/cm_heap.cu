@@ -19,15 +19,9 @@ extern "C" __global__ void cm_malloc_free(HeapParams p)
     malloc_free<CmMalloc>(p, p.size);
 }
 
-// Each thread a size of its own, log-uniform from 16 B to p.size: a power
-// of two picked uniformly, then uniform up to the next one.
 extern "C" __global__ void cm_malloc_free_mixed(HeapParams p)
 {
-    u64 r = pattern_word(p.seed, global_thread_index());
-    u32 octaves = 64 - __clzll(p.size) - 4;
-    u64 low = 16ull << (r % octaves);
-    u64 size = min(low + (r >> 32) % low, p.size);
-    malloc_free<CmMalloc>(p, size);
+    malloc_free_mixed<CmMalloc>(p);
 }
 
 extern "C" __global__ void cm_malloc_hold_missing(HeapParams p)

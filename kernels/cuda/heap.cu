@@ -52,3 +52,8 @@ extern "C" __global__ void heap_release_lists(HeapParams p)
 {
     release_lists<DeviceMalloc>(p);
 }
+
+extern "C" __global__ void heap_malloc_free_mixed(HeapParams p)
+{
+    malloc_free_mixed<DeviceMalloc>(p);
+}

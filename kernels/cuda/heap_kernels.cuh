@@ -63,6 +63,18 @@ __device__ void malloc_free(const HeapParams &p, u64 size)
     }
 }
 
+// Like malloc_free with a size per thread, log-uniform from 16 B to
+// p.size: a power of two picked uniformly, then uniform up to the next one.
+template <class A>
+__device__ void malloc_free_mixed(const HeapParams &p)
+{
+    u64 r = pattern_word(p.seed, global_thread_index());
+    u32 octaves = 64 - __clzll(p.size) - 4;
+    u64 low = 16ull << (r % octaves);
+    u64 size = min(low + (r >> 32) % low, p.size);
+    malloc_free<A>(p, size);
+}
+
 // Each thread: A::alloc(size), fill, keep the block in slots[t] (0 for NULL).
 // check_free_held, launched later, checks and frees what this left.
 template <class A>

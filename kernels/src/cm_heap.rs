@@ -127,6 +127,11 @@ impl RegionTable {
         Some(next)
     }
 
+    /// The bytes to write at [`REGIONS_OFFSET`] of the descriptor.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::bytes_of(self)
+    }
+
     /// Bytes of blocks the heap holds (chunks x [`CHUNK_BYTES`]).
     pub fn block_bytes(&self) -> u64 {
         u64::from(self.chunks) * CHUNK_BYTES
@@ -168,6 +173,11 @@ impl CmCounters {
     /// is exactly [`Self::BYTES`] long.
     pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
         bytemuck::try_pod_read_unaligned(bytes).ok()
+    }
+
+    /// The bytes to write at [`COUNTERS_OFFSET`] of the descriptor.
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::bytes_of(self)
     }
 
     /// Failures for `reason`.
