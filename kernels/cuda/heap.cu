@@ -1,269 +1,59 @@
-// In-kernel malloc/free: throughput, allocations held across launches, heap
-// exhaustion and heap fragmentation. Every block is filled with the pattern
-// seeded by its own address, so two blocks that overlap show up as
-// mismatches when either is checked.
-#include "pattern.cuh"
+// In-kernel malloc/free (CUDA's own device heap): the kernels of
+// heap_kernels.cuh with malloc and free.
+#include "heap_kernels.cuh"
 
-// Must match kernels::heap::HeapCounters (48 bytes). Kernels add to it with
-// atomics; the host zeroes it before a launch.
-struct HeapCounters {
-    u64 allocations; // malloc calls that returned a block
-    u64 nulls;       // malloc calls that returned NULL
-    u64 mismatches;  // bytes that differed from the pattern when checked
-    u64 bytes;       // bytes requested by the successful malloc calls (punch: bytes freed)
-    u64 capped;      // threads that stopped at max_per_thread without a NULL
-    u64 frees;       // free calls
+struct DeviceMalloc {
+    static __device__ __forceinline__ void *alloc(u64 bytes)
+    {
+        return malloc(bytes);
+    }
+    static __device__ __forceinline__ void release(void *block)
+    {
+        free(block);
+    }
 };
 
-// Must match kernels::heap::HeapParams (40 bytes).
-struct HeapParams {
-    u64 counters;       // device address of a HeapCounters
-    u64 slots;          // device address of `threads` u64s: held blocks or list heads
-    u64 size;           // bytes per malloc call
-    u32 threads;        // threads that take part (the grid may be larger)
-    u32 max_per_thread; // bound on malloc calls per thread (lists only)
-    u64 seed;           // pattern seed, mixed with each block's address
-};
-
-__device__ __forceinline__ HeapCounters *counters_of(const HeapParams &p)
-{
-    return (HeapCounters *)p.counters;
-}
-
-__device__ __forceinline__ u64 block_seed(const HeapParams &p, const void *block)
-{
-    return p.seed ^ (u64)block;
-}
-
-// Each thread: malloc(size), fill, check, free.
 extern "C" __global__ void heap_malloc_free(HeapParams p)
 {
-    u64 t = global_thread_index();
-    if (t >= p.threads) {
-        return;
-    }
-    HeapCounters *c = counters_of(p);
-    unsigned char *block = (unsigned char *)malloc(p.size);
-    if (block == NULL) {
-        atomicAdd(&c->nulls, 1ull);
-        return;
-    }
-    pattern_fill_range(block, 0, p.size, block_seed(p, block));
-    u64 bad = pattern_check_range(block, 0, p.size, block_seed(p, block));
-    free(block);
-    atomicAdd(&c->allocations, 1ull);
-    atomicAdd(&c->bytes, p.size);
-    atomicAdd(&c->frees, 1ull);
-    if (bad != 0) {
-        atomicAdd(&c->mismatches, bad);
-    }
+    malloc_free<DeviceMalloc>(p, p.size);
 }
 
-// Each thread: malloc(size), fill, keep the block in slots[t] (0 for NULL).
-// heap_check_free_held, launched later, checks and frees what this left.
 extern "C" __global__ void heap_malloc_hold(HeapParams p)
 {
-    u64 t = global_thread_index();
-    if (t >= p.threads) {
-        return;
-    }
-    HeapCounters *c = counters_of(p);
-    u64 *slots = (u64 *)p.slots;
-    unsigned char *block = (unsigned char *)malloc(p.size);
-    slots[t] = (u64)block;
-    if (block == NULL) {
-        atomicAdd(&c->nulls, 1ull);
-        return;
-    }
-    pattern_fill_range(block, 0, p.size, block_seed(p, block));
-    atomicAdd(&c->allocations, 1ull);
-    atomicAdd(&c->bytes, p.size);
+    malloc_hold<DeviceMalloc>(p);
 }
 
 extern "C" __global__ void heap_check_free_held(HeapParams p)
 {
-    u64 t = global_thread_index();
-    if (t >= p.threads) {
-        return;
-    }
-    HeapCounters *c = counters_of(p);
-    u64 *slots = (u64 *)p.slots;
-    unsigned char *block = (unsigned char *)slots[t];
-    if (block == NULL) {
-        return;
-    }
-    u64 bad = pattern_check_range(block, 0, p.size, block_seed(p, block));
-    free(block);
-    slots[t] = 0;
-    atomicAdd(&c->frees, 1ull);
-    if (bad != 0) {
-        atomicAdd(&c->mismatches, bad);
-    }
+    check_free_held<DeviceMalloc>(p);
 }
 
-// Lists: each thread keeps its blocks in a singly linked list whose links
-// live in the blocks themselves, head in slots[t]. A block starts with a
-// ListHeader; the pattern covers the rest. Blocks must be at least
-// LIST_MIN_BYTES; smaller requests are raised to it.
-struct ListHeader {
-    u64 next; // device address of the next block, 0 at the end
-    u64 size; // bytes of this block
-};
-#define LIST_MIN_BYTES 16ull
-
-__device__ __forceinline__ u64 list_block_bytes(u64 size)
-{
-    return size < LIST_MIN_BYTES ? LIST_MIN_BYTES : size;
-}
-
-// malloc(size) until NULL or max_per_thread, pushing each block on the
-// thread's list. Returns the number of blocks pushed.
-__device__ u32 list_push_until_null(const HeapParams &p, u64 *head, u64 size, u64 *bytes, bool *saw_null)
-{
-    u32 pushed = 0;
-    *saw_null = false;
-    while (pushed < p.max_per_thread) {
-        unsigned char *block = (unsigned char *)malloc(size);
-        if (block == NULL) {
-            *saw_null = true;
-            break;
-        }
-        ListHeader *h = (ListHeader *)block;
-        h->next = *head;
-        h->size = size;
-        pattern_fill_range(block + sizeof(ListHeader), sizeof(ListHeader), size - sizeof(ListHeader),
-                           block_seed(p, block));
-        *head = (u64)block;
-        *bytes += size;
-        pushed++;
-    }
-    return pushed;
-}
-
-__device__ void count_pushes(const HeapParams &p, u32 pushed, u64 bytes, bool saw_null)
-{
-    HeapCounters *c = counters_of(p);
-    atomicAdd(&c->allocations, (u64)pushed);
-    atomicAdd(&c->bytes, bytes);
-    if (saw_null) {
-        atomicAdd(&c->nulls, 1ull);
-    } else {
-        atomicAdd(&c->capped, 1ull);
-    }
-}
-
-// Heap exhaustion, first half: every thread allocates `size`-byte blocks
-// until malloc returns NULL (or max_per_thread), all kept. `bytes` over the
-// heap limit is the usable fraction of the heap for that size.
 extern "C" __global__ void heap_exhaust(HeapParams p)
 {
-    u64 t = global_thread_index();
-    if (t >= p.threads) {
-        return;
-    }
-    u64 *head = &((u64 *)p.slots)[t];
-    *head = 0;
-    u64 bytes = 0;
-    bool saw_null;
-    u32 pushed = list_push_until_null(p, head, list_block_bytes(p.size), &bytes, &saw_null);
-    count_pushes(p, pushed, bytes, saw_null);
+    exhaust<DeviceMalloc>(p);
 }
 
-// Fragmentation, first step: like heap_exhaust, but the sizes cycle through
-// size, 2*size, 3*size, 4*size.
 extern "C" __global__ void heap_fragment_fill(HeapParams p)
 {
-    u64 t = global_thread_index();
-    if (t >= p.threads) {
-        return;
-    }
-    u64 *head = &((u64 *)p.slots)[t];
-    *head = 0;
-    u64 bytes = 0;
-    u32 pushed = 0;
-    bool saw_null = false;
-    while (pushed < p.max_per_thread && !saw_null) {
-        u64 size = list_block_bytes(p.size * (1 + pushed % 4));
-        HeapParams one = p;
-        one.max_per_thread = 1;
-        pushed += list_push_until_null(one, head, size, &bytes, &saw_null);
-    }
-    count_pushes(p, pushed, bytes, saw_null);
+    fragment_fill<DeviceMalloc>(p);
 }
 
-// Fragmentation, second step: free every other block of each thread's list
-// (the 2nd, 4th, ...), checking each freed block first. Adds the freed
-// blocks' bytes to `bytes`.
 extern "C" __global__ void heap_fragment_punch(HeapParams p)
 {
-    u64 t = global_thread_index();
-    if (t >= p.threads) {
-        return;
-    }
-    HeapCounters *c = counters_of(p);
-    ListHeader *keep = (ListHeader *)((u64 *)p.slots)[t];
-    u64 bad = 0;
-    u64 freed = 0;
-    u64 freed_bytes = 0;
-    while (keep != NULL) {
-        ListHeader *drop = (ListHeader *)keep->next;
-        if (drop == NULL) {
-            break;
-        }
-        keep->next = drop->next;
-        bad += pattern_check_range((unsigned char *)drop + sizeof(ListHeader), sizeof(ListHeader),
-                                   drop->size - sizeof(ListHeader), block_seed(p, drop));
-        freed_bytes += drop->size;
-        free(drop);
-        freed++;
-        keep = (ListHeader *)keep->next;
-    }
-    atomicAdd(&c->frees, freed);
-    atomicAdd(&c->bytes, freed_bytes);
-    if (bad != 0) {
-        atomicAdd(&c->mismatches, bad);
-    }
+    fragment_punch<DeviceMalloc>(p);
 }
 
-// Fragmentation, third step: `size`-byte requests (meant to be larger than
-// the freed holes) until NULL or max_per_thread, pushed on the same list.
 extern "C" __global__ void heap_fragment_large(HeapParams p)
 {
-    u64 t = global_thread_index();
-    if (t >= p.threads) {
-        return;
-    }
-    u64 *head = &((u64 *)p.slots)[t];
-    u64 bytes = 0;
-    bool saw_null;
-    u32 pushed = list_push_until_null(p, head, list_block_bytes(p.size), &bytes, &saw_null);
-    count_pushes(p, pushed, bytes, saw_null);
+    fragment_large<DeviceMalloc>(p);
 }
 
-// Frees every block of each thread's list, checking each first; the end of
-// heap_exhaust and of the fragmentation steps.
 extern "C" __global__ void heap_release_lists(HeapParams p)
 {
-    u64 t = global_thread_index();
-    if (t >= p.threads) {
-        return;
-    }
-    HeapCounters *c = counters_of(p);
-    u64 *head = &((u64 *)p.slots)[t];
-    ListHeader *block = (ListHeader *)*head;
-    u64 bad = 0;
-    u64 freed = 0;
-    while (block != NULL) {
-        ListHeader *next = (ListHeader *)block->next;
-        bad += pattern_check_range((unsigned char *)block + sizeof(ListHeader), sizeof(ListHeader),
-                                   block->size - sizeof(ListHeader), block_seed(p, block));
-        free(block);
-        freed++;
-        block = next;
-    }
-    *head = 0;
-    atomicAdd(&c->frees, freed);
-    if (bad != 0) {
-        atomicAdd(&c->mismatches, bad);
-    }
+    release_lists<DeviceMalloc>(p);
+}
+
+extern "C" __global__ void heap_malloc_free_mixed(HeapParams p)
+{
+    malloc_free_mixed<DeviceMalloc>(p);
 }

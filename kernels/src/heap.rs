@@ -115,6 +115,10 @@ const fn heap_kernel(name: &'static str) -> KernelInfo {
     }
 }
 
+/// Like [`MALLOC_FREE`] with a size per thread, log-uniform from 16 B to
+/// `size` (at least 16).
+pub const MALLOC_FREE_MIXED: Kernel<HeapParams> = Kernel::new(&MODULE, 8);
+
 /// `heap.ptx`.
 pub static MODULE: Module = Module {
     name: "heap",
@@ -128,5 +132,6 @@ pub static MODULE: Module = Module {
         heap_kernel("heap_fragment_punch"),
         heap_kernel("heap_fragment_large"),
         heap_kernel("heap_release_lists"),
+        heap_kernel("heap_malloc_free_mixed"),
     ],
 };

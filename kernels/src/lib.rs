@@ -2,6 +2,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cm_heap;
+pub mod cm_model;
 pub mod heap;
 mod kernel;
 pub mod local;

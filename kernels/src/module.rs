@@ -44,6 +44,7 @@ impl Module {
 pub static MODULES: &[&Module] = &[
     &crate::pattern::MODULE,
     &crate::heap::MODULE,
+    &crate::cm_heap::MODULE,
     &crate::local::MODULE,
     &crate::moves::MODULE,
 ];

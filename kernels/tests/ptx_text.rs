@@ -92,7 +92,7 @@ fn device_heap_calls_are_where_described() {
 
 #[test]
 fn typed_kernels_name_their_entries() {
-    use kernels::{heap, local, moves, pattern};
+    use kernels::{cm_heap, heap, local, moves, pattern};
     let typed = [
         (pattern::FILL.name(), "pattern_fill"),
         (pattern::VERIFY.name(), "pattern_verify"),
@@ -104,6 +104,19 @@ fn typed_kernels_name_their_entries() {
         (heap::FRAGMENT_PUNCH.name(), "heap_fragment_punch"),
         (heap::FRAGMENT_LARGE.name(), "heap_fragment_large"),
         (heap::RELEASE_LISTS.name(), "heap_release_lists"),
+        (heap::MALLOC_FREE_MIXED.name(), "heap_malloc_free_mixed"),
+        (cm_heap::MALLOC_FREE.name(), "cm_malloc_free"),
+        (cm_heap::MALLOC_FREE_MIXED.name(), "cm_malloc_free_mixed"),
+        (
+            cm_heap::MALLOC_HOLD_MISSING.name(),
+            "cm_malloc_hold_missing",
+        ),
+        (cm_heap::CHECK_FREE_HELD.name(), "cm_check_free_held"),
+        (cm_heap::EXHAUST.name(), "cm_exhaust"),
+        (cm_heap::FRAGMENT_FILL.name(), "cm_fragment_fill"),
+        (cm_heap::FRAGMENT_PUNCH.name(), "cm_fragment_punch"),
+        (cm_heap::FRAGMENT_LARGE.name(), "cm_fragment_large"),
+        (cm_heap::RELEASE_LISTS.name(), "cm_release_lists"),
         (local::LOCAL_0.name(), "local_0"),
         (local::LOCAL_1K.name(), "local_1k"),
         (local::LOCAL_4K.name(), "local_4k"),

@@ -129,6 +129,12 @@ unsafe extern "C" {
         option_values: *mut *mut c_void,
     ) -> RawResult;
     pub(crate) fn cuModuleUnload(module: CUmodule) -> RawResult;
+    pub(crate) fn cuModuleGetGlobal_v2(
+        address: *mut CUdeviceptr,
+        bytes: *mut usize,
+        module: CUmodule,
+        name: *const c_char,
+    ) -> RawResult;
     pub(crate) fn cuModuleGetFunction(
         function: *mut CUfunction,
         module: CUmodule,

@@ -10,6 +10,8 @@
 //!   its driver calls counted and timed ([`VmmCalls`], [`CopyCalls`]).
 //! - Measurements ([`CudaContext::measure`] and friends): what a step costs in device
 //!   memory, the largest block one allocation can get, copy bandwidth.
+//! - [`DeviceHeap`]: the host side of `cm_malloc` (kernels/cuda/cm_alloc.cuh): a
+//!   device heap taken from a [`crate::Pool`], bound to modules, grown between launches.
 //! - Baselines ([`CudaContext::mem_alloc`], [`CudaContext::mem_alloc_async`]): the
 //!   driver's own allocators, for benchmarks against the pool.
 //!
@@ -35,6 +37,7 @@ mod baseline;
 mod context;
 mod copy_plan;
 mod device;
+mod device_heap;
 mod driver;
 mod measure;
 mod module;
@@ -45,6 +48,7 @@ mod vmm_calls;
 
 pub use context::{CudaContext, Limit};
 pub use device::CudaDevice;
+pub use device_heap::DeviceHeap;
 pub use measure::{CopyBandwidth, LargestAllocation, MemoryDelta};
 pub use module::{Function, FunctionAttributes, LaunchConfig, Module};
 pub use mover::CopyCalls;

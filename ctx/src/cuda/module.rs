@@ -3,13 +3,15 @@
 use std::{
     ffi::{CString, c_int, c_uint, c_void},
     sync::Arc,
+    time::Duration,
 };
 
-use cust::sys::{CUfunction, CUfunction_attribute, CUjit_option, CUmodule};
+use cust::sys::{CUdeviceptr, CUfunction, CUfunction_attribute, CUjit_option, CUmodule};
 
 use super::{
     CudaContext, Stream,
     driver::{self, check},
+    stream::EventTimer,
 };
 use crate::{Error, Result};
 
@@ -119,6 +121,50 @@ impl Module {
     /// The name given at load time.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// Overwrites the module's `__device__` variable `name` with `value`, which
+    /// must be exactly as long as the variable (bytes).
+    ///
+    /// A missing variable or a size that differs is [`Error::Device`] naming both.
+    pub fn set_global(&self, name: &str, value: &[u8]) -> Result<()> {
+        let symbol = CString::new(name).map_err(|_| Error::Device {
+            op: "cuModuleGetGlobal",
+            detail: format!("variable name {name:?} contains a NUL byte"),
+        })?;
+        self.inner.context.bind()?;
+        let mut address: CUdeviceptr = 0;
+        let mut bytes: usize = 0;
+        // SAFETY: the module is loaded; `symbol` is NUL-terminated; both out-pointers are
+        // valid.
+        let code = unsafe {
+            driver::cuModuleGetGlobal_v2(&mut address, &mut bytes, self.inner.raw, symbol.as_ptr())
+        };
+        check("cuModuleGetGlobal", code).map_err(|error| match error {
+            Error::Device { op, detail } => Error::Device {
+                op,
+                detail: format!(
+                    "variable `{name}` in module `{}`: {detail}",
+                    self.inner.name
+                ),
+            },
+            other => other,
+        })?;
+        if bytes != value.len() {
+            return Err(Error::Device {
+                op: "cuModuleGetGlobal",
+                detail: format!(
+                    "variable `{name}` in module `{}` is {bytes} bytes, not {}",
+                    self.inner.name,
+                    value.len()
+                ),
+            });
+        }
+        // SAFETY: `address` is the module's variable of exactly `value.len()` bytes, and
+        // `value` a live host slice of that length.
+        check("cuMemcpyHtoD", unsafe {
+            driver::cuMemcpyHtoD_v2(address, value.as_ptr().cast(), value.len())
+        })
     }
 
     /// The kernel called `name` (its PTX `.entry` name).
@@ -251,6 +297,16 @@ impl Function {
             )
             .unwrap_or(u32::MAX),
         })
+    }
+
+    /// Launches the kernel on the legacy default stream between two events, waits
+    /// for it, and returns the device time between the events. Errors as
+    /// [`Function::launch`], or a fault the kernel hit.
+    pub fn launch_timed(&self, config: &LaunchConfig, params: &[u8]) -> Result<Duration> {
+        let timer = EventTimer::new(&self.module.inner.context)?;
+        timer.start(std::ptr::null_mut())?;
+        self.launch(config, params, None)?;
+        timer.stop(std::ptr::null_mut())
     }
 
     /// Queues the kernel on `stream` (`None`: the legacy default stream) with `params`,

@@ -53,6 +53,16 @@ static inline unsigned int atomicAdd(unsigned int *p, unsigned int v)
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
 
+static inline int __clzll(long long x)
+{
+    return x == 0 ? 64 : __builtin_clzll((unsigned long long)x);
+}
+
+static inline unsigned long long min(unsigned long long a, unsigned long long b)
+{
+    return a < b ? a : b;
+}
+
 static inline void __threadfence()
 {
     std::atomic_thread_fence(std::memory_order_seq_cst);

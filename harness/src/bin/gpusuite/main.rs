@@ -10,13 +10,16 @@
 //!    the heap limit freezing after the first malloc launch;
 //! f. host cost of allocate+free against the driver's allocators, and VMM
 //!    growth against cuMemAlloc;
-//! g. context teardown gives the memory back, seen from another process.
+//! g. context teardown gives the memory back, seen from another process;
+//! h. cm_malloc against CUDA's malloc: throughput, usable heap,
+//!    fragmentation, growth between launches.
 //!
 //! Usage: `gpusuite [--log FILE] [--only LETTERS]`. Details go to stdout
 //! and FILE, then a summary table to stdout; the exit status is non-zero if
 //! any check failed. Run by `cargo xtask gpu-test`, or from the bundle that
 //! `cargo xtask gpu-bundle` makes.
 
+mod cm_heap;
 mod compaction;
 mod device_heap;
 mod gpu;
@@ -38,7 +41,7 @@ use report::{Checks, Log, Section};
 
 type SectionFn = fn(&mut Checks) -> Result<()>;
 
-const SECTIONS: [(char, &str, SectionFn); 7] = [
+const SECTIONS: [(char, &str, SectionFn); 8] = [
     ('a', "pool sequences on the device", pool_sequences::run),
     ('b', "compaction contents and bandwidth", compaction::run),
     ('c', "VMM growth and shrink", vmm::run),
@@ -46,6 +49,7 @@ const SECTIONS: [(char, &str, SectionFn); 7] = [
     ('e', "device malloc heap", device_heap::run),
     ('f', "host allocation cost", host_alloc::run),
     ('g', "context teardown", teardown::run),
+    ('h', "cm_malloc device heap", cm_heap::run),
 ];
 
 struct Options {
@@ -117,7 +121,7 @@ fn run(options: &Options) -> Result<bool> {
         });
     }
     if sections.is_empty() {
-        bail!("--only selected no section (letters a-g)");
+        bail!("--only selected no section (letters a-h)");
     }
     log.line(&format!("\n{}", report::summary_table(&sections)));
     let failed = sections.iter().filter(|s| !s.passed()).count();

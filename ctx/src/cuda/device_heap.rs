@@ -1,0 +1,157 @@
+//! The host side of `cm_malloc` (kernels/cuda/cm_alloc.cuh): a device heap
+//! whose descriptor and regions come from a [`Pool`], bound to the modules
+//! that call it, grown between launches when requests failed.
+//!
+//! The layout and the growth rule are the kernels crate's
+//! ([`kernels::cm_heap`]); this file only moves bytes.
+
+use kernels::cm_heap::{
+    self, CmCounters, DESCRIPTOR_BYTES, FREE_MAP_OFFSET, HEAP_VARIABLE, RegionTable,
+};
+use memcore::Handle;
+
+use super::{CudaDevice, Module};
+use crate::{Error, Pool, Result};
+
+/// Alignment of the descriptor and of each region, bytes: every block is
+/// then aligned to its class size up to this.
+const REGION_ALIGN: u64 = 4096;
+
+/// A `cm_malloc` heap in device memory. Its blocks stay where they are for
+/// its whole life: the descriptor and regions are pinned in the pool.
+#[derive(Debug)]
+pub struct DeviceHeap {
+    pool: Pool<CudaDevice>,
+    descriptor: Handle,
+    regions: Vec<Handle>,
+    table: RegionTable,
+}
+
+impl DeviceHeap {
+    /// A heap of at most `bytes` bytes of regions (at least one chunk) taken
+    /// from `pool`, plus its descriptor.
+    pub fn new(pool: Pool<CudaDevice>, bytes: u64) -> Result<Self> {
+        let descriptor = pool.allocate(DESCRIPTOR_BYTES, REGION_ALIGN, None)?;
+        pool.pin(descriptor)?;
+        pool.write(descriptor, 0, &vec![0u8; DESCRIPTOR_BYTES as usize])?;
+        let mut heap = Self {
+            pool,
+            descriptor,
+            regions: Vec::new(),
+            table: RegionTable::default(),
+        };
+        heap.grow(cm_heap::chunks_within(bytes).max(1))?;
+        Ok(heap)
+    }
+
+    /// Device address of the descriptor (`CmHeap *`), for kernels that call
+    /// `cm_heap_malloc` with it explicitly.
+    pub fn descriptor_address(&self) -> Result<u64> {
+        self.pool.device_ptr(self.descriptor)
+    }
+
+    /// Makes `cm_malloc`/`cm_free` in `module` use this heap (writes the
+    /// module's `cm_heap` variable). The module must outlive no launch that
+    /// runs after this heap is dropped.
+    pub fn bind(&self, module: &Module) -> Result<()> {
+        module.set_global(HEAP_VARIABLE, &self.descriptor_address()?.to_le_bytes())
+    }
+
+    /// The regions.
+    pub fn table(&self) -> &RegionTable {
+        &self.table
+    }
+
+    /// Bytes of device memory the regions hold (blocks and bitmaps).
+    pub fn region_bytes(&self) -> u64 {
+        cm_heap::region_bytes(self.table.chunks)
+    }
+
+    /// Adds a region of `chunks` chunks. Call it between launches only: a
+    /// kernel running now may read the table half written.
+    pub fn grow(&mut self, chunks: u32) -> Result<()> {
+        if chunks == 0 {
+            return Ok(());
+        }
+        let bytes = cm_heap::region_bytes(chunks);
+        let region = self.pool.allocate(bytes, REGION_ALIGN, None)?;
+        let added = self
+            .pool
+            .pin(region)
+            .and_then(|()| self.pool.device_ptr(region))
+            .and_then(|base| {
+                self.table
+                    .with_region(base, chunks)
+                    .ok_or(Error::InvalidConfig(
+                        "device heap: region table full or chunk limit reached",
+                    ))
+            });
+        let table = match added {
+            Ok(table) => table,
+            Err(e) => {
+                let _ = self.pool.unpin(region);
+                let _ = self.pool.free(region);
+                return Err(e);
+            }
+        };
+        // The bitmaps start clear.
+        let bitmaps = chunks as usize * cm_heap::BITMAP_BYTES as usize;
+        self.pool.write(
+            region,
+            u64::from(chunks) * cm_heap::CHUNK_BYTES,
+            &vec![0u8; bitmaps],
+        )?;
+        for (word, bits) in cm_heap::free_map_words(self.table.chunks, chunks) {
+            // Between launches nothing else writes the map; the new chunks'
+            // words hold only bits of chunks added before, which stay.
+            let offset = FREE_MAP_OFFSET + word as u64 * 8;
+            let mut old = [0u8; 8];
+            self.pool.read(self.descriptor, offset, &mut old)?;
+            let merged = u64::from_le_bytes(old) | bits;
+            self.pool
+                .write(self.descriptor, offset, &merged.to_le_bytes())?;
+        }
+        self.pool
+            .write(self.descriptor, cm_heap::REGIONS_OFFSET, table.as_bytes())?;
+        self.table = table;
+        self.regions.push(region);
+        Ok(())
+    }
+
+    /// The counters as the last launch left them.
+    pub fn counters(&self) -> Result<CmCounters> {
+        let mut bytes = [0u8; CmCounters::BYTES];
+        self.pool
+            .read(self.descriptor, cm_heap::COUNTERS_OFFSET, &mut bytes)?;
+        CmCounters::from_bytes(&bytes).ok_or(Error::InvalidConfig("device heap counters"))
+    }
+
+    /// Zeroes the failure counters (live, peak, allocations and frees stay).
+    pub fn clear_failures(&self) -> Result<()> {
+        let mut counters = self.counters()?;
+        counters.failures = 0;
+        counters.failed_bytes = 0;
+        counters.largest_failed = 0;
+        counters.bad_frees = 0;
+        counters.reason = [0; 4];
+        self.pool.write(
+            self.descriptor,
+            cm_heap::COUNTERS_OFFSET,
+            counters.as_bytes(),
+        )
+    }
+
+    /// After a launch: if requests failed for lack of room, adds the region
+    /// [`cm_heap::growth_chunks`] asks for and clears the failure counters.
+    /// Returns the chunks added (0: nothing failed, or the heap is at its
+    /// limit).
+    pub fn grow_after_launch(&mut self) -> Result<u32> {
+        let counters = self.counters()?;
+        let chunks = cm_heap::growth_chunks(self.table.chunks, counters.failed_bytes);
+        if counters.failures != 0 {
+            self.clear_failures()?;
+        }
+        self.grow(chunks)?;
+        Ok(chunks)
+    }
+}

@@ -1,0 +1,491 @@
+// cm_malloc / cm_free: an in-kernel allocator whose heap the host grows
+// between launches.
+//
+// Use from CUDA C: #include "cm_alloc.cuh", call cm_malloc(bytes) and
+// cm_free(ptr) in device code. The heap is a CmHeap descriptor in device
+// memory that the host builds (ctx::cuda::DeviceHeap) and binds to a loaded
+// module by writing its address into the module's `cm_heap` variable.
+// Explicit variants (cm_heap_malloc / cm_heap_free) take the descriptor.
+//
+// The heap is a table of regions. A region of n chunks is n * 1 MiB of
+// blocks followed by n * 8 KiB of bitmaps. Chunk ids run across regions
+// (region r holds ids region_first[r] .. + region_chunks[r]). A chunk takes a
+// size class (16 B << k, k = 0..16) when first used: state[id] holds the
+// class + 1 in its top byte (0: the chunk is free) and in its low 24 bits the
+// blocks reserved in it. Allocation reserves blocks in the count first and
+// then claims that many bits of the chunk's bitmap, so a reservation always
+// has a free bit to find; free clears the bit before it gives the
+// reservation back. A chunk whose count drops to 0 goes back to free_map.
+// Each class has CM_ACTIVE chunks that warps (hashed by SM and warp) take
+// blocks from; a chunk that is full is replaced from room_map[k] (chunks of
+// class k that a free made room in) or free_map. Threads of a warp asking
+// for the same class are served by one leader: one atomic on the count and
+// one per bitmap word for all of them; frees of one word / one chunk are
+// combined the same way.
+//
+// kernels/src/cm_heap.rs states the same layout for the host, and
+// kernels/src/cm_model.rs runs the same algorithm on CPU threads.
+#pragma once
+
+typedef unsigned long long cm_u64;
+typedef unsigned int cm_u32;
+
+#define CM_MIN_SHIFT 4u                    // smallest block: 16 B
+#define CM_CHUNK_SHIFT 20u                 // chunk: 1 MiB
+#define CM_CHUNK_BYTES (1ull << CM_CHUNK_SHIFT)
+#define CM_CLASSES 17u                     // 16 B .. 1 MiB
+#define CM_MAX_BYTES CM_CHUNK_BYTES        // largest request
+#define CM_ACTIVE 32u                      // active chunks per class
+#define CM_MAX_REGIONS 64u
+#define CM_MAX_CHUNKS 65536u               // 64 GiB of blocks
+#define CM_MAP_WORDS (CM_MAX_CHUNKS / 64u)
+#define CM_BITMAP_WORDS ((cm_u32)(CM_CHUNK_BYTES >> CM_MIN_SHIFT) / 64u)
+#define CM_BITMAP_BYTES (CM_BITMAP_WORDS * 8ull)
+#define CM_COUNT_MASK 0xFFFFFFu
+#define CM_CLASS_SHIFT 24u
+
+// Why a cm_malloc returned NULL (index into CmCounters::reason).
+#define CM_FAIL_ZERO 0u      // zero bytes asked
+#define CM_FAIL_TOO_LARGE 1u // more than CM_MAX_BYTES asked
+#define CM_FAIL_EXHAUSTED 2u // no chunk of the class has room and none is free: grow the heap
+#define CM_REASONS 4u
+
+// Must match kernels::cm_heap::CmCounters (112 bytes).
+struct CmCounters {
+    cm_u64 live_bytes;      // bytes of the live blocks (class sizes)
+    cm_u64 peak_bytes;      // highest live_bytes seen
+    cm_u64 allocations;     // cm_malloc calls that returned a block
+    cm_u64 frees;           // cm_free calls that freed a block
+    cm_u64 failures;        // cm_malloc calls that returned NULL
+    cm_u64 failed_bytes;    // class bytes of the CM_FAIL_EXHAUSTED requests
+    cm_u64 largest_failed;  // largest request that got NULL, bytes
+    cm_u64 bad_frees;       // cm_free of a pointer that is no live block
+    cm_u64 reason[CM_REASONS];
+    cm_u64 unused[2];
+};
+
+// Must match kernels::cm_heap (REGIONS_OFFSET .. DESCRIPTOR_BYTES).
+struct CmHeap {
+    cm_u32 regions;                         // regions in use
+    cm_u32 chunks;                          // chunk ids in use
+    cm_u64 region_base[CM_MAX_REGIONS];     // device address of the region's first chunk
+    cm_u32 region_first[CM_MAX_REGIONS];    // id of the region's first chunk
+    cm_u32 region_chunks[CM_MAX_REGIONS];   // chunks in the region
+    CmCounters counters;
+    cm_u32 active[CM_CLASSES][CM_ACTIVE];   // chunk id + 1, 0 for none
+    cm_u32 state[CM_MAX_CHUNKS];            // class + 1 << 24 | reserved blocks
+    cm_u64 free_map[CM_MAP_WORDS];          // bit set: the chunk is free
+    cm_u64 room_map[CM_CLASSES][CM_MAP_WORDS]; // bit set: the chunk may have room
+};
+
+static_assert(sizeof(CmCounters) == 112, "CmCounters layout");
+static_assert(__builtin_offsetof(CmHeap, counters) == 1032, "CmHeap layout");
+static_assert(__builtin_offsetof(CmHeap, active) == 1144, "CmHeap layout");
+static_assert(__builtin_offsetof(CmHeap, state) == 3320, "CmHeap layout");
+static_assert(__builtin_offsetof(CmHeap, free_map) == 265464, "CmHeap layout");
+static_assert(__builtin_offsetof(CmHeap, room_map) == 273656, "CmHeap layout");
+static_assert(sizeof(CmHeap) == 412920, "CmHeap layout");
+
+// The heap cm_malloc and cm_free use; the host writes it after loading the
+// module (ctx::cuda::DeviceHeap::bind).
+__device__ CmHeap *cm_heap;
+
+__device__ __forceinline__ cm_u32 cm_lane()
+{
+    cm_u32 lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    return lane;
+}
+
+// Spreads warps over the active chunks of a class: by SM and warp slot.
+__device__ __forceinline__ cm_u32 cm_warp_hash()
+{
+    cm_u32 sm, warp;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    asm volatile("mov.u32 %0, %%warpid;" : "=r"(warp));
+    return sm * 64u + warp;
+}
+
+__device__ __forceinline__ cm_u32 cm_class(cm_u64 bytes)
+{
+    if (bytes <= (1ull << CM_MIN_SHIFT)) {
+        return 0;
+    }
+    return (64u - __clzll(bytes - 1)) - CM_MIN_SHIFT;
+}
+
+__device__ __forceinline__ cm_u32 cm_blocks(cm_u32 k)
+{
+    return (cm_u32)(CM_CHUNK_BYTES >> (CM_MIN_SHIFT + k));
+}
+
+__device__ __forceinline__ cm_u32 cm_load(const cm_u32 *p)
+{
+    return *(const volatile cm_u32 *)p;
+}
+
+__device__ __forceinline__ cm_u64 cm_load64(const cm_u64 *p)
+{
+    return *(const volatile cm_u64 *)p;
+}
+
+// Region of chunk `id`; its data address and bitmap.
+struct CmChunk {
+    cm_u64 data;
+    cm_u64 *bitmap;
+};
+
+__device__ __forceinline__ CmChunk cm_chunk(const CmHeap *h, cm_u32 id)
+{
+    cm_u32 r = 0;
+    while (r + 1 < h->regions && id >= h->region_first[r] + h->region_chunks[r]) {
+        r++;
+    }
+    cm_u32 local = id - h->region_first[r];
+    cm_u64 base = h->region_base[r];
+    CmChunk c;
+    c.data = base + ((cm_u64)local << CM_CHUNK_SHIFT);
+    c.bitmap = (cm_u64 *)(base + ((cm_u64)h->region_chunks[r] << CM_CHUNK_SHIFT) + local * CM_BITMAP_BYTES);
+    return c;
+}
+
+__device__ void cm_map_set(cm_u64 *map, cm_u32 id)
+{
+    cm_u64 bit = 1ull << (id % 64);
+    if ((cm_load64(&map[id / 64]) & bit) == 0) {
+        atomicOr(&map[id / 64], bit);
+    }
+}
+
+__device__ void cm_map_clear(cm_u64 *map, cm_u32 id)
+{
+    atomicAnd(&map[id / 64], ~(1ull << (id % 64)));
+}
+
+// A chunk whose count reached 0 goes back to free_map, unless someone
+// reserved in it meanwhile (that thread will see 0 again when it is done).
+__device__ void cm_settle(CmHeap *h, cm_u32 id, cm_u32 cls)
+{
+    if (atomicCAS(&h->state[id], cls << CM_CLASS_SHIFT, 0u) == (cls << CM_CLASS_SHIFT)) {
+        cm_map_clear(h->room_map[cls - 1], id);
+        __threadfence();
+        atomicOr(&h->free_map[id / 64], 1ull << (id % 64));
+    }
+}
+
+// Gives back `n` reserved blocks of chunk `id` whose bits are clear.
+__device__ cm_u32 cm_unreserve(CmHeap *h, cm_u32 id, cm_u32 n)
+{
+    cm_u32 old = atomicSub(&h->state[id], n);
+    if ((old & CM_COUNT_MASK) == n && (old >> CM_CLASS_SHIFT) != 0) {
+        cm_settle(h, id, old >> CM_CLASS_SHIFT);
+    }
+    return old;
+}
+
+// Reserves up to `want` blocks of class k in chunk `id`; returns how many.
+__device__ cm_u32 cm_reserve(CmHeap *h, cm_u32 id, cm_u32 k, cm_u32 want)
+{
+    cm_u32 blocks = cm_blocks(k);
+    cm_u32 peek = cm_load(&h->state[id]);
+    if ((peek >> CM_CLASS_SHIFT) != k + 1 || (peek & CM_COUNT_MASK) >= blocks) {
+        return 0;
+    }
+    cm_u32 old = atomicAdd(&h->state[id], want);
+    cm_u32 count = old & CM_COUNT_MASK;
+    cm_u32 got = 0;
+    if ((old >> CM_CLASS_SHIFT) == k + 1 && count < blocks) {
+        got = min(want, blocks - count);
+    }
+    if (got < want) {
+        cm_unreserve(h, id, want - got);
+    }
+    return got;
+}
+
+// A free chunk made class k, with up to `want` blocks reserved; 0 if none.
+__device__ cm_u32 cm_take_free(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 start, cm_u32 *got)
+{
+    cm_u32 words = (h->chunks + 63) / 64;
+    for (cm_u32 i = 0; i < words; i++) {
+        cm_u32 w = (start + i) % words;
+        cm_u64 bits = cm_load64(&h->free_map[w]);
+        while (bits != 0) {
+            cm_u32 b = __ffsll((long long)bits) - 1;
+            bits &= bits - 1;
+            cm_u64 old = atomicAnd(&h->free_map[w], ~(1ull << b));
+            if ((old & (1ull << b)) == 0) {
+                continue;
+            }
+            cm_u32 id = w * 64 + b;
+            // Only the holder of the free bit sets the class; stale
+            // reservations in the low bits undo themselves.
+            atomicAdd(&h->state[id], (k + 1) << CM_CLASS_SHIFT);
+            *got = cm_reserve(h, id, k, want);
+            if (*got != 0) {
+                return id + 1;
+            }
+        }
+    }
+    return 0;
+}
+
+// A chunk of class k other than `skip` with room: another active slot, or
+// one from room_map. Reserves up to `want` blocks in it; 0 if none.
+__device__ cm_u32 cm_find_room(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 skip, cm_u32 start, cm_u32 *got)
+{
+    for (cm_u32 s = 0; s < CM_ACTIVE; s++) {
+        cm_u32 a = cm_load(&h->active[k][(start + s) % CM_ACTIVE]);
+        if (a != 0 && a != skip) {
+            *got = cm_reserve(h, a - 1, k, want);
+            if (*got != 0) {
+                return a;
+            }
+        }
+    }
+    cm_u32 words = (h->chunks + 63) / 64;
+    cm_u64 *room = h->room_map[k];
+    for (cm_u32 i = 0; i < words; i++) {
+        cm_u32 w = (start + i) % words;
+        cm_u64 bits = cm_load64(&room[w]);
+        while (bits != 0) {
+            cm_u32 b = __ffsll((long long)bits) - 1;
+            bits &= bits - 1;
+            cm_u32 id = w * 64 + b;
+            *got = cm_reserve(h, id, k, want);
+            if (*got != 0) {
+                return id + 1;
+            }
+            cm_map_clear(room, id);
+            // A free may have made room between the two steps.
+            cm_u32 now = cm_load(&h->state[id]);
+            if ((now >> CM_CLASS_SHIFT) == k + 1 && (now & CM_COUNT_MASK) < cm_blocks(k)) {
+                cm_map_set(room, id);
+            }
+        }
+    }
+    return 0;
+}
+
+// The leader's step: up to `want` blocks of class k reserved in one chunk,
+// returned with the chunk id + 1 in *chunk (0: the heap is exhausted).
+__device__ cm_u32 cm_reserve_some(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 hash, cm_u32 *chunk)
+{
+    cm_u32 *slot = &h->active[k][hash % CM_ACTIVE];
+    cm_u32 a = cm_load(slot);
+    cm_u32 got = 0;
+    if (a != 0) {
+        got = cm_reserve(h, a - 1, k, want);
+        if (got != 0) {
+            *chunk = a;
+            return got;
+        }
+    }
+    cm_u32 c = cm_find_room(h, k, want, a, hash, &got);
+    if (c == 0) {
+        c = cm_take_free(h, k, want, hash, &got);
+    }
+    if (c != 0 && c != a) {
+        if (atomicCAS(slot, a, c) != a) {
+            cm_map_set(h->room_map[k], c - 1);
+        }
+    }
+    *chunk = c;
+    return c == 0 ? 0 : got;
+}
+
+// Claims up to `want` clear bits of one word of a chunk whose count holds a
+// reservation for them; returns the bits, the word in *word (at least one
+// bit: the reservation guarantees enough clear bits exist).
+__device__ cm_u64 cm_claim_bits(cm_u64 *bitmap, cm_u32 k, cm_u32 want, cm_u32 start, cm_u32 *word)
+{
+    cm_u32 blocks = cm_blocks(k);
+    cm_u32 words = (blocks + 63) / 64;
+    cm_u64 valid = blocks >= 64 ? ~0ull : (1ull << blocks) - 1;
+    for (cm_u32 i = start % words;; i = (i + 1 == words) ? 0 : i + 1) {
+        cm_u64 clear = ~cm_load64(&bitmap[i]) & valid;
+        while (clear != 0) {
+            cm_u64 take = 0;
+            cm_u64 rest = clear;
+            for (cm_u32 n = 0; n < want && rest != 0; n++) {
+                take |= rest & (~rest + 1);
+                rest &= rest - 1;
+            }
+            cm_u64 old = atomicOr(&bitmap[i], take);
+            cm_u64 got = take & ~old;
+            if (got != 0) {
+                *word = i;
+                return got;
+            }
+            clear = ~(old | take) & valid;
+        }
+    }
+}
+
+// The position of the n-th (0-based) set bit of `bits`.
+__device__ __forceinline__ cm_u32 cm_nth_bit(cm_u64 bits, cm_u32 n)
+{
+    cm_u32 low = (cm_u32)bits;
+    cm_u32 low_count = __popc(low);
+    if (n < low_count) {
+        return __fns(low, 0, (int)n + 1);
+    }
+    return 32 + __fns((cm_u32)(bits >> 32), 0, (int)(n - low_count) + 1);
+}
+
+__device__ void cm_fail(CmHeap *h, cm_u32 reason, cm_u64 bytes, cm_u64 n, cm_u64 class_bytes)
+{
+    atomicAdd(&h->counters.failures, n);
+    atomicAdd(&h->counters.reason[reason], n);
+    if (reason == CM_FAIL_EXHAUSTED) {
+        atomicAdd(&h->counters.failed_bytes, n * class_bytes);
+    }
+    atomicMax(&h->counters.largest_failed, bytes);
+}
+
+// `bytes` from heap `h`, 16-byte aligned (blocks of class k are aligned to
+// their size up to 8 KiB); NULL with a reason counted in h->counters.
+__device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
+{
+    if (bytes == 0 || bytes > CM_MAX_BYTES) {
+        cm_fail(h, bytes == 0 ? CM_FAIL_ZERO : CM_FAIL_TOO_LARGE, bytes, 1, 0);
+        return NULL;
+    }
+    cm_u32 k = cm_class(bytes);
+    cm_u32 peers = __match_any_sync(__activemask(), k);
+    cm_u32 lane = cm_lane();
+    cm_u32 leader = __ffs(peers) - 1;
+    cm_u32 n = __popc(peers);
+    cm_u32 rank = __popc(peers & ((1u << lane) - 1));
+    cm_u32 hash = cm_warp_hash();
+    cm_u64 mine = 0;
+    cm_u32 handed = 0;
+    while (handed < n) {
+        cm_u32 chunk = 0;
+        cm_u32 got = 0;
+        cm_u64 data = 0;
+        cm_u64 *bitmap = NULL;
+        if (lane == leader) {
+            got = cm_reserve_some(h, k, n - handed, hash, &chunk);
+            if (got != 0) {
+                CmChunk c = cm_chunk(h, chunk - 1);
+                data = c.data;
+                bitmap = c.bitmap;
+            }
+        }
+        got = __shfl_sync(peers, got, leader);
+        if (got == 0) {
+            break;
+        }
+        data = __shfl_sync(peers, data, leader);
+        cm_u32 claimed = 0;
+        while (claimed < got) {
+            cm_u64 bits = 0;
+            cm_u32 word = 0;
+            if (lane == leader) {
+                bits = cm_claim_bits(bitmap, k, got - claimed, hash * 0x9E3779B1u + handed, &word);
+            }
+            bits = __shfl_sync(peers, bits, leader);
+            word = __shfl_sync(peers, word, leader);
+            cm_u32 first = handed + claimed;
+            cm_u32 count = __popcll(bits);
+            if (rank >= first && rank < first + count) {
+                cm_u32 index = word * 64 + cm_nth_bit(bits, rank - first);
+                mine = data + ((cm_u64)index << (CM_MIN_SHIFT + k));
+            }
+            claimed += count;
+        }
+        handed += got;
+    }
+    if (lane == leader) {
+        cm_u64 class_bytes = 1ull << (CM_MIN_SHIFT + k);
+        if (handed != 0) {
+            cm_u64 added = handed * class_bytes;
+            cm_u64 live = atomicAdd(&h->counters.live_bytes, added) + added;
+            if (live > cm_load64(&h->counters.peak_bytes)) {
+                atomicMax(&h->counters.peak_bytes, live);
+            }
+            atomicAdd(&h->counters.allocations, (cm_u64)handed);
+        }
+        if (handed < n) {
+            cm_fail(h, CM_FAIL_EXHAUSTED, class_bytes, n - handed, class_bytes);
+        }
+    }
+    return (void *)mine;
+}
+
+// Frees a block of heap `h` (NULL: nothing). A pointer that is no live
+// block of the heap is counted in bad_frees and otherwise ignored.
+__device__ void cm_heap_free(CmHeap *h, void *ptr)
+{
+    if (ptr == NULL) {
+        return;
+    }
+    cm_u64 a = (cm_u64)ptr;
+    cm_u32 r = 0;
+    while (r < h->regions && a - h->region_base[r] >= ((cm_u64)h->region_chunks[r] << CM_CHUNK_SHIFT)) {
+        r++;
+    }
+    if (r == h->regions) {
+        atomicAdd(&h->counters.bad_frees, 1ull);
+        return;
+    }
+    cm_u32 local = (cm_u32)((a - h->region_base[r]) >> CM_CHUNK_SHIFT);
+    cm_u32 id = h->region_first[r] + local;
+    cm_u32 cls = cm_load(&h->state[id]) >> CM_CLASS_SHIFT;
+    // Chunks are 1 MiB from the region's base, which need not be 1 MiB
+    // aligned itself.
+    cm_u64 offset = a - (h->region_base[r] + ((cm_u64)local << CM_CHUNK_SHIFT));
+    if (cls == 0 || (offset & ((1ull << (CM_MIN_SHIFT + cls - 1)) - 1)) != 0) {
+        atomicAdd(&h->counters.bad_frees, 1ull);
+        return;
+    }
+    cm_u32 k = cls - 1;
+    cm_u32 index = (cm_u32)(offset >> (CM_MIN_SHIFT + k));
+    cm_u64 *word = (cm_u64 *)(h->region_base[r] + ((cm_u64)h->region_chunks[r] << CM_CHUNK_SHIFT) +
+                              local * CM_BITMAP_BYTES) +
+                   index / 64;
+    cm_u64 bit = 1ull << (index % 64);
+    // The block's last writes land before another thread can claim it.
+    __threadfence();
+    cm_u32 lane = cm_lane();
+    cm_u32 here = __activemask();
+    cm_u32 same_word = __match_any_sync(here, (cm_u64)word);
+    cm_u32 word_leader = __ffs(same_word) - 1;
+    cm_u32 low = __reduce_or_sync(same_word, (cm_u32)bit);
+    cm_u32 high = __reduce_or_sync(same_word, (cm_u32)(bit >> 32));
+    cm_u64 bad = 0;
+    if (lane == word_leader) {
+        cm_u64 mask = ((cm_u64)high << 32) | low;
+        cm_u64 old = atomicAnd(word, ~mask);
+        bad = mask & ~old;
+    }
+    bad = __shfl_sync(same_word, bad, word_leader);
+    cm_u32 valid = (bad & bit) == 0;
+    if (!valid) {
+        atomicAdd(&h->counters.bad_frees, 1ull);
+    }
+    cm_u32 same_chunk = __match_any_sync(here, id);
+    cm_u32 freed = __reduce_add_sync(same_chunk, valid);
+    if (lane == __ffs(same_chunk) - 1 && freed != 0) {
+        cm_u32 blocks = cm_blocks(k);
+        cm_u32 old = cm_unreserve(h, id, freed);
+        cm_u32 before = old & CM_COUNT_MASK;
+        if (before >= blocks && before - freed < blocks) {
+            cm_map_set(h->room_map[k], id);
+        }
+        atomicAdd(&h->counters.live_bytes, 0ull - ((cm_u64)freed << (CM_MIN_SHIFT + k)));
+        atomicAdd(&h->counters.frees, (cm_u64)freed);
+    }
+}
+
+// cm_heap_malloc / cm_heap_free on the heap bound to this module.
+__device__ __forceinline__ void *cm_malloc(cm_u64 bytes)
+{
+    return cm_heap_malloc(cm_heap, bytes);
+}
+
+__device__ __forceinline__ void cm_free(void *ptr)
+{
+    cm_heap_free(cm_heap, ptr);
+}

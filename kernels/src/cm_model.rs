@@ -1,0 +1,435 @@
+//! The algorithm of `cuda/cm_alloc.cuh` on the host, with std atomics, so
+//! that CPU threads can race it and tests can check what the device cannot
+//! show: no two live blocks overlap, a freed block is found again, every
+//! chunk goes back to the free map once all blocks are freed, and growth
+//! keeps the blocks already handed out.
+//!
+//! Step for step the device's: a request of a warp is a group of `n`
+//! requests of one class served by one leader ([`HostHeap::allocate_group`]);
+//! a thread's free is [`HostHeap::free`] (the device combines the atomics of
+//! frees in one word or chunk; the bits and counts they change are the same).
+//! Addresses are plain numbers: the model touches no memory but its own
+//! bitmaps and states. Growth ([`HostHeap::add_region`]) takes `&mut self`,
+//! as the device's happens between launches.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+
+use crate::cm_heap::{
+    ACTIVE, CHUNK_BYTES, CLASS_SHIFT, CLASSES, COUNT_MASK, CmCounters, MAP_WORDS, MAX_CHUNKS,
+    MAX_REQUEST_BYTES, Reason, RegionTable, class_blocks, class_bytes, class_of,
+};
+
+/// Words of one chunk's bitmap.
+const BITMAP_WORDS: usize = (CHUNK_BYTES / 16 / 64) as usize;
+
+/// A heap as the device holds it, in host memory.
+#[derive(Debug)]
+pub struct HostHeap {
+    table: RegionTable,
+    /// One bitmap per chunk id, [`BITMAP_WORDS`] words each.
+    bitmaps: Vec<AtomicU64>,
+    active: Vec<AtomicU32>,
+    state: Vec<AtomicU32>,
+    free_map: Vec<AtomicU64>,
+    room_map: Vec<AtomicU64>,
+    counters: Counters,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    live_bytes: AtomicU64,
+    peak_bytes: AtomicU64,
+    allocations: AtomicU64,
+    frees: AtomicU64,
+    failures: AtomicU64,
+    failed_bytes: AtomicU64,
+    largest_failed: AtomicU64,
+    bad_frees: AtomicU64,
+    reason: [AtomicU64; 4],
+}
+
+/// What [`HostHeap::check`] found wrong with a quiescent heap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Corruption(pub String);
+
+impl Default for HostHeap {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn zeros32(n: usize) -> Vec<AtomicU32> {
+    (0..n).map(|_| AtomicU32::new(0)).collect()
+}
+
+fn zeros64(n: usize) -> Vec<AtomicU64> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+impl HostHeap {
+    /// A heap with no region: every request fails until one is added.
+    pub fn new() -> Self {
+        Self {
+            table: RegionTable::default(),
+            bitmaps: Vec::new(),
+            active: zeros32(CLASSES * ACTIVE),
+            state: zeros32(MAX_CHUNKS as usize),
+            free_map: zeros64(MAP_WORDS),
+            room_map: zeros64(CLASSES * MAP_WORDS),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Adds a region of `chunks` chunks whose first block is at `base`;
+    /// `false` (nothing added) if the region table is full or the heap would
+    /// pass [`MAX_CHUNKS`].
+    pub fn add_region(&mut self, base: u64, chunks: u32) -> bool {
+        let Some(table) = self.table.with_region(base, chunks) else {
+            return false;
+        };
+        let first = self.table.chunks;
+        self.table = table;
+        self.bitmaps
+            .extend((0..chunks as usize * BITMAP_WORDS).map(|_| AtomicU64::new(0)));
+        for id in first..first + chunks {
+            self.free_map[id as usize / 64].fetch_or(1 << (id % 64), SeqCst);
+        }
+        true
+    }
+
+    /// The regions.
+    pub fn regions(&self) -> &RegionTable {
+        &self.table
+    }
+
+    /// The counters, as the host reads them after a launch.
+    pub fn counters(&self) -> CmCounters {
+        let c = &self.counters;
+        CmCounters {
+            live_bytes: c.live_bytes.load(SeqCst),
+            peak_bytes: c.peak_bytes.load(SeqCst),
+            allocations: c.allocations.load(SeqCst),
+            frees: c.frees.load(SeqCst),
+            failures: c.failures.load(SeqCst),
+            failed_bytes: c.failed_bytes.load(SeqCst),
+            largest_failed: c.largest_failed.load(SeqCst),
+            bad_frees: c.bad_frees.load(SeqCst),
+            reason: [0, 1, 2, 3].map(|i| c.reason[i].load(SeqCst)),
+            unused: [0; 2],
+        }
+    }
+
+    /// Chunks in the free map now.
+    pub fn free_chunks(&self) -> u32 {
+        self.free_map
+            .iter()
+            .map(|w| w.load(SeqCst).count_ones())
+            .sum()
+    }
+
+    fn chunk_data(&self, id: u32) -> u64 {
+        let t = &self.table;
+        let mut r = 0;
+        while r + 1 < t.regions as usize && id >= t.region_first[r] + t.region_chunks[r] {
+            r += 1;
+        }
+        t.region_base[r] + u64::from(id - t.region_first[r]) * CHUNK_BYTES
+    }
+
+    fn bitmap(&self, id: u32) -> &[AtomicU64] {
+        &self.bitmaps[id as usize * BITMAP_WORDS..(id as usize + 1) * BITMAP_WORDS]
+    }
+
+    fn room(&self, k: usize) -> &[AtomicU64] {
+        &self.room_map[k * MAP_WORDS..(k + 1) * MAP_WORDS]
+    }
+
+    fn map_set(map: &[AtomicU64], id: u32) {
+        let bit = 1u64 << (id % 64);
+        if map[id as usize / 64].load(SeqCst) & bit == 0 {
+            map[id as usize / 64].fetch_or(bit, SeqCst);
+        }
+    }
+
+    fn settle(&self, id: u32, cls: u32) {
+        let full = cls << CLASS_SHIFT;
+        if self.state[id as usize]
+            .compare_exchange(full, 0, SeqCst, SeqCst)
+            .is_ok()
+        {
+            self.room(cls as usize - 1)[id as usize / 64].fetch_and(!(1 << (id % 64)), SeqCst);
+            self.free_map[id as usize / 64].fetch_or(1 << (id % 64), SeqCst);
+        }
+    }
+
+    fn unreserve(&self, id: u32, n: u32) -> u32 {
+        let old = self.state[id as usize].fetch_sub(n, SeqCst);
+        if old & COUNT_MASK == n && old >> CLASS_SHIFT != 0 {
+            self.settle(id, old >> CLASS_SHIFT);
+        }
+        old
+    }
+
+    fn reserve(&self, id: u32, k: usize, want: u32) -> u32 {
+        let blocks = class_blocks(k);
+        let tag = k as u32 + 1;
+        let peek = self.state[id as usize].load(SeqCst);
+        if peek >> CLASS_SHIFT != tag || peek & COUNT_MASK >= blocks {
+            return 0;
+        }
+        let old = self.state[id as usize].fetch_add(want, SeqCst);
+        let count = old & COUNT_MASK;
+        let got = if old >> CLASS_SHIFT == tag && count < blocks {
+            want.min(blocks - count)
+        } else {
+            0
+        };
+        if got < want {
+            self.unreserve(id, want - got);
+        }
+        got
+    }
+
+    fn take_free(&self, k: usize, want: u32, start: u32) -> Option<(u32, u32)> {
+        let words = self.table.chunks.div_ceil(64);
+        for i in 0..words {
+            let w = ((start + i) % words) as usize;
+            let mut bits = self.free_map[w].load(SeqCst);
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                let old = self.free_map[w].fetch_and(!(1 << b), SeqCst);
+                if old & (1 << b) == 0 {
+                    continue;
+                }
+                let id = w as u32 * 64 + b;
+                self.state[id as usize].fetch_add((k as u32 + 1) << CLASS_SHIFT, SeqCst);
+                let got = self.reserve(id, k, want);
+                if got != 0 {
+                    return Some((id + 1, got));
+                }
+            }
+        }
+        None
+    }
+
+    fn find_room(&self, k: usize, want: u32, skip: u32, start: u32) -> Option<(u32, u32)> {
+        for s in 0..ACTIVE {
+            let a = self.active[k * ACTIVE + (start as usize + s) % ACTIVE].load(SeqCst);
+            if a != 0 && a != skip {
+                let got = self.reserve(a - 1, k, want);
+                if got != 0 {
+                    return Some((a, got));
+                }
+            }
+        }
+        let words = self.table.chunks.div_ceil(64);
+        let room = self.room(k);
+        for i in 0..words {
+            let w = ((start + i) % words) as usize;
+            let mut bits = room[w].load(SeqCst);
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                let id = w as u32 * 64 + b;
+                let got = self.reserve(id, k, want);
+                if got != 0 {
+                    return Some((id + 1, got));
+                }
+                room[w].fetch_and(!(1 << b), SeqCst);
+                let now = self.state[id as usize].load(SeqCst);
+                if now >> CLASS_SHIFT == k as u32 + 1 && now & COUNT_MASK < class_blocks(k) {
+                    Self::map_set(room, id);
+                }
+            }
+        }
+        None
+    }
+
+    fn reserve_some(&self, k: usize, want: u32, hash: u32) -> Option<(u32, u32)> {
+        let slot = &self.active[k * ACTIVE + hash as usize % ACTIVE];
+        let a = slot.load(SeqCst);
+        if a != 0 {
+            let got = self.reserve(a - 1, k, want);
+            if got != 0 {
+                return Some((a, got));
+            }
+        }
+        let (c, got) = self
+            .find_room(k, want, a, hash)
+            .or_else(|| self.take_free(k, want, hash))?;
+        if c != a && slot.compare_exchange(a, c, SeqCst, SeqCst).is_err() {
+            Self::map_set(self.room(k), c - 1);
+        }
+        Some((c, got))
+    }
+
+    fn claim_bits(&self, id: u32, k: usize, want: u32, start: u32) -> (usize, u64) {
+        let blocks = class_blocks(k);
+        let words = blocks.div_ceil(64) as usize;
+        let valid = if blocks >= 64 {
+            !0
+        } else {
+            (1u64 << blocks) - 1
+        };
+        let bitmap = self.bitmap(id);
+        let mut i = start as usize % words;
+        loop {
+            let mut clear = !bitmap[i].load(SeqCst) & valid;
+            while clear != 0 {
+                let mut take = 0u64;
+                let mut rest = clear;
+                for _ in 0..want {
+                    if rest == 0 {
+                        break;
+                    }
+                    take |= rest & rest.wrapping_neg();
+                    rest &= rest - 1;
+                }
+                let old = bitmap[i].fetch_or(take, SeqCst);
+                let got = take & !old;
+                if got != 0 {
+                    return (i, got);
+                }
+                clear = !(old | take) & valid;
+            }
+            i = if i + 1 == words { 0 } else { i + 1 };
+        }
+    }
+
+    fn fail(&self, reason: Reason, bytes: u64, n: u64, class_bytes: u64) {
+        let c = &self.counters;
+        c.failures.fetch_add(n, SeqCst);
+        c.reason[reason as usize].fetch_add(n, SeqCst);
+        if reason == Reason::Exhausted {
+            c.failed_bytes.fetch_add(n * class_bytes, SeqCst);
+        }
+        c.largest_failed.fetch_max(bytes, SeqCst);
+    }
+
+    /// One request of `bytes` from the warp slot `hash`; `None` with the
+    /// reason counted.
+    pub fn allocate(&self, bytes: u64, hash: u32) -> Option<u64> {
+        self.allocate_group(bytes, 1, hash).pop()
+    }
+
+    /// `n` (1 to 32) requests of `bytes` each, as the leader of a warp serves
+    /// the lanes asking for one class: the addresses handed out, fewer than
+    /// `n` if the heap ran out (the rest counted as failures).
+    pub fn allocate_group(&self, bytes: u64, n: u32, hash: u32) -> Vec<u64> {
+        if bytes == 0 || bytes > MAX_REQUEST_BYTES {
+            let reason = if bytes == 0 {
+                Reason::Zero
+            } else {
+                Reason::TooLarge
+            };
+            self.fail(reason, bytes, u64::from(n), 0);
+            return Vec::new();
+        }
+        let k = class_of(bytes);
+        let size = class_bytes(k);
+        let mut out = Vec::with_capacity(n as usize);
+        while (out.len() as u32) < n {
+            let handed = out.len() as u32;
+            let Some((chunk, got)) = self.reserve_some(k, n - handed, hash) else {
+                break;
+            };
+            let data = self.chunk_data(chunk - 1);
+            let mut claimed = 0;
+            while claimed < got {
+                let start = hash.wrapping_mul(0x9E37_79B1).wrapping_add(handed);
+                let (word, mut bits) = self.claim_bits(chunk - 1, k, got - claimed, start);
+                while bits != 0 {
+                    let index = word as u64 * 64 + u64::from(bits.trailing_zeros());
+                    bits &= bits - 1;
+                    out.push(data + index * size);
+                    claimed += 1;
+                }
+            }
+        }
+        let handed = out.len() as u64;
+        let c = &self.counters;
+        if handed != 0 {
+            let live = c.live_bytes.fetch_add(handed * size, SeqCst) + handed * size;
+            c.peak_bytes.fetch_max(live, SeqCst);
+            c.allocations.fetch_add(handed, SeqCst);
+        }
+        if handed < u64::from(n) {
+            self.fail(Reason::Exhausted, size, u64::from(n) - handed, size);
+        }
+        out
+    }
+
+    /// Frees the block at `address`; a pointer that is no live block is
+    /// counted in `bad_frees` and changes nothing else.
+    pub fn free(&self, address: u64) {
+        let t = &self.table;
+        let bad = || {
+            self.counters.bad_frees.fetch_add(1, SeqCst);
+        };
+        let Some(r) = (0..t.regions as usize).find(|&r| {
+            address.wrapping_sub(t.region_base[r]) < u64::from(t.region_chunks[r]) * CHUNK_BYTES
+        }) else {
+            return bad();
+        };
+        let local = (address - t.region_base[r]) / CHUNK_BYTES;
+        let id = t.region_first[r] + local as u32;
+        let cls = self.state[id as usize].load(SeqCst) >> CLASS_SHIFT;
+        let offset = address - t.region_base[r] - local * CHUNK_BYTES;
+        if cls == 0 || offset % class_bytes(cls as usize - 1) != 0 {
+            return bad();
+        }
+        let k = cls as usize - 1;
+        let index = offset / class_bytes(k);
+        let bit = 1u64 << (index % 64);
+        let old = self.bitmap(id)[index as usize / 64].fetch_and(!bit, SeqCst);
+        if old & bit == 0 {
+            return bad();
+        }
+        let blocks = class_blocks(k);
+        let before = self.unreserve(id, 1) & COUNT_MASK;
+        if before >= blocks && before - 1 < blocks {
+            Self::map_set(self.room(k), id);
+        }
+        self.counters.live_bytes.fetch_sub(class_bytes(k), SeqCst);
+        self.counters.frees.fetch_add(1, SeqCst);
+    }
+
+    /// Checks a heap no thread is using: every chunk's count is the number
+    /// of its set bits, a chunk is in the free map exactly when it has no
+    /// class, and `live_bytes` is what the bitmaps hold.
+    pub fn check(&self) -> Result<(), Corruption> {
+        let mut live = 0u64;
+        for id in 0..self.table.chunks {
+            let state = self.state[id as usize].load(SeqCst);
+            let bits: u32 = self
+                .bitmap(id)
+                .iter()
+                .map(|w| w.load(SeqCst).count_ones())
+                .sum();
+            let free = self.free_map[id as usize / 64].load(SeqCst) & (1 << (id % 64)) != 0;
+            let cls = state >> CLASS_SHIFT;
+            if state & COUNT_MASK != bits {
+                return Err(Corruption(format!(
+                    "chunk {id}: count {} but {bits} bits set",
+                    state & COUNT_MASK
+                )));
+            }
+            if free != (cls == 0) {
+                return Err(Corruption(format!(
+                    "chunk {id}: class tag {cls}, in the free map: {free}"
+                )));
+            }
+            if cls != 0 {
+                live += u64::from(bits) * class_bytes(cls as usize - 1);
+            }
+        }
+        let counted = self.counters.live_bytes.load(SeqCst);
+        if live != counted {
+            return Err(Corruption(format!(
+                "bitmaps hold {live} bytes, live_bytes says {counted}"
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,225 @@
+//! The device allocator's algorithm (`kernels::cm_model`, the steps of
+//! `cuda/cm_alloc.cuh`) raced by CPU threads: no two live blocks overlap, a
+//! freed block is found again, every chunk is free again after all frees,
+//! growth keeps the blocks handed out before it, and bad requests get NULL
+//! with their reason.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use kernels::cm_heap::{CHUNK_BYTES, MAX_REQUEST_BYTES, Reason, class_bytes, class_of};
+use kernels::cm_model::HostHeap;
+use proptest::prelude::*;
+
+/// Live blocks by address; inserting one that overlaps another fails.
+#[derive(Default)]
+struct Live(Mutex<BTreeMap<u64, u64>>);
+
+impl Live {
+    fn insert(&self, address: u64, bytes: u64) -> Result<(), String> {
+        let mut live = self.0.lock().unwrap();
+        if let Some((&a, &n)) = live.range(..=address).next_back() {
+            if a + n > address {
+                return Err(format!("{address:#x}+{bytes} overlaps {a:#x}+{n}"));
+            }
+        }
+        if let Some((&a, _)) = live.range(address..).next() {
+            if address + bytes > a {
+                return Err(format!("{address:#x}+{bytes} overlaps {a:#x}"));
+            }
+        }
+        live.insert(address, bytes);
+        Ok(())
+    }
+
+    fn remove(&self, address: u64) {
+        self.0.lock().unwrap().remove(&address);
+    }
+}
+
+/// One thread's script: requests of (bytes, group size), and whether to
+/// free each group right away.
+fn script() -> impl Strategy<Value = Vec<(u64, u32, bool)>> {
+    let bytes = prop_oneof![
+        1u64..=256,
+        257u64..=8192,
+        (16u32..=20).prop_map(|s| 1u64 << s)
+    ];
+    proptest::collection::vec((bytes, 1u32..=32, any::<bool>()), 1..40)
+}
+
+const BASE: u64 = 1 << 40;
+
+fn heap(chunks: &[u32]) -> HostHeap {
+    let mut heap = HostHeap::new();
+    for (i, &n) in chunks.iter().enumerate() {
+        assert!(heap.add_region(BASE + ((i as u64) << 36), n));
+    }
+    heap
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn racing_threads_never_share_a_block_and_all_memory_returns(
+        scripts in proptest::collection::vec(script(), 2..=4),
+        chunks in proptest::collection::vec(1u32..=3, 1..=3),
+    ) {
+        let heap = heap(&chunks);
+        let live = Live::default();
+        let kept: Vec<Vec<(u64, u64)>> = std::thread::scope(|s| {
+            let workers: Vec<_> = scripts.iter().enumerate().map(|(t, script)| {
+                let (heap, live) = (&heap, &live);
+                s.spawn(move || -> Result<Vec<(u64, u64)>, String> {
+                    let mut kept = Vec::new();
+                    for (step, &(bytes, n, free_now)) in script.iter().enumerate() {
+                        let hash = (t * 7 + step) as u32;
+                        let size = class_bytes(class_of(bytes));
+                        let got = heap.allocate_group(bytes, n, hash);
+                        for &a in &got {
+                            live.insert(a, size)?;
+                        }
+                        for a in got {
+                            if free_now {
+                                live.remove(a);
+                                heap.free(a);
+                            } else {
+                                kept.push((a, size));
+                            }
+                        }
+                    }
+                    Ok(kept)
+                })
+            }).collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect::<Result<_, _>>()
+        }).map_err(TestCaseError::fail)?;
+        heap.check().map_err(|c| TestCaseError::fail(c.0))?;
+        let c = heap.counters();
+        let held: u64 = kept.iter().flatten().map(|&(_, n)| n).sum();
+        prop_assert_eq!(c.live_bytes, held);
+        prop_assert!(c.peak_bytes >= held);
+        prop_assert_eq!(c.bad_frees, 0);
+        prop_assert_eq!(c.failures, c.failed(Reason::Exhausted));
+        for &(a, _) in kept.iter().flatten() {
+            heap.free(a);
+        }
+        heap.check().map_err(|c| TestCaseError::fail(c.0))?;
+        let c = heap.counters();
+        prop_assert_eq!(c.live_bytes, 0);
+        prop_assert_eq!(c.allocations, c.frees);
+        prop_assert_eq!(heap.free_chunks(), heap.regions().chunks, "chunks lost after all frees");
+    }
+
+    #[test]
+    fn a_heap_serves_every_block_of_its_chunks(k in 8usize..=16, chunks in 1u32..=4) {
+        // Classes of 4 KiB and up: a whole chunk of blocks in a few steps.
+        let heap = heap(&[chunks]);
+        let size = class_bytes(k);
+        let per_chunk = CHUNK_BYTES / size;
+        let mut got = Vec::new();
+        while let Some(a) = heap.allocate(size, got.len() as u32) {
+            got.push(a);
+        }
+        prop_assert_eq!(got.len() as u64, per_chunk * u64::from(chunks));
+        prop_assert_eq!(heap.counters().failed(Reason::Exhausted), 1);
+        prop_assert_eq!(heap.counters().failed_bytes, size);
+    }
+}
+
+#[test]
+fn a_freed_block_is_handed_out_again() {
+    let heap = heap(&[1]);
+    let size = 64 << 10;
+    let blocks: Vec<u64> = (0..16).map(|i| heap.allocate(size, i).unwrap()).collect();
+    assert_eq!(heap.allocate(size, 0), None);
+    heap.free(blocks[5]);
+    assert_eq!(heap.allocate(size, 3), Some(blocks[5]));
+    heap.check().unwrap();
+}
+
+#[test]
+fn an_emptied_chunk_serves_another_class() {
+    let heap = heap(&[1]);
+    let small: Vec<u64> = heap.allocate_group(16, 32, 0);
+    assert_eq!(small.len(), 32);
+    assert_eq!(heap.allocate(1 << 20, 0), None);
+    for a in small {
+        heap.free(a);
+    }
+    assert_eq!(heap.free_chunks(), 1);
+    assert_eq!(heap.allocate(1 << 20, 0), Some(BASE));
+    heap.check().unwrap();
+}
+
+#[test]
+fn growth_keeps_the_blocks_handed_out_before_it() {
+    let mut heap = heap(&[2]);
+    let size = 256 << 10;
+    let before: Vec<u64> = heap.allocate_group(size, 12, 1);
+    assert_eq!(before.len(), 8);
+    let c = heap.counters();
+    assert_eq!(c.failed(Reason::Exhausted), 4);
+    let grow = kernels::cm_heap::growth_chunks(heap.regions().chunks, c.failed_bytes);
+    assert!(grow >= 1);
+    assert!(heap.add_region(BASE + (1 << 36), grow));
+    let after = heap.allocate_group(size, 4, 1);
+    assert_eq!(after.len(), 4);
+    assert!(after.iter().all(|&a| a >= BASE + (1 << 36)));
+    for a in before.into_iter().chain(after) {
+        heap.free(a);
+    }
+    let c = heap.counters();
+    assert_eq!((c.bad_frees, c.live_bytes, c.frees), (0, 0, 12));
+    assert_eq!(heap.free_chunks(), 2 + grow);
+    heap.check().unwrap();
+}
+
+#[test]
+fn bad_requests_and_bad_frees_are_counted_not_served() {
+    let heap = heap(&[1]);
+    assert_eq!(heap.allocate(0, 0), None);
+    assert_eq!(heap.allocate(MAX_REQUEST_BYTES + 1, 0), None);
+    let c = heap.counters();
+    assert_eq!((c.failed(Reason::Zero), c.failed(Reason::TooLarge)), (1, 1));
+    assert_eq!(c.largest_failed, MAX_REQUEST_BYTES + 1);
+    let a = heap.allocate(100, 0).unwrap();
+    heap.free(a + 16);
+    heap.free(a);
+    heap.free(a);
+    heap.free(BASE - 16);
+    assert_eq!(heap.counters().bad_frees, 3);
+    heap.check().unwrap();
+}
+
+#[test]
+fn threads_started_together_on_one_chunk_never_share_a_block() {
+    // Few blocks (64 KiB ones: 16 per chunk, 2 chunks), many threads at
+    // once: every claim races.
+    let heap = heap(&[2]);
+    let live = Live::default();
+    let start = std::sync::Barrier::new(4);
+    std::thread::scope(|s| {
+        for t in 0..4u32 {
+            let (heap, live, start) = (&heap, &live, &start);
+            s.spawn(move || {
+                start.wait();
+                for i in 0..40_000u32 {
+                    let got = heap.allocate_group(64 << 10, 1 + (i + t) % 4, t);
+                    for &a in &got {
+                        live.insert(a, 64 << 10).unwrap();
+                    }
+                    for a in got {
+                        live.remove(a);
+                        heap.free(a);
+                    }
+                }
+            });
+        }
+    });
+    heap.check().unwrap();
+    let c = heap.counters();
+    assert_eq!((c.live_bytes, c.bad_frees), (0, 0));
+    assert!(c.allocations > 0);
+    assert_eq!(heap.free_chunks(), 2);
+}
