@@ -23,7 +23,7 @@ pub use freelist::{Fit, FreeList};
 pub use handle::{BlockFlags, BlockInfo, Handle, Heap};
 pub use stitch::driver::{DriverCall, DriverCalls, DriverCosts, H200_DRIVER_COSTS};
 pub use stitch::{
-    FULL_BANDWIDTH_HANDLE_BYTES, MappedHandle, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock,
+    FULL_BANDWIDTH_HANDLE_BYTES, HandleInfo, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock,
     StitchConfig, StitchStats, VIRTUAL_BYTES,
 };
 pub use tlsf::Tlsf;

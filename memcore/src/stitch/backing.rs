@@ -5,7 +5,7 @@
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
-use super::{MappedHandle, PAGE_BYTES, StitchConfig};
+use super::{HandleInfo, PAGE_BYTES, StitchConfig};
 use crate::stitch::driver::{DriverCall, DriverCalls};
 use crate::{Error, Extent, Result};
 
@@ -44,12 +44,15 @@ impl Class {
     }
 }
 
-/// A created handle. It is always mapped: a handle taken from one place is
-/// mapped at the next at once, or released.
+/// A created handle. A small one is always mapped: taken from one place,
+/// it is mapped at the next at once, or released; a large one may wait
+/// unmapped among the spares.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     /// Handle bytes; 0 for a slot whose handle was released.
     bytes: u64,
+    /// Whether it is mapped, at `first_page`.
+    mapped: bool,
     /// First page it is mapped at.
     first_page: u64,
     /// Its pages that live blocks touch.
@@ -70,6 +73,9 @@ pub(super) struct Backing {
     /// whose stamp no longer matches its slot is stale and skipped.
     idle: [VecDeque<(u32, u64)>; 2],
     idle_handles: [usize; 2],
+    /// Large handles taken off their pages and not yet mapped again; their
+    /// bytes count as idle.
+    spare_large: Vec<u32>,
     idle_bytes: u64,
     next_stamp: u64,
     physical_bytes: u64,
@@ -87,6 +93,7 @@ impl Backing {
             spare_slots: Vec::new(),
             idle: [VecDeque::new(), VecDeque::new()],
             idle_handles: [0; 2],
+            spare_large: Vec::new(),
             idle_bytes: 0,
             next_stamp: 1,
             physical_bytes: 0,
@@ -150,10 +157,8 @@ impl Backing {
     /// every page it touches and back those no handle backs.
     pub(super) fn touch(&mut self, offset: u64, len: u64) -> Result<()> {
         let (first, last) = Self::page_span(offset, len);
-        let needed = usize::try_from(last + 1).map_err(|_| Error::Overflow {
-            offset,
-            size: len,
-        })?;
+        let needed =
+            usize::try_from(last + 1).map_err(|_| Error::Overflow { offset, size: len })?;
         if self.pages.len() < needed {
             self.pages.resize(needed, EMPTY_PAGE);
         }
@@ -166,7 +171,27 @@ impl Backing {
             }
             match entry.handle {
                 NONE => unbacked = true,
-                slot => self.use_page_of(slot),
+                slot => {
+                    // A large handle serves only a block that holds its
+                    // whole run: serving part of it would keep all of it.
+                    // An idle one this block only overlaps leaves its pages.
+                    let handle = self.slots[slot as usize];
+                    let range_start = handle.first_page * PAGE_BYTES;
+                    let inside =
+                        range_start >= offset && range_start + handle.bytes <= offset + len;
+                    if handle.bytes > PAGE_BYTES && !inside {
+                        if handle.used > 0 {
+                            return Err(Error::Corrupt("a large handle serves two blocks"));
+                        }
+                        self.take_idle(slot);
+                        self.unmap(slot);
+                        self.spare_large.push(slot);
+                        self.idle_bytes += handle.bytes;
+                        unbacked = true;
+                    } else {
+                        self.use_page_of(slot);
+                    }
+                }
             }
         }
         if !unbacked {
@@ -220,15 +245,19 @@ impl Backing {
                 .slots
                 .get_mut(slot as usize)
                 .ok_or(Error::Corrupt("page of a live block has no handle"))?;
-            handle.used = handle
-                .used
-                .checked_sub(1)
-                .ok_or(Error::Corrupt("handle counts fewer used pages than touch it"))?;
+            handle.used = handle.used.checked_sub(1).ok_or(Error::Corrupt(
+                "handle counts fewer used pages than touch it",
+            ))?;
             if handle.used == 0 {
                 self.make_idle(slot);
             }
         }
         while self.idle_bytes > self.config.max_idle_bytes {
+            if let Some(slot) = self.spare_large.pop() {
+                self.idle_bytes -= self.slots[slot as usize].bytes;
+                self.release(slot);
+                continue;
+            }
             let Some(slot) = self.pop_oldest_idle() else {
                 break;
             };
@@ -240,6 +269,10 @@ impl Backing {
 
     /// Unmap and release every idle handle: what `empty_cache` does.
     pub(super) fn trim(&mut self) {
+        while let Some(slot) = self.spare_large.pop() {
+            self.idle_bytes -= self.slots[slot as usize].bytes;
+            self.release(slot);
+        }
         while let Some(slot) = self.pop_oldest_idle() {
             self.unmap(slot);
             self.release(slot);
@@ -268,9 +301,15 @@ impl Backing {
     /// A page that no live block touched is touched again; its handle
     /// leaves the idle cache if it was there.
     fn use_page_of(&mut self, slot: u32) {
+        self.slots[slot as usize].used += 1;
+        self.take_idle(slot);
+    }
+
+    /// Take a specific idle handle out of the cache; its queue entry goes
+    /// stale.
+    fn take_idle(&mut self, slot: u32) {
         let handle = &mut self.slots[slot as usize];
-        handle.used += 1;
-        if handle.used == 1 && handle.idle_stamp != 0 {
+        if handle.idle_stamp != 0 {
             handle.idle_stamp = 0;
             let class = Self::class_of(handle.bytes) as usize;
             self.idle_handles[class] -= 1;
@@ -345,6 +384,7 @@ impl Backing {
             used += u32::from(entry.refs > 0);
         }
         let handle = &mut self.slots[slot as usize];
+        handle.mapped = true;
         handle.first_page = page;
         handle.used = used;
         self.record(DriverCall::Map, bytes);
@@ -358,6 +398,12 @@ impl Backing {
     /// the other class worth as much, under the same condition.
     fn obtain(&mut self, class: Class) -> Result<u32> {
         let bytes = self.class_bytes(class);
+        if class == Class::Large
+            && let Some(slot) = self.spare_large.pop()
+        {
+            self.idle_bytes -= bytes;
+            return Ok(slot);
+        }
         if self.idle_bytes > self.config.keep_idle_bytes {
             if let Some(slot) = self.pop_idle(class) {
                 self.unmap(slot);
@@ -365,6 +411,12 @@ impl Backing {
             }
             let mut released = 0;
             while released < bytes && self.idle_bytes > self.config.keep_idle_bytes {
+                if let Some(slot) = self.spare_large.pop() {
+                    released += self.slots[slot as usize].bytes;
+                    self.idle_bytes -= self.slots[slot as usize].bytes;
+                    self.release(slot);
+                    continue;
+                }
                 let Some(slot) = self.pop_idle(class.other()) else {
                     break;
                 };
@@ -379,6 +431,7 @@ impl Backing {
     fn create(&mut self, bytes: u64) -> Result<u32> {
         let slot = Slot {
             bytes,
+            mapped: false,
             first_page: 0,
             used: 0,
             idle_stamp: 0,
@@ -415,6 +468,7 @@ impl Backing {
         for page in first_page..first_page + bytes / PAGE_BYTES {
             self.pages[page as usize].handle = NONE;
         }
+        self.slots[slot as usize].mapped = false;
         self.record(DriverCall::Unmap, bytes);
     }
 
@@ -429,14 +483,17 @@ impl Backing {
     }
 
     /// Every created handle and where it is mapped, by slot.
-    pub(super) fn mappings(&self) -> impl Iterator<Item = MappedHandle> + '_ {
+    pub(super) fn handles_held(&self) -> impl Iterator<Item = HandleInfo> + '_ {
         self.slots
             .iter()
             .enumerate()
             .filter(|(_, slot)| slot.bytes > 0)
-            .map(|(index, slot)| MappedHandle {
+            .map(|(index, slot)| HandleInfo {
                 handle: index as u32,
-                range: Extent::new(slot.first_page * PAGE_BYTES, slot.bytes),
+                bytes: slot.bytes,
+                mapped_at: slot
+                    .mapped
+                    .then(|| Extent::new(slot.first_page * PAGE_BYTES, slot.bytes)),
                 in_use: slot.used > 0,
             })
     }
@@ -478,21 +535,34 @@ impl Backing {
                 continue;
             }
             physical += slot.bytes;
+            if !slot.mapped {
+                if pages[index] != 0 || slot.used != 0 || slot.idle_stamp != 0 {
+                    return Err(Error::Corrupt("an unmapped handle is in use or cached"));
+                }
+                idle += slot.bytes;
+                continue;
+            }
             if pages[index] != slot.bytes / PAGE_BYTES {
-                return Err(Error::Corrupt("a handle is not mapped over its whole range"));
+                return Err(Error::Corrupt(
+                    "a handle is not mapped over its whole range",
+                ));
             }
             if slot.used != used[index] {
                 return Err(Error::Corrupt("a handle miscounts its used pages"));
             }
             if (slot.used == 0) != (slot.idle_stamp != 0) {
-                return Err(Error::Corrupt("a handle is idle but not cached, or cached in use"));
+                return Err(Error::Corrupt(
+                    "a handle is idle but not cached, or cached in use",
+                ));
             }
             if slot.used == 0 {
                 idle += slot.bytes;
             }
         }
         if physical != self.physical_bytes {
-            return Err(Error::Corrupt("physical bytes differ from the created handles"));
+            return Err(Error::Corrupt(
+                "physical bytes differ from the created handles",
+            ));
         }
         if idle != self.idle_bytes {
             return Err(Error::Corrupt("idle bytes differ from the idle handles"));

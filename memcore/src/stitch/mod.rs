@@ -96,13 +96,15 @@ pub struct StitchBlock {
     allocation: Allocation,
 }
 
-/// A created handle and where it is mapped.
+/// A created, not yet released handle and where it is mapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MappedHandle {
+pub struct HandleInfo {
     /// The handle's number; numbers of released handles are reused.
     pub handle: u32,
-    /// The virtual range it is mapped over; its size is the handle's bytes.
-    pub range: Extent,
+    /// Its physical bytes.
+    pub bytes: u64,
+    /// The virtual range it is mapped over (`bytes` long), if mapped.
+    pub mapped_at: Option<Extent>,
     /// Whether a live block touches one of its pages (else it is idle).
     pub in_use: bool,
 }
@@ -123,7 +125,7 @@ pub struct StitchStats {
     pub physical_bytes: u64,
     /// The most physical bytes held at once: the footprint.
     pub peak_physical_bytes: u64,
-    /// Physical bytes in idle (mapped, unused) handles.
+    /// Physical bytes in idle handles: mapped but unused, or unmapped.
     pub idle_bytes: u64,
     /// Page-sized handles held now.
     pub small_handles: u64,
@@ -273,9 +275,9 @@ impl Stitch {
         }
     }
 
-    /// Every created handle and the virtual range it is mapped over.
-    pub fn mappings(&self) -> impl Iterator<Item = MappedHandle> + '_ {
-        self.backing.mappings()
+    /// Every created, not yet released handle and where it is mapped.
+    pub fn handles(&self) -> impl Iterator<Item = HandleInfo> + '_ {
+        self.backing.handles_held()
     }
 
     /// The handle that backs the virtual byte at `offset` and the byte's
@@ -333,7 +335,7 @@ mod tests {
         pool.free(keep).unwrap();
         pool.trim();
         assert_eq!(pool.stats().physical_bytes, 0);
-        assert_eq!(pool.mappings().count(), 0);
+        assert_eq!(pool.handles().count(), 0);
         pool.check().unwrap();
     }
 
