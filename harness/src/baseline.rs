@@ -4,7 +4,7 @@
 //! the same [`Policy`] interface and growth rule as memcore's.
 
 use anyhow::{Result, bail};
-use memcore::DEFAULT_ALIGN;
+use memcore::{DEFAULT_ALIGN, DriverCalls, H200_DRIVER_COSTS};
 use range_alloc::RangeAllocator;
 
 use crate::policy::{Arena, ArenaState, GRANULE, Policy, granules, growth};
@@ -26,6 +26,7 @@ pub struct OffsetAllocatorPolicy {
     mapped: u64,
     growable: bool,
     live_bytes: u64,
+    calls: DriverCalls,
 }
 
 impl OffsetAllocatorPolicy {
@@ -48,6 +49,7 @@ impl OffsetAllocatorPolicy {
             mapped: if growable { 0 } else { arena_bytes },
             growable,
             live_bytes: 0,
+            calls: DriverCalls::default(),
         })
     }
 }
@@ -73,7 +75,9 @@ impl Policy for OffsetAllocatorPolicy {
         };
         let end = (u64::from(allocation.offset) + u64::from(units)) * UNIT;
         if self.growable && end > self.mapped {
-            self.mapped = granules(end);
+            let mapped = granules(end);
+            self.calls.grow(mapped - self.mapped, &H200_DRIVER_COSTS);
+            self.mapped = mapped;
         }
         self.live_bytes += size;
         Ok(Some(OffsetBlock { allocation, size }))
@@ -94,6 +98,10 @@ impl Policy for OffsetAllocatorPolicy {
         Ok(self.mapped)
     }
 
+    fn driver_calls(&self) -> Result<DriverCalls> {
+        Ok(self.calls)
+    }
+
     fn state(&self) -> Result<ArenaState> {
         let report = self.allocator.storage_report();
         let used = self.arena_bytes - u64::from(report.total_free_space) * UNIT;
@@ -112,6 +120,7 @@ pub struct RangeAllocPolicy {
     allocator: RangeAllocator<u64>,
     growable: bool,
     live_bytes: u64,
+    calls: DriverCalls,
 }
 
 /// How many times one request may grow a range-alloc arena (it fits exactly
@@ -129,6 +138,7 @@ impl RangeAllocPolicy {
             allocator: RangeAllocator::new(0..end),
             growable,
             live_bytes: 0,
+            calls: DriverCalls::default(),
         }
     }
 
@@ -161,8 +171,9 @@ impl Policy for RangeAllocPolicy {
                     .last()
                     .map_or(0, |range| range.end);
                 let mapped = self.mapped();
-                self.allocator
-                    .grow_to(mapped + growth(mapped, top, size, attempt).max(GRANULE));
+                let grow = growth(mapped, top, size, attempt).max(GRANULE);
+                self.allocator.grow_to(mapped + grow);
+                self.calls.grow(grow, &H200_DRIVER_COSTS);
                 block = self.try_allocate(size);
             }
         }
@@ -184,6 +195,10 @@ impl Policy for RangeAllocPolicy {
 
     fn mapped_bytes(&self) -> Result<u64> {
         Ok(self.mapped())
+    }
+
+    fn driver_calls(&self) -> Result<DriverCalls> {
+        Ok(self.calls)
     }
 
     fn state(&self) -> Result<ArenaState> {

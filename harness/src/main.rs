@@ -27,6 +27,7 @@ mod replay_command;
 mod report;
 mod rmm_csv;
 mod snapshot;
+mod stitch_policy;
 mod summary;
 mod trace;
 mod trace_file;

@@ -18,8 +18,8 @@
 use anyhow::Result;
 use clap::ValueEnum;
 use memcore::{
-    Allocation, Allocator, BlockFlags, DEFAULT_ALIGN, Error, FreeList, Handle, Heap, NewRegion,
-    Tlsf,
+    Allocation, Allocator, BlockFlags, DEFAULT_ALIGN, DriverCalls, Error, FreeList,
+    H200_DRIVER_COSTS, Handle, Heap, NewRegion, Tlsf,
 };
 use serde::Serialize;
 
@@ -44,11 +44,15 @@ pub enum PolicyName {
     OffsetAllocator,
     /// The range-alloc crate (wgpu's range allocator, best fit).
     RangeAlloc,
+    /// memcore::Stitch: virtual best fit, physical handles per page.
+    Stitch,
+    /// A model of PyTorch's expandable segments.
+    PytorchExpandable,
 }
 
 impl PolicyName {
     /// Every policy, in report order.
-    pub const ALL: [PolicyName; 7] = [
+    pub const ALL: [PolicyName; 9] = [
         PolicyName::FirstFit,
         PolicyName::BestFit,
         PolicyName::Tlsf,
@@ -56,6 +60,8 @@ impl PolicyName {
         PolicyName::PoolVmm,
         PolicyName::OffsetAllocator,
         PolicyName::RangeAlloc,
+        PolicyName::Stitch,
+        PolicyName::PytorchExpandable,
     ];
 
     /// The name used on the command line and in reports.
@@ -68,7 +74,16 @@ impl PolicyName {
             PolicyName::PoolVmm => "pool-vmm",
             PolicyName::OffsetAllocator => "offset-allocator",
             PolicyName::RangeAlloc => "range-alloc",
+            PolicyName::Stitch => "stitch",
+            PolicyName::PytorchExpandable => "pytorch-expandable",
         }
+    }
+
+    #[cfg(test)]
+    /// Whether blocks lie in the mapped bytes `[0, mapped)`; stitched
+    /// policies place them at virtual addresses backed page by page.
+    pub fn contiguous(self) -> bool {
+        !matches!(self, PolicyName::Stitch | PolicyName::PytorchExpandable)
     }
 }
 
@@ -124,6 +139,16 @@ pub trait Policy {
     fn relocations(&self) -> Result<u64> {
         Ok(0)
     }
+    /// Driver calls so far, by kind, with their modeled time. A policy
+    /// that maps one range at its end makes one create, map and
+    /// access grant per growth, for a handle of the growth's bytes.
+    fn driver_calls(&self) -> Result<DriverCalls>;
+    /// Of the live bytes when they first peaked, those in handles of at
+    /// least [`memcore::FULL_BANDWIDTH_HANDLE_BYTES`]; `None` where the
+    /// policy does not model handles.
+    fn peak_live_in_full_bandwidth_handles(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
     /// The arena now, for reports of a failed request.
     fn state(&self) -> Result<ArenaState>;
 }
@@ -152,6 +177,7 @@ pub struct Grown<A: Allocator> {
     allocator: A,
     mapped: u64,
     growable: bool,
+    calls: DriverCalls,
 }
 
 impl<A: Allocator> Grown<A> {
@@ -168,6 +194,7 @@ impl<A: Allocator> Grown<A> {
             allocator,
             mapped,
             growable,
+            calls: DriverCalls::default(),
         })
     }
 }
@@ -205,6 +232,7 @@ impl<A: Allocator> Grown<A> {
         };
         self.allocator.add_region(self.mapped, grow)?;
         self.mapped += grow;
+        self.calls.grow(grow, &H200_DRIVER_COSTS);
         match self.allocator.allocate(size, DEFAULT_ALIGN) {
             Ok(block) => Ok(Some(block)),
             Err(err) if is_refusal(&err) => Err(refused_after_growth(size)),
@@ -245,6 +273,10 @@ impl<A: Allocator> Policy for Grown<A> {
         Ok(self.mapped)
     }
 
+    fn driver_calls(&self) -> Result<DriverCalls> {
+        Ok(self.calls)
+    }
+
     fn state(&self) -> Result<ArenaState> {
         Ok(arena_state(self.mapped, &self.allocator.stats()))
     }
@@ -279,6 +311,7 @@ pub struct CompactingTlsf {
     growable: bool,
     bytes_moved: u64,
     relocations: u64,
+    calls: DriverCalls,
 }
 
 impl CompactingTlsf {
@@ -298,6 +331,7 @@ impl CompactingTlsf {
             growable,
             bytes_moved: 0,
             relocations: 0,
+            calls: DriverCalls::default(),
         })
     }
 
@@ -354,6 +388,7 @@ impl Policy for CompactingTlsf {
         };
         self.heap.add_region(self.mapped, grow)?;
         self.mapped += grow;
+        self.calls.grow(grow, &H200_DRIVER_COSTS);
         match self.try_allocate(size)? {
             Some(handle) => Ok(Some(handle)),
             None => Err(refused_after_growth(size)),
@@ -379,6 +414,10 @@ impl Policy for CompactingTlsf {
 
     fn relocations(&self) -> Result<u64> {
         Ok(self.relocations)
+    }
+
+    fn driver_calls(&self) -> Result<DriverCalls> {
+        Ok(self.calls)
     }
 
     fn state(&self) -> Result<ArenaState> {

@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use ctx::{CompactionPolicy, Growth, Pool, PoolConfig, PoolGuard, SimConfig, SimDevice};
-use memcore::{DEFAULT_ALIGN, Handle};
+use memcore::{DEFAULT_ALIGN, DriverCalls, H200_DRIVER_COSTS, Handle};
 
 use crate::policy::{Arena, ArenaState, GRANULE, Policy};
 
@@ -97,6 +97,19 @@ impl Policy for PoolPolicy<'_> {
 
     fn relocations(&self) -> Result<u64> {
         Ok(self.guard.stats().compactions)
+    }
+
+    /// The pool counts its growths, not their sizes: each is priced as a
+    /// handle of the mean growth (the pool never shrinks in a replay).
+    fn driver_calls(&self) -> Result<DriverCalls> {
+        let stats = self.guard.stats();
+        let mut calls = DriverCalls::default();
+        if let Some(mean) = stats.mapped_bytes.checked_div(stats.grows) {
+            for _ in 0..stats.grows {
+                calls.grow(mean, &H200_DRIVER_COSTS);
+            }
+        }
+        Ok(calls)
     }
 
     fn state(&self) -> Result<ArenaState> {

@@ -10,7 +10,9 @@ use serde::Serialize;
 use crate::baseline::{OffsetAllocatorPolicy, RangeAllocPolicy};
 use crate::policy::{self, Arena, ArenaState, CompactingTlsf, Policy, PolicyName};
 use crate::pool_policy::{self, PoolPolicy};
+use crate::stitch_policy::{ExpandablePolicy, StitchPolicy};
 use crate::trace::{Event, Location, Trace};
+use memcore::StitchConfig;
 
 /// Events between two progress-bar updates: rare enough to cost nothing in
 /// the timed loop.
@@ -54,6 +56,11 @@ pub struct Outcome {
     pub elapsed: Duration,
     /// Events replayed.
     pub events: usize,
+    /// Driver calls by kind, with their modeled time.
+    pub driver_calls: memcore::DriverCalls,
+    /// Of the live bytes at their first peak, those in handles of at least
+    /// 32 MiB, where the policy models handles.
+    pub peak_live_in_full_bandwidth_handles: Option<u64>,
 }
 
 impl Outcome {
@@ -80,12 +87,14 @@ pub struct Placement {
     pub mapped: Vec<(usize, u64)>,
 }
 
-/// Replay `trace` through `name` over `arena`; with `record`, also keep the
-/// placement of every block (a second pass, so timing stays clean).
+/// Replay `trace` through `name` over `arena` (the stitch policy set up by
+/// `stitch`); with `record`, also keep the placement of every block (a
+/// second pass, so timing stays clean).
 pub fn run(
     name: PolicyName,
     trace: &Trace,
     arena: Arena,
+    stitch: StitchConfig,
     progress: &ProgressBar,
     record: bool,
 ) -> Result<(Outcome, Option<Placement>)> {
@@ -93,6 +102,7 @@ pub fn run(
     let outcome = with_policy(
         name,
         arena,
+        stitch,
         Timed {
             name,
             trace,
@@ -101,7 +111,7 @@ pub fn run(
     )
     .with_context(context)?;
     let placement = if record {
-        Some(with_policy(name, arena, Placed { trace }).with_context(context)?)
+        Some(with_policy(name, arena, stitch, Placed { trace }).with_context(context)?)
     } else {
         None
     };
@@ -114,7 +124,12 @@ trait PolicyBody<T> {
 }
 
 /// Build the policy `name` names, so the loops below are monomorphized for it.
-fn with_policy<T>(name: PolicyName, arena: Arena, body: impl PolicyBody<T>) -> Result<T> {
+fn with_policy<T>(
+    name: PolicyName,
+    arena: Arena,
+    stitch: StitchConfig,
+    body: impl PolicyBody<T>,
+) -> Result<T> {
     match name {
         PolicyName::FirstFit => body.run(&mut policy::free_list(memcore::Fit::First, arena)?),
         PolicyName::BestFit => body.run(&mut policy::free_list(memcore::Fit::Best, arena)?),
@@ -126,6 +141,8 @@ fn with_policy<T>(name: PolicyName, arena: Arena, body: impl PolicyBody<T>) -> R
         }
         PolicyName::OffsetAllocator => body.run(&mut OffsetAllocatorPolicy::new(arena)?),
         PolicyName::RangeAlloc => body.run(&mut RangeAllocPolicy::new(arena)),
+        PolicyName::Stitch => body.run(&mut StitchPolicy::new(stitch, arena)),
+        PolicyName::PytorchExpandable => body.run(&mut ExpandablePolicy::new(arena)),
     }
 }
 
@@ -185,6 +202,8 @@ impl PolicyBody<Outcome> for Timed<'_> {
             first_failure,
             elapsed,
             events: trace.events.len(),
+            driver_calls: policy.driver_calls()?,
+            peak_live_in_full_bandwidth_handles: policy.peak_live_in_full_bandwidth_handles()?,
         })
     }
 }
@@ -351,7 +370,7 @@ mod tests {
                     );
                 }
             }
-            if let Some((&offset, &id)) = live.last_key_value() {
+            if let Some((&offset, &id)) = live.last_key_value().filter(|_| name.contiguous()) {
                 assert!(
                     offset + sizes[id as usize] <= mapped_now,
                     "{name:?}: event {index} beyond mapped"
@@ -364,8 +383,15 @@ mod tests {
     fn every_policy_places_the_embedded_trace_soundly() {
         let trace = &crate::trace_file::load_embedded().unwrap()[0];
         for name in PolicyName::ALL {
-            let (outcome, placement) =
-                run(name, trace, Arena::Growable, &ProgressBar::hidden(), true).unwrap();
+            let (outcome, placement) = run(
+                name,
+                trace,
+                Arena::Growable,
+                StitchConfig::default(),
+                &ProgressBar::hidden(),
+                true,
+            )
+            .unwrap();
             assert_sound(name, trace, placement.as_ref().unwrap());
             assert_eq!(outcome.failed_allocations, 0);
             assert!(outcome.peak_footprint_bytes >= trace.peak_live_bytes);
@@ -386,8 +412,15 @@ mod tests {
     fn every_policy_replays_and_maps_at_least_the_peak() {
         let trace = sawtooth();
         for name in PolicyName::ALL {
-            let (outcome, placement) =
-                run(name, &trace, Arena::Growable, &ProgressBar::hidden(), true).unwrap();
+            let (outcome, placement) = run(
+                name,
+                &trace,
+                Arena::Growable,
+                StitchConfig::default(),
+                &ProgressBar::hidden(),
+                true,
+            )
+            .unwrap();
             assert_eq!(outcome.failed_allocations, 0, "{name:?}");
             assert!(
                 outcome.peak_footprint_bytes >= 4 << 20,
@@ -414,6 +447,7 @@ mod tests {
                 name,
                 &trace,
                 Arena::Fixed(4 << 20),
+                StitchConfig::default(),
                 &ProgressBar::hidden(),
                 false,
             )

@@ -48,6 +48,18 @@ pub struct ReplayArgs {
     /// Of a multi-device PyTorch snapshot, replay only CUDA device N.
     #[arg(long)]
     device: Option<usize>,
+    /// The stitch policy's large handles, in bytes (a multiple of 2 MiB;
+    /// 0 or 2MiB: 2 MiB handles only).
+    #[arg(long, value_parser = byte_size::parse, default_value = "32MiB")]
+    stitch_large: u64,
+    /// Idle bytes the stitch policy keeps mapped before it moves an idle
+    /// handle to back other pages (0: at once, least memory).
+    #[arg(long, value_parser = byte_size::parse, default_value = "0")]
+    stitch_keep_idle: u64,
+    /// Place the stitch policy's large requests at any 512-byte address
+    /// rather than at a multiple of the large handle.
+    #[arg(long)]
+    stitch_unaligned: bool,
 }
 
 /// Run `cudamem replay`.
@@ -56,6 +68,19 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         Some(0) => bail!("--capacity must be at least one byte"),
         Some(bytes) => Arena::Fixed(bytes),
         None => Arena::Growable,
+    };
+    let page = memcore::PAGE_BYTES;
+    if args.stitch_large % page != 0 || args.stitch_large / page > u64::from(u32::MAX) {
+        bail!(
+            "--stitch-large {} is not a multiple of {page} bytes (2 MiB) below 2^32 pages",
+            args.stitch_large
+        );
+    }
+    let stitch = memcore::StitchConfig {
+        large_pages: (args.stitch_large / page) as u32,
+        align_large: !args.stitch_unaligned,
+        keep_idle_bytes: args.stitch_keep_idle,
+        ..memcore::StitchConfig::default()
     };
     let policies = if args.policies.is_empty() {
         PolicyName::ALL.to_vec()
@@ -110,7 +135,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         let mut placements = Vec::new();
         for &name in &policies {
             progress.set_message(name.as_str());
-            let (outcome, placement) = replay::run(name, &trace, arena, &progress, record)?;
+            let (outcome, placement) = replay::run(name, &trace, arena, stitch, &progress, record)?;
             outcomes.push(outcome);
             placements.extend(placement);
         }

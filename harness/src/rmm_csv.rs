@@ -4,11 +4,13 @@
 use std::io::Read;
 use std::path::Path;
 
-use crate::trace::{Location, Problem, Trace, TraceBuilder, TraceError, parse_pointer, parse_size};
+use crate::trace::{
+    Location, Problem, Trace, TraceBuilder, TraceError, parse_pointer, parse_size, parse_time,
+};
 use crate::trace_file::describe_read_error;
 
 /// Columns a log must have; the others (thread, time, stream) do not change
-/// what an allocator sees.
+/// what an allocator sees. Time, where present, gives the trace's duration.
 const REQUIRED: [&str; 3] = ["Action", "Pointer", "Size"];
 
 /// Parse a whole CSV log read from `input` (already decompressed).
@@ -44,6 +46,7 @@ pub fn parse(path: &Path, name: &str, input: impl Read) -> Result<Trace, TraceEr
         ));
     };
 
+    let time_col = column("Time");
     let mut trace = TraceBuilder::new(name.to_string());
     let mut record = csv::ByteRecord::new();
     let mut line = 1u64;
@@ -74,6 +77,12 @@ pub fn parse(path: &Path, name: &str, input: impl Read) -> Result<Trace, TraceEr
             std::str::from_utf8(bytes).map_err(|_| Problem::Malformed("field is not UTF-8".into()))
         };
         let at = Location::Line(line);
+        if let Some(time_col) = time_col {
+            let ns = field(time_col)
+                .and_then(parse_time)
+                .map_err(|problem| fail(line, problem))?;
+            trace.observe_time(ns);
+        }
         let result = field(action_col).and_then(|action| match action.trim() {
             "allocate" => {
                 let pointer = parse_pointer(field(pointer_col)?)?;
@@ -119,6 +128,7 @@ mod tests {
         assert_eq!(trace.events.len(), 3);
         assert_eq!(trace.peak_live_bytes, 612);
         assert_eq!(trace.locations[2], Location::Line(5));
+        assert_eq!(trace.duration_ns, Some(300_000_000));
     }
 
     #[test]

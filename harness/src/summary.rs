@@ -36,6 +36,45 @@ pub struct PolicySummary {
     /// The first refused request, with the arena's state then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_failure: Option<Failure>,
+    /// Driver calls by kind and their modeled time.
+    pub driver_calls: DriverSummary,
+    /// Modeled driver time over the trace's recorded duration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_time_share: Option<f64>,
+    /// Share of the live bytes at their peak that lie in handles of at
+    /// least 32 MiB, where the policy models handles.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub full_bandwidth_share: Option<f64>,
+}
+
+/// A policy's driver calls, by kind, each on one handle.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct DriverSummary {
+    /// cuMemCreate.
+    pub creates: u64,
+    /// cuMemRelease.
+    pub releases: u64,
+    /// cuMemMap.
+    pub maps: u64,
+    /// cuMemUnmap.
+    pub unmaps: u64,
+    /// cuMemSetAccess, one per handle.
+    pub set_access: u64,
+    /// Their time by memcore's H200 cost table, nanoseconds.
+    pub modeled_ns: u64,
+}
+
+impl From<memcore::DriverCalls> for DriverSummary {
+    fn from(calls: memcore::DriverCalls) -> Self {
+        Self {
+            creates: calls.creates,
+            releases: calls.releases,
+            maps: calls.maps,
+            unmaps: calls.unmaps,
+            set_access: calls.set_access,
+            modeled_ns: calls.modeled_ns,
+        }
+    }
 }
 
 /// What the recording allocator itself did (PyTorch's caching allocator,
@@ -73,6 +112,10 @@ pub struct TraceSummary {
     /// PyTorch's own figures, for a snapshot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pytorch_recorded: Option<RecordedSummary>,
+    /// Time from the first to the last record, nanoseconds, where the
+    /// trace records time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ns: Option<u64>,
     /// The fixed arena size, when `--capacity` was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity_bytes: Option<u64>,
@@ -102,6 +145,15 @@ impl TraceSummary {
                         0.0
                     },
                     first_failure: outcome.first_failure.clone(),
+                    driver_calls: outcome.driver_calls.into(),
+                    driver_time_share: trace
+                        .duration_ns
+                        .filter(|&ns| ns > 0)
+                        .map(|ns| outcome.driver_calls.modeled_ns as f64 / ns as f64),
+                    full_bandwidth_share: outcome
+                        .peak_live_in_full_bandwidth_handles
+                        .filter(|_| trace.peak_live_bytes > 0)
+                        .map(|bytes| bytes as f64 / trace.peak_live_bytes as f64),
                 }
             })
             .collect();
@@ -117,6 +169,7 @@ impl TraceSummary {
                 footprint_ratio: ratio(recorded.peak_reserved_bytes, trace.peak_live_bytes),
                 peak_allocated_bytes: recorded.peak_allocated_bytes,
             }),
+            duration_ns: trace.duration_ns,
             capacity_bytes,
             footprint_rule: FOOTPRINT_RULE,
             policies,
@@ -126,9 +179,12 @@ impl TraceSummary {
     /// The table for people.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "{}: {} events, peak live {} ({} bytes){}\n",
+            "{}: {} events{}, peak live {} ({} bytes){}\n",
             self.trace,
             self.events,
+            self.duration_ns
+                .map(|ns| format!(" over {:.3} s", ns as f64 / 1e9))
+                .unwrap_or_default(),
             human(self.peak_live_bytes),
             self.peak_live_bytes,
             self.capacity_bytes
@@ -137,19 +193,36 @@ impl TraceSummary {
         );
         let _ = writeln!(
             out,
-            "  {:<17} {:>16} {:>10} {:>13} {:>8} {:>9}",
-            "policy", "peak footprint", "ratio", "moved", "failed", "ns/op"
+            "  {:<18} {:>16} {:>7} {:>11} {:>6} {:>8} {:>9} {:>10} {:>8} {:>7}",
+            "policy",
+            "peak footprint",
+            "ratio",
+            "moved",
+            "failed",
+            "ns/op",
+            "drv calls",
+            "drv ms",
+            "drv/time",
+            ">=32MiB"
         );
+        let percent = |share: Option<f64>| {
+            share.map_or_else(|| "-".to_string(), |share| format!("{:.2}%", share * 100.0))
+        };
         for policy in &self.policies {
+            let calls = &policy.driver_calls;
             let _ = writeln!(
                 out,
-                "  {:<17} {:>16} {:>10.3} {:>13} {:>8} {:>9.1}",
+                "  {:<18} {:>16} {:>7.3} {:>11} {:>6} {:>8.1} {:>9} {:>10.2} {:>8} {:>7}",
                 policy.name,
                 human(policy.peak_footprint_bytes),
                 policy.footprint_ratio,
                 human(policy.compaction_bytes_moved),
                 policy.failed_allocations,
-                policy.ns_per_op
+                policy.ns_per_op,
+                calls.creates + calls.releases + calls.maps + calls.unmaps + calls.set_access,
+                calls.modeled_ns as f64 / 1e6,
+                percent(policy.driver_time_share),
+                percent(policy.full_bandwidth_share)
             );
         }
         if let Some(recorded) = &self.pytorch_recorded {

@@ -143,6 +143,9 @@ pub struct Trace {
     pub device: Option<usize>,
     /// What the recording allocator itself held, when the trace says.
     pub recorded: Option<Recorded>,
+    /// Time from the first to the last record, nanoseconds, where the
+    /// format records time.
+    pub duration_ns: Option<u64>,
 }
 
 /// The recording allocator's own figures over a trace (PyTorch's caching
@@ -209,6 +212,8 @@ pub struct TraceBuilder {
     live_bytes: u64,
     peak_live_bytes: u64,
     peak_live_event: usize,
+    /// First and last time seen, nanoseconds.
+    times: Option<(u64, u64)>,
 }
 
 impl TraceBuilder {
@@ -225,7 +230,16 @@ impl TraceBuilder {
             live_bytes: 0,
             peak_live_bytes: 0,
             peak_live_event: 0,
+            times: None,
         }
+    }
+
+    /// A record was made at `ns` nanoseconds (on any clock): the trace's
+    /// duration runs from the earliest to the latest.
+    pub fn observe_time(&mut self, ns: u64) {
+        let (first, last) = self.times.get_or_insert((ns, ns));
+        *first = (*first).min(ns);
+        *last = (*last).max(ns);
     }
 
     /// Record an allocation of `size` bytes at `pointer`.
@@ -304,6 +318,7 @@ impl TraceBuilder {
             unknown_frees: self.assumed.len() as u64,
             device: None,
             recorded: None,
+            duration_ns: self.times.map(|(first, last)| last - first),
         };
         if !self.assumed.is_empty() {
             trace.prepend_assumed(&self.assumed);
@@ -379,6 +394,44 @@ pub fn parse_size(text: &str) -> Result<u64, Problem> {
         .map_err(|_| bad("overflows a 64-bit byte count"))
 }
 
+/// Parse a time field `[[HH:]MM:]SS[.fraction]` into nanoseconds.
+pub fn parse_time(text: &str) -> Result<u64, Problem> {
+    let trimmed = text.trim();
+    let bad = || {
+        Problem::Malformed(format!(
+            "time {:?} is not [[HH:]MM:]SS[.fraction]",
+            cut(trimmed)
+        ))
+    };
+    let (whole, fraction) = trimmed.split_once('.').unwrap_or((trimmed, ""));
+    if fraction.len() > 9 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let parts: Vec<&str> = whole.split(':').collect();
+    if parts.len() > 3 {
+        return Err(bad());
+    }
+    let mut seconds = 0u64;
+    for part in parts {
+        if part.is_empty() || part.len() > 12 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        seconds = seconds * 60 + part.parse::<u64>().map_err(|_| bad())?;
+    }
+    let nanos = format!("{fraction:0<9}")
+        .parse::<u64>()
+        .map_err(|_| bad())?;
+    seconds
+        .checked_mul(1_000_000_000)
+        .and_then(|ns| ns.checked_add(nanos))
+        .ok_or_else(bad)
+}
+
+/// `text` cut to 80 characters for an error message.
+fn cut(text: &str) -> String {
+    text.chars().take(80).collect()
+}
+
 /// Parse a pointer field: hexadecimal, with or without `0x`.
 pub fn parse_pointer(text: &str) -> Result<u64, Problem> {
     let trimmed = text.trim();
@@ -446,6 +499,19 @@ mod tests {
     }
 
     #[test]
+    fn times_parse_or_say_why_not() {
+        assert_eq!(parse_time("00:00:58.617548"), Ok(58_617_548_000));
+        assert_eq!(parse_time("1:02:03.5"), Ok(3_723_500_000_000));
+        assert_eq!(parse_time("7"), Ok(7_000_000_000));
+        for bad in ["", "1:2:3:4", "00:00:0x.1", "1.2.3", "-1", "1.1234567890"] {
+            assert!(
+                matches!(parse_time(bad), Err(Problem::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
     fn builder_tracks_peak_and_rejects_inconsistent_records() {
         let mut trace = TraceBuilder::new("t".into());
         trace.allocate(0x100, 10, Location::Line(2)).unwrap();
@@ -460,7 +526,11 @@ mod tests {
             Err(Problem::UnknownPointer(0x100))
         );
         trace.allocate(0x100, 5, Location::Line(7)).unwrap();
+        trace.observe_time(40);
+        trace.observe_time(10);
+        trace.observe_time(25);
         let trace = trace.finish();
+        assert_eq!(trace.duration_ns, Some(30));
         assert_eq!(trace.peak_live_bytes, 40);
         assert_eq!(trace.peak_live_event, 1);
         assert_eq!(trace.allocations, 3);

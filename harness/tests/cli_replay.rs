@@ -182,9 +182,12 @@ fn json_output_has_every_field_and_the_exact_peak() {
             "tlsf-compact",
             "pool-vmm",
             "offset-allocator",
-            "range-alloc"
+            "range-alloc",
+            "stitch",
+            "pytorch-expandable"
         ]
     );
+    assert!(json["duration_ns"].as_u64().unwrap() > 0, "{json}");
     for policy in policies {
         // One 2 MiB granule holds everything.
         assert_eq!(policy["peak_footprint_bytes"], 2 << 20, "{policy}");
@@ -193,6 +196,17 @@ fn json_output_has_every_field_and_the_exact_peak() {
         assert_eq!(policy["compaction_bytes_moved"], 0);
         assert_eq!(policy["failed_allocations"], 0);
         assert!(policy["ns_per_op"].as_f64().unwrap() >= 0.0);
+        // One 2 MiB handle: created, mapped, given access.
+        let calls = &policy["driver_calls"];
+        assert_eq!(
+            (&calls["creates"], &calls["maps"]),
+            (&1.into(), &1.into()),
+            "{policy}"
+        );
+        assert!(
+            policy["driver_time_share"].as_f64().unwrap() > 0.0,
+            "{policy}"
+        );
     }
 }
 

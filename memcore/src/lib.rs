@@ -10,6 +10,7 @@ mod compact;
 mod error;
 mod freelist;
 mod handle;
+mod stitch;
 mod tlsf;
 
 pub use alloc_api::{
@@ -20,4 +21,9 @@ pub use compact::{CompactionPlan, Move};
 pub use error::{Error, Result};
 pub use freelist::{Fit, FreeList};
 pub use handle::{BlockFlags, BlockInfo, Handle, Heap};
+pub use stitch::driver::{DriverCall, DriverCalls, DriverCosts, H200_DRIVER_COSTS};
+pub use stitch::{
+    FULL_BANDWIDTH_HANDLE_BYTES, HandleInfo, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock,
+    StitchConfig, StitchStats, VIRTUAL_BYTES,
+};
 pub use tlsf::Tlsf;

@@ -1,0 +1,169 @@
+//! Property test of memcore's stitching allocator: random allocate/free
+//! sequences under random configurations; after every step the virtual
+//! blocks, the handles and the mapping table must agree.
+//!
+//! Invariants: no two live blocks share a virtual byte; every live byte is
+//! mapped; no two live blocks share a physical byte (virtual byte ->
+//! handle and offset through the mapping table); no two mapped handles
+//! overlap in virtual space; the physical bytes counted are the bytes in
+//! created handles; the allocator's own walk finds nothing wrong. At the end,
+//! freeing everything and trimming leaves no handle.
+
+use memcore::{PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock, StitchConfig};
+use proptest::prelude::*;
+
+const MIB: u64 = 1 << 20;
+
+/// One step of a test case.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Allocate this many bytes.
+    Alloc(u64),
+    /// Free the live block at this index (modulo the live count).
+    Free(usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        // Small, page-sized and large requests, so boundary pages are
+        // shared and large handles made, hit and split up.
+        3 => (1u64..4 * MIB).prop_map(Step::Alloc),
+        2 => (1u64..80 * MIB).prop_map(Step::Alloc),
+        1 => (1u64..8).prop_map(|pages| Step::Alloc(pages * 16 * PAGE_BYTES)),
+        4 => any::<usize>().prop_map(Step::Free),
+    ]
+}
+
+fn config() -> impl Strategy<Value = StitchConfig> {
+    (
+        prop_oneof![Just(0u32), Just(2), Just(4), Just(16)],
+        any::<bool>(),
+        prop_oneof![Just(0u64), Just(8 * MIB), Just(u64::MAX)],
+        prop_oneof![Just(u64::MAX), Just(16 * MIB)],
+    )
+        .prop_map(
+            |(large_pages, align_large, keep_idle_bytes, max_idle_bytes)| StitchConfig {
+                large_pages,
+                align_large,
+                keep_idle_bytes,
+                max_idle_bytes,
+                ..StitchConfig::default()
+            },
+        )
+}
+
+/// Every invariant, with the step number in the message.
+fn assert_sound(pool: &Stitch, live: &[StitchBlock], step: usize) {
+    pool.check()
+        .unwrap_or_else(|err| panic!("step {step}: {err}"));
+    // Virtual: sorted live blocks do not overlap, and are aligned.
+    let mut blocks = live.to_vec();
+    blocks.sort_by_key(|block| block.offset);
+    for pair in blocks.windows(2) {
+        assert!(
+            pair[0].offset + pair[0].size <= pair[1].offset,
+            "step {step}: blocks {:?} and {:?} share a virtual byte",
+            pair[0],
+            pair[1]
+        );
+    }
+    assert!(blocks.iter().all(|block| block.offset % STITCH_ALIGN == 0));
+    // Handles: bytes add up, mapped ranges do not overlap.
+    let handles: Vec<_> = pool.handles().collect();
+    let stats = pool.stats();
+    assert_eq!(
+        handles.iter().map(|handle| handle.bytes).sum::<u64>(),
+        stats.physical_bytes,
+        "step {step}: physical bytes"
+    );
+    assert!(stats.peak_physical_bytes >= stats.physical_bytes);
+    assert_eq!(
+        stats.live_bytes,
+        live.iter().map(|block| block.size).sum::<u64>()
+    );
+    let mut ranges: Vec<_> = handles.iter().filter_map(|h| h.mapped_at).collect();
+    ranges.sort();
+    for pair in ranges.windows(2) {
+        assert!(
+            !pair[0].overlaps(&pair[1]),
+            "step {step}: handles mapped over {:?} and {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    // Physical: each live block's bytes, page piece by page piece, through
+    // the mapping table; no piece unmapped, no two pieces sharing a byte.
+    let mut pieces = Vec::new();
+    for block in &blocks {
+        let end = block.offset + block.size;
+        let mut at = block.offset;
+        while at < end {
+            let piece_end = ((at / PAGE_BYTES + 1) * PAGE_BYTES).min(end);
+            let (handle, inside) = pool
+                .physical(at)
+                .unwrap_or_else(|| panic!("step {step}: live byte {at} of {block:?} unmapped"));
+            let info = handles
+                .iter()
+                .find(|info| info.handle == handle)
+                .unwrap_or_else(|| panic!("step {step}: byte {at} maps to a released handle"));
+            let mapped = info.mapped_at.expect("a page names an unmapped handle");
+            assert_eq!(mapped.offset + inside, at, "step {step}: wrong offset");
+            assert!(
+                inside + (piece_end - at) <= info.bytes,
+                "step {step}: piece runs past its handle"
+            );
+            assert!(
+                info.in_use,
+                "step {step}: a handle under a live block is idle"
+            );
+            pieces.push((handle, inside, inside + (piece_end - at)));
+            at = piece_end;
+        }
+    }
+    pieces.sort();
+    for pair in pieces.windows(2) {
+        assert!(
+            pair[0].0 != pair[1].0 || pair[0].2 <= pair[1].1,
+            "step {step}: two live pieces share physical bytes: {:?} {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn stitched_blocks_never_share_a_physical_byte(
+        config in config(),
+        steps in proptest::collection::vec(step(), 1..80),
+    ) {
+        let mut pool = Stitch::new(config);
+        let mut live: Vec<StitchBlock> = Vec::new();
+        for (index, step) in steps.iter().enumerate() {
+            match *step {
+                Step::Alloc(size) => live.push(pool.allocate(size).unwrap()),
+                Step::Free(pick) => {
+                    if !live.is_empty() {
+                        let block = live.swap_remove(pick % live.len());
+                        pool.free(block).unwrap();
+                        prop_assert!(pool.free(block).is_err(), "double free accepted");
+                    }
+                }
+            }
+            assert_sound(&pool, &live, index);
+        }
+        for block in live.drain(..) {
+            pool.free(block).unwrap();
+        }
+        pool.trim();
+        assert_sound(&pool, &live, steps.len());
+        prop_assert_eq!(pool.stats().physical_bytes, 0);
+        prop_assert_eq!(pool.handles().count(), 0);
+        let calls = pool.stats().calls;
+        prop_assert_eq!(calls.creates, calls.releases);
+        prop_assert_eq!(calls.maps, calls.unmaps);
+        prop_assert_eq!(calls.maps, calls.set_access);
+    }
+}

@@ -1,0 +1,572 @@
+//! The physical side of a stitched pool: which handle backs each 2 MiB
+//! page of the virtual arena, how many live blocks touch each page, and
+//! the cache of mapped handles no live block uses.
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+
+use super::{HandleInfo, PAGE_BYTES, StitchConfig};
+use crate::stitch::driver::{DriverCall, DriverCalls};
+use crate::{Error, Extent, Result};
+
+/// No handle.
+const NONE: u32 = u32::MAX;
+
+/// One 2 MiB page of the virtual arena.
+#[derive(Debug, Clone, Copy)]
+struct Page {
+    /// Live blocks with at least one byte in the page.
+    refs: u32,
+    /// The handle mapped over the page, or [`NONE`].
+    handle: u32,
+}
+
+const EMPTY_PAGE: Page = Page {
+    refs: 0,
+    handle: NONE,
+};
+
+/// The two handle sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// One page.
+    Small = 0,
+    /// `large_pages` pages.
+    Large = 1,
+}
+
+impl Class {
+    fn other(self) -> Class {
+        match self {
+            Class::Small => Class::Large,
+            Class::Large => Class::Small,
+        }
+    }
+}
+
+/// A created handle. A small one is always mapped: taken from one place,
+/// it is mapped at the next at once, or released; a large one may wait
+/// unmapped among the spares.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    /// Handle bytes; 0 for a slot whose handle was released.
+    bytes: u64,
+    /// Whether it is mapped, at `first_page`.
+    mapped: bool,
+    /// First page it is mapped at.
+    first_page: u64,
+    /// Its pages that live blocks touch.
+    used: u32,
+    /// While idle (`used == 0`), the stamp of its entry in the idle queue;
+    /// 0 otherwise.
+    idle_stamp: u64,
+}
+
+/// Pages, handles and the idle cache.
+#[derive(Debug, Clone)]
+pub(super) struct Backing {
+    config: StitchConfig,
+    pages: Vec<Page>,
+    slots: Vec<Slot>,
+    spare_slots: Vec<u32>,
+    /// Idle handles per class, oldest first, as `(slot, stamp)`; an entry
+    /// whose stamp no longer matches its slot is stale and skipped.
+    idle: [VecDeque<(u32, u64)>; 2],
+    idle_handles: [usize; 2],
+    /// Large handles taken off their pages and not yet mapped again; their
+    /// bytes count as idle.
+    spare_large: Vec<u32>,
+    idle_bytes: u64,
+    next_stamp: u64,
+    physical_bytes: u64,
+    peak_physical_bytes: u64,
+    handles: [u64; 2],
+    calls: DriverCalls,
+}
+
+impl Backing {
+    pub(super) fn new(config: StitchConfig) -> Self {
+        Self {
+            config,
+            pages: Vec::new(),
+            slots: Vec::new(),
+            spare_slots: Vec::new(),
+            idle: [VecDeque::new(), VecDeque::new()],
+            idle_handles: [0; 2],
+            spare_large: Vec::new(),
+            idle_bytes: 0,
+            next_stamp: 1,
+            physical_bytes: 0,
+            peak_physical_bytes: 0,
+            handles: [0; 2],
+            calls: DriverCalls::default(),
+        }
+    }
+
+    fn large_pages(&self) -> u64 {
+        u64::from(self.config.large_pages)
+    }
+
+    fn class_bytes(&self, class: Class) -> u64 {
+        match class {
+            Class::Small => PAGE_BYTES,
+            Class::Large => self.large_pages() * PAGE_BYTES,
+        }
+    }
+
+    fn class_of(bytes: u64) -> Class {
+        if bytes > PAGE_BYTES {
+            Class::Large
+        } else {
+            Class::Small
+        }
+    }
+
+    /// Bytes in created, not yet released handles.
+    pub(super) fn physical_bytes(&self) -> u64 {
+        self.physical_bytes
+    }
+
+    pub(super) fn peak_physical_bytes(&self) -> u64 {
+        self.peak_physical_bytes
+    }
+
+    pub(super) fn idle_bytes(&self) -> u64 {
+        self.idle_bytes
+    }
+
+    pub(super) fn handles(&self) -> (u64, u64) {
+        (self.handles[0], self.handles[1])
+    }
+
+    pub(super) fn calls(&self) -> DriverCalls {
+        self.calls
+    }
+
+    fn record(&mut self, kind: DriverCall, bytes: u64) {
+        let costs = self.config.costs;
+        self.calls.record(kind, bytes, &costs);
+    }
+
+    /// Pages `[first, last]` that `[offset, offset + len)` touches.
+    fn page_span(offset: u64, len: u64) -> (u64, u64) {
+        (offset / PAGE_BYTES, (offset + len - 1) / PAGE_BYTES)
+    }
+
+    /// A block now covers `[offset, offset + len)` (`len > 0`): count it on
+    /// every page it touches and back those no handle backs.
+    pub(super) fn touch(&mut self, offset: u64, len: u64) -> Result<()> {
+        let (first, last) = Self::page_span(offset, len);
+        let needed =
+            usize::try_from(last + 1).map_err(|_| Error::Overflow { offset, size: len })?;
+        if self.pages.len() < needed {
+            self.pages.resize(needed, EMPTY_PAGE);
+        }
+        let mut unbacked = false;
+        for page in first..=last {
+            let entry = &mut self.pages[page as usize];
+            entry.refs += 1;
+            if entry.refs > 1 {
+                continue;
+            }
+            match entry.handle {
+                NONE => unbacked = true,
+                slot => {
+                    // A large handle serves only a block that holds its
+                    // whole run: serving part of it would keep all of it.
+                    // An idle one this block only overlaps leaves its pages.
+                    let handle = self.slots[slot as usize];
+                    let range_start = handle.first_page * PAGE_BYTES;
+                    let inside =
+                        range_start >= offset && range_start + handle.bytes <= offset + len;
+                    if handle.bytes > PAGE_BYTES && !inside {
+                        if handle.used > 0 {
+                            return Err(Error::Corrupt("a large handle serves two blocks"));
+                        }
+                        self.take_idle(slot);
+                        self.unmap(slot);
+                        self.spare_large.push(slot);
+                        self.idle_bytes += handle.bytes;
+                        unbacked = true;
+                    } else {
+                        self.use_page_of(slot);
+                    }
+                }
+            }
+        }
+        if !unbacked {
+            return Ok(());
+        }
+        let large = self.large_pages();
+        let end = offset + len;
+        let mut page = first;
+        while page <= last {
+            if self.pages[page as usize].handle != NONE {
+                page += 1;
+                continue;
+            }
+            // A large handle only where its whole run lies inside this
+            // block: it is then used or idle as one piece, never pinned by
+            // a neighbour's boundary page.
+            let run_fits = large > 1
+                && page % large == 0
+                && page * PAGE_BYTES >= offset
+                && (page + large) * PAGE_BYTES <= end
+                && (page..page + large).all(|p| self.pages[p as usize].handle == NONE);
+            if run_fits {
+                self.back(page, Class::Large)?;
+                page += large;
+            } else {
+                self.back(page, Class::Small)?;
+                page += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// A block no longer covers `[offset, offset + len)`: pages no live
+    /// block touches any more leave their handle idle (still mapped).
+    pub(super) fn untouch(&mut self, offset: u64, len: u64) -> Result<()> {
+        let (first, last) = Self::page_span(offset, len);
+        for page in first..=last {
+            let entry = self
+                .pages
+                .get_mut(page as usize)
+                .ok_or(Error::Corrupt("freed block lies past the page table"))?;
+            entry.refs = entry
+                .refs
+                .checked_sub(1)
+                .ok_or(Error::Corrupt("page of a live block counts no block"))?;
+            if entry.refs > 0 {
+                continue;
+            }
+            let slot = entry.handle;
+            let handle = self
+                .slots
+                .get_mut(slot as usize)
+                .ok_or(Error::Corrupt("page of a live block has no handle"))?;
+            handle.used = handle.used.checked_sub(1).ok_or(Error::Corrupt(
+                "handle counts fewer used pages than touch it",
+            ))?;
+            if handle.used == 0 {
+                self.make_idle(slot);
+            }
+        }
+        while self.idle_bytes > self.config.max_idle_bytes {
+            if let Some(slot) = self.spare_large.pop() {
+                self.idle_bytes -= self.slots[slot as usize].bytes;
+                self.release(slot);
+                continue;
+            }
+            let Some(slot) = self.pop_oldest_idle() else {
+                break;
+            };
+            self.unmap(slot);
+            self.release(slot);
+        }
+        Ok(())
+    }
+
+    /// Unmap and release every idle handle: what `empty_cache` does.
+    pub(super) fn trim(&mut self) {
+        while let Some(slot) = self.spare_large.pop() {
+            self.idle_bytes -= self.slots[slot as usize].bytes;
+            self.release(slot);
+        }
+        while let Some(slot) = self.pop_oldest_idle() {
+            self.unmap(slot);
+            self.release(slot);
+        }
+    }
+
+    /// Bytes of `[offset, offset + len)` that lie in handles of at least
+    /// `min_bytes`.
+    pub(super) fn bytes_in_handles_of(&self, offset: u64, len: u64, min_bytes: u64) -> u64 {
+        let (first, last) = Self::page_span(offset, len);
+        let end = offset + len;
+        (first..=last)
+            .filter(|&page| {
+                self.pages
+                    .get(page as usize)
+                    .and_then(|entry| self.slots.get(entry.handle as usize))
+                    .is_some_and(|slot| slot.bytes >= min_bytes)
+            })
+            .map(|page| {
+                let start = (page * PAGE_BYTES).max(offset);
+                ((page + 1) * PAGE_BYTES).min(end) - start
+            })
+            .sum()
+    }
+
+    /// A page that no live block touched is touched again; its handle
+    /// leaves the idle cache if it was there.
+    fn use_page_of(&mut self, slot: u32) {
+        self.slots[slot as usize].used += 1;
+        self.take_idle(slot);
+    }
+
+    /// Take a specific idle handle out of the cache; its queue entry goes
+    /// stale.
+    fn take_idle(&mut self, slot: u32) {
+        let handle = &mut self.slots[slot as usize];
+        if handle.idle_stamp != 0 {
+            handle.idle_stamp = 0;
+            let class = Self::class_of(handle.bytes) as usize;
+            self.idle_handles[class] -= 1;
+            self.idle_bytes -= handle.bytes;
+        }
+    }
+
+    fn make_idle(&mut self, slot: u32) {
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        let handle = &mut self.slots[slot as usize];
+        handle.idle_stamp = stamp;
+        let bytes = handle.bytes;
+        let class = Self::class_of(bytes) as usize;
+        self.idle_bytes += bytes;
+        self.idle_handles[class] += 1;
+        let queue = &mut self.idle[class];
+        queue.push_back((slot, stamp));
+        // Handles that go idle and back every step leave stale entries;
+        // dropping them when they outnumber the live ones keeps the queue
+        // proportional to the cache, at O(1) amortized.
+        if queue.len() > 2 * self.idle_handles[class] + 32 {
+            let slots = &self.slots;
+            queue.retain(|&(slot, stamp)| slots[slot as usize].idle_stamp == stamp);
+        }
+    }
+
+    /// The longest-idle handle of `class`, out of the cache (still mapped).
+    fn pop_idle(&mut self, class: Class) -> Option<u32> {
+        while let Some((slot, stamp)) = self.idle[class as usize].pop_front() {
+            let handle = &mut self.slots[slot as usize];
+            if handle.idle_stamp == stamp {
+                handle.idle_stamp = 0;
+                self.idle_handles[class as usize] -= 1;
+                self.idle_bytes -= handle.bytes;
+                return Some(slot);
+            }
+        }
+        None
+    }
+
+    /// The longest-idle handle of either class.
+    fn pop_oldest_idle(&mut self) -> Option<u32> {
+        let front = |this: &Self, class: Class| {
+            this.idle[class as usize]
+                .iter()
+                .find(|&&(slot, stamp)| this.slots[slot as usize].idle_stamp == stamp)
+                .map(|&(_, stamp)| stamp)
+        };
+        let class = match (front(self, Class::Small), front(self, Class::Large)) {
+            (Some(small), Some(large)) if large < small => Class::Large,
+            (Some(_), _) => Class::Small,
+            (None, Some(_)) => Class::Large,
+            (None, None) => return None,
+        };
+        self.pop_idle(class)
+    }
+
+    /// Back `page` (and the run after it, for a large handle) with a
+    /// handle of `class`, every page of which live blocks touch.
+    fn back(&mut self, page: u64, class: Class) -> Result<()> {
+        let slot = self.obtain(class)?;
+        let bytes = self.slots[slot as usize].bytes;
+        let pages = bytes / PAGE_BYTES;
+        let mut used = 0;
+        for p in page..page + pages {
+            let entry = &mut self.pages[p as usize];
+            if entry.handle != NONE {
+                return Err(Error::Corrupt("mapping over a page another handle backs"));
+            }
+            entry.handle = slot;
+            used += u32::from(entry.refs > 0);
+        }
+        let handle = &mut self.slots[slot as usize];
+        handle.mapped = true;
+        handle.first_page = page;
+        handle.used = used;
+        self.record(DriverCall::Map, bytes);
+        self.record(DriverCall::SetAccess, bytes);
+        Ok(())
+    }
+
+    /// An unmapped handle of `class`: an idle one of that class taken from
+    /// where it was mapped, when the cache holds more than
+    /// `keep_idle_bytes`; else a new one, after releasing idle handles of
+    /// the other class worth as much, under the same condition.
+    fn obtain(&mut self, class: Class) -> Result<u32> {
+        let bytes = self.class_bytes(class);
+        if class == Class::Large
+            && let Some(slot) = self.spare_large.pop()
+        {
+            self.idle_bytes -= bytes;
+            return Ok(slot);
+        }
+        if self.idle_bytes > self.config.keep_idle_bytes {
+            if let Some(slot) = self.pop_idle(class) {
+                self.unmap(slot);
+                return Ok(slot);
+            }
+            let mut released = 0;
+            while released < bytes && self.idle_bytes > self.config.keep_idle_bytes {
+                if let Some(slot) = self.spare_large.pop() {
+                    released += self.slots[slot as usize].bytes;
+                    self.idle_bytes -= self.slots[slot as usize].bytes;
+                    self.release(slot);
+                    continue;
+                }
+                let Some(slot) = self.pop_idle(class.other()) else {
+                    break;
+                };
+                released += self.slots[slot as usize].bytes;
+                self.unmap(slot);
+                self.release(slot);
+            }
+        }
+        self.create(bytes)
+    }
+
+    fn create(&mut self, bytes: u64) -> Result<u32> {
+        let slot = Slot {
+            bytes,
+            mapped: false,
+            first_page: 0,
+            used: 0,
+            idle_stamp: 0,
+        };
+        let index = match self.spare_slots.pop() {
+            Some(index) => {
+                self.slots[index as usize] = slot;
+                index
+            }
+            None => {
+                let index = u32::try_from(self.slots.len())
+                    .ok()
+                    .filter(|&index| index != NONE)
+                    .ok_or(Error::Overflow {
+                        offset: self.physical_bytes,
+                        size: bytes,
+                    })?;
+                self.slots.push(slot);
+                index
+            }
+        };
+        self.physical_bytes += bytes;
+        self.peak_physical_bytes = self.peak_physical_bytes.max(self.physical_bytes);
+        self.handles[Self::class_of(bytes) as usize] += 1;
+        self.record(DriverCall::Create, bytes);
+        Ok(index)
+    }
+
+    /// Take an idle handle off its pages.
+    fn unmap(&mut self, slot: u32) {
+        let Slot {
+            bytes, first_page, ..
+        } = self.slots[slot as usize];
+        for page in first_page..first_page + bytes / PAGE_BYTES {
+            self.pages[page as usize].handle = NONE;
+        }
+        self.slots[slot as usize].mapped = false;
+        self.record(DriverCall::Unmap, bytes);
+    }
+
+    /// Give an unmapped handle back to the device.
+    fn release(&mut self, slot: u32) {
+        let bytes = self.slots[slot as usize].bytes;
+        self.slots[slot as usize].bytes = 0;
+        self.physical_bytes -= bytes;
+        self.handles[Self::class_of(bytes) as usize] -= 1;
+        self.spare_slots.push(slot);
+        self.record(DriverCall::Release, bytes);
+    }
+
+    /// Every created handle and where it is mapped, by slot.
+    pub(super) fn handles_held(&self) -> impl Iterator<Item = HandleInfo> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.bytes > 0)
+            .map(|(index, slot)| HandleInfo {
+                handle: index as u32,
+                bytes: slot.bytes,
+                mapped_at: slot
+                    .mapped
+                    .then(|| Extent::new(slot.first_page * PAGE_BYTES, slot.bytes)),
+                in_use: slot.used > 0,
+            })
+    }
+
+    /// The handle backing the byte at `offset`, and the byte's offset in it.
+    pub(super) fn physical(&self, offset: u64) -> Option<(u32, u64)> {
+        let page = self.pages.get((offset / PAGE_BYTES) as usize)?;
+        let slot = self.slots.get(page.handle as usize)?;
+        Some((page.handle, offset - slot.first_page * PAGE_BYTES))
+    }
+
+    /// Walk pages and handles and report the first inconsistency.
+    pub(super) fn check(&self) -> Result<()> {
+        let mut used = alloc::vec![0u32; self.slots.len()];
+        let mut pages = alloc::vec![0u64; self.slots.len()];
+        for (index, page) in self.pages.iter().enumerate() {
+            if page.handle == NONE {
+                if page.refs > 0 {
+                    return Err(Error::Corrupt("a page live blocks touch has no handle"));
+                }
+                continue;
+            }
+            let slot = self
+                .slots
+                .get(page.handle as usize)
+                .filter(|slot| slot.bytes > 0)
+                .ok_or(Error::Corrupt("a page names a released handle"))?;
+            let first = slot.first_page as usize;
+            if index < first || index >= first + (slot.bytes / PAGE_BYTES) as usize {
+                return Err(Error::Corrupt("a page names a handle mapped elsewhere"));
+            }
+            used[page.handle as usize] += u32::from(page.refs > 0);
+            pages[page.handle as usize] += 1;
+        }
+        let mut physical = 0;
+        let mut idle = 0;
+        for (index, slot) in self.slots.iter().enumerate() {
+            if slot.bytes == 0 {
+                continue;
+            }
+            physical += slot.bytes;
+            if !slot.mapped {
+                if pages[index] != 0 || slot.used != 0 || slot.idle_stamp != 0 {
+                    return Err(Error::Corrupt("an unmapped handle is in use or cached"));
+                }
+                idle += slot.bytes;
+                continue;
+            }
+            if pages[index] != slot.bytes / PAGE_BYTES {
+                return Err(Error::Corrupt(
+                    "a handle is not mapped over its whole range",
+                ));
+            }
+            if slot.used != used[index] {
+                return Err(Error::Corrupt("a handle miscounts its used pages"));
+            }
+            if (slot.used == 0) != (slot.idle_stamp != 0) {
+                return Err(Error::Corrupt(
+                    "a handle is idle but not cached, or cached in use",
+                ));
+            }
+            if slot.used == 0 {
+                idle += slot.bytes;
+            }
+        }
+        if physical != self.physical_bytes {
+            return Err(Error::Corrupt(
+                "physical bytes differ from the created handles",
+            ));
+        }
+        if idle != self.idle_bytes {
+            return Err(Error::Corrupt("idle bytes differ from the idle handles"));
+        }
+        Ok(())
+    }
+}

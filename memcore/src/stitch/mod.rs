@@ -1,0 +1,373 @@
+//! A non-moving allocator whose blocks live in a huge virtual arena and
+//! whose physical memory is a set of handles mapped into it: GMLake's
+//! stitching, without hardware.
+//!
+//! - **Virtual placement**: best fit ([`FreeList`] with [`Fit::Best`]) over
+//!   a 2^47-byte arena, requests rounded up to [`STITCH_ALIGN`]. Virtual
+//!   space costs nothing, so the arena never grows; a hole is only
+//!   physical memory where a page of it is still mapped.
+//! - **Pages**: a [`PAGE_BYTES`] page is backed while any live block
+//!   touches it. The page holding the tail of one block and the head of the
+//!   next is one physical page (a shared boundary page), so blocks waste no
+//!   physical bytes beyond the pages they touch.
+//! - **Handles**: an aligned run of `large_pages` pages lying wholly inside
+//!   one request gets one large handle; every other page gets a page-sized
+//!   one. A mapping is always one whole handle, as the driver demands.
+//! - **The mapping cache**: a handle whose pages no live block touches stays
+//!   mapped (idle), so a training loop that allocates the same sizes again
+//!   lands on mapped pages and makes no driver call.
+//! - **Recycling and release**: a page that needs a handle takes the
+//!   longest-idle handle of its size (unmapped here, mapped there) once the
+//!   cache holds more than `keep_idle_bytes`; failing that, idle handles of
+//!   the other size worth as much are released before a new one is
+//!   created. Idle handles beyond `max_idle_bytes` are released oldest
+//!   first, and [`Stitch::trim`] releases them all.
+//!
+//! Footprint is the bytes in created, not yet released handles; every
+//! driver call is counted by kind and priced by [`StitchConfig::costs`].
+
+mod backing;
+pub mod driver;
+
+use crate::{Allocation, Allocator, Error, Extent, Fit, FreeList, Result, align_up};
+use backing::Backing;
+use driver::{DriverCalls, DriverCosts, H200_DRIVER_COSTS};
+
+/// The VMM granule: the smallest handle and the unit pages are backed in,
+/// bytes (2 MiB).
+pub const PAGE_BYTES: u64 = 2 << 20;
+
+/// Every block starts at a multiple of this and spans a multiple of it,
+/// bytes (512, PyTorch's rounding).
+pub const STITCH_ALIGN: u64 = 512;
+
+/// Bytes of the virtual arena (2^47 = 128 TiB).
+pub const VIRTUAL_BYTES: u64 = 1 << 47;
+
+/// Handles of at least this many bytes (32 MiB) copy at (nearly) the
+/// bandwidth of `cuMemAlloc` memory, as measured on the H200 (the shared
+/// FACTS.md, "VMM stitching"); smaller ones are slower. Reports count the
+/// live bytes in such handles.
+pub const FULL_BANDWIDTH_HANDLE_BYTES: u64 = 32 << 20;
+
+/// How a [`Stitch`] backs and recycles physical memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StitchConfig {
+    /// Pages in a large handle (16 = 32 MiB); 0 or 1: page-sized handles
+    /// only.
+    pub large_pages: u32,
+    /// Place requests of at least a large handle's bytes at a virtual
+    /// address that is a multiple of them (when that is a power of two), so
+    /// large handles cover as much of them as possible.
+    pub align_large: bool,
+    /// Idle bytes the cache keeps mapped before an idle handle is taken
+    /// from where it is mapped to back another page, in bytes: 0 recycles
+    /// at once (least memory), `u64::MAX` never (fewest driver calls).
+    pub keep_idle_bytes: u64,
+    /// Idle bytes beyond which the longest-idle handles are released, in
+    /// bytes; `u64::MAX`: idle handles stay until [`Stitch::trim`].
+    pub max_idle_bytes: u64,
+    /// What each driver call costs.
+    pub costs: DriverCosts,
+}
+
+impl Default for StitchConfig {
+    /// 32 MiB large handles, large requests aligned to them, recycling at
+    /// once, nothing released until [`Stitch::trim`], the H200's costs.
+    fn default() -> Self {
+        Self {
+            large_pages: 16,
+            align_large: true,
+            keep_idle_bytes: 0,
+            max_idle_bytes: u64::MAX,
+            costs: H200_DRIVER_COSTS,
+        }
+    }
+}
+
+/// A live block of a [`Stitch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StitchBlock {
+    /// Virtual address of the first byte, bytes from the arena's start.
+    pub offset: u64,
+    /// Bytes requested.
+    pub size: u64,
+    /// The virtual range as the arena holds it (size rounded up).
+    allocation: Allocation,
+}
+
+/// A created, not yet released handle and where it is mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandleInfo {
+    /// The handle's number; numbers of released handles are reused.
+    pub handle: u32,
+    /// Its physical bytes.
+    pub bytes: u64,
+    /// The virtual range it is mapped over (`bytes` long), if mapped.
+    pub mapped_at: Option<Extent>,
+    /// Whether a live block touches one of its pages (else it is idle).
+    pub in_use: bool,
+}
+
+/// What a [`Stitch`] holds now and has held. Sizes in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StitchStats {
+    /// Requested bytes of live blocks.
+    pub live_bytes: u64,
+    /// Live blocks.
+    pub live_blocks: u64,
+    /// The most requested bytes live at once.
+    pub peak_live_bytes: u64,
+    /// Of the live bytes when they first peaked, those in handles of at
+    /// least [`FULL_BANDWIDTH_HANDLE_BYTES`].
+    pub peak_live_in_full_bandwidth_handles: u64,
+    /// Bytes in created, not yet released handles: the footprint now.
+    pub physical_bytes: u64,
+    /// The most physical bytes held at once: the footprint.
+    pub peak_physical_bytes: u64,
+    /// Physical bytes in idle handles: mapped but unused, or unmapped.
+    pub idle_bytes: u64,
+    /// Page-sized handles held now.
+    pub small_handles: u64,
+    /// Large handles held now.
+    pub large_handles: u64,
+    /// Driver calls made so far.
+    pub calls: DriverCalls,
+}
+
+/// The stitching allocator; see the [module documentation](self).
+///
+/// ```
+/// use memcore::{PAGE_BYTES, Stitch, StitchConfig};
+///
+/// let mut pool = Stitch::new(StitchConfig::default());
+/// let a = pool.allocate(3 << 20)?; // pages 0 and 1
+/// let b = pool.allocate(1 << 20)?; // shares page 1 with a
+/// assert_eq!(pool.stats().physical_bytes, 2 * PAGE_BYTES);
+/// pool.free(a)?;
+/// let again = pool.allocate(3 << 20)?; // the same mapped pages: no driver call
+/// let calls = pool.stats().calls;
+/// assert_eq!((calls.creates, calls.maps), (2, 2));
+/// pool.free(again)?;
+/// pool.free(b)?;
+/// pool.trim();
+/// assert_eq!(pool.stats().physical_bytes, 0);
+/// # Ok::<(), memcore::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Stitch {
+    config: StitchConfig,
+    arena: FreeList,
+    backing: Backing,
+    live_bytes: u64,
+    live_blocks: u64,
+    peak_live_bytes: u64,
+    live_in_full_bandwidth: u64,
+    peak_live_in_full_bandwidth: u64,
+}
+
+impl Stitch {
+    /// An empty pool: no handle, the whole virtual arena free.
+    pub fn new(config: StitchConfig) -> Self {
+        let mut arena = FreeList::new(Fit::Best);
+        arena
+            .add_region(0, VIRTUAL_BYTES)
+            .expect("a fresh free list takes one non-empty region");
+        Self {
+            config,
+            arena,
+            backing: Backing::new(config),
+            live_bytes: 0,
+            live_blocks: 0,
+            peak_live_bytes: 0,
+            live_in_full_bandwidth: 0,
+            peak_live_in_full_bandwidth: 0,
+        }
+    }
+
+    /// The configuration it was made with.
+    pub fn config(&self) -> &StitchConfig {
+        &self.config
+    }
+
+    /// `size` bytes at a multiple of [`STITCH_ALIGN`], backed by physical
+    /// handles before it returns. [`Error::ZeroSize`], [`Error::Overflow`]
+    /// past the address space, [`Error::OutOfMemory`] when the virtual
+    /// arena is full.
+    pub fn allocate(&mut self, size: u64) -> Result<StitchBlock> {
+        if size == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let rounded = align_up(size, STITCH_ALIGN).ok_or(Error::Overflow { offset: 0, size })?;
+        let large_bytes = u64::from(self.config.large_pages) * PAGE_BYTES;
+        let align = if self.config.align_large
+            && self.config.large_pages > 1
+            && large_bytes.is_power_of_two()
+            && rounded >= large_bytes
+        {
+            large_bytes
+        } else {
+            STITCH_ALIGN
+        };
+        let allocation = self.arena.allocate(rounded, align)?;
+        if let Err(err) = self.backing.touch(allocation.offset, rounded) {
+            let _ = self.arena.free(allocation);
+            return Err(err);
+        }
+        self.live_bytes += size;
+        self.live_blocks += 1;
+        self.live_in_full_bandwidth +=
+            self.backing
+                .bytes_in_handles_of(allocation.offset, size, FULL_BANDWIDTH_HANDLE_BYTES);
+        if self.live_bytes > self.peak_live_bytes {
+            self.peak_live_bytes = self.live_bytes;
+            self.peak_live_in_full_bandwidth = self.live_in_full_bandwidth;
+        }
+        Ok(StitchBlock {
+            offset: allocation.offset,
+            size,
+            allocation,
+        })
+    }
+
+    /// Give a live block back; its pages no other block touches stay
+    /// mapped, idle, for the next request. A block that is not live here
+    /// is [`Error::UnknownAllocation`] and changes nothing.
+    pub fn free(&mut self, block: StitchBlock) -> Result<()> {
+        let allocation = block.allocation;
+        if block.offset != allocation.offset
+            || align_up(block.size, STITCH_ALIGN) != Some(allocation.size)
+        {
+            return Err(Error::UnknownAllocation {
+                offset: block.offset,
+            });
+        }
+        self.arena.free(allocation)?;
+        self.live_in_full_bandwidth -= self.backing.bytes_in_handles_of(
+            allocation.offset,
+            block.size,
+            FULL_BANDWIDTH_HANDLE_BYTES,
+        );
+        self.live_bytes -= block.size;
+        self.live_blocks -= 1;
+        self.backing.untouch(allocation.offset, allocation.size)
+    }
+
+    /// Unmap and release every idle handle (PyTorch's `empty_cache`).
+    pub fn trim(&mut self) {
+        self.backing.trim();
+    }
+
+    /// Current figures.
+    pub fn stats(&self) -> StitchStats {
+        let (small_handles, large_handles) = self.backing.handles();
+        StitchStats {
+            live_bytes: self.live_bytes,
+            live_blocks: self.live_blocks,
+            peak_live_bytes: self.peak_live_bytes,
+            peak_live_in_full_bandwidth_handles: self.peak_live_in_full_bandwidth,
+            physical_bytes: self.backing.physical_bytes(),
+            peak_physical_bytes: self.backing.peak_physical_bytes(),
+            idle_bytes: self.backing.idle_bytes(),
+            small_handles,
+            large_handles,
+            calls: self.backing.calls(),
+        }
+    }
+
+    /// Every created, not yet released handle and where it is mapped.
+    pub fn handles(&self) -> impl Iterator<Item = HandleInfo> + '_ {
+        self.backing.handles_held()
+    }
+
+    /// The handle that backs the virtual byte at `offset` and the byte's
+    /// offset inside it, or `None` where nothing is mapped.
+    pub fn physical(&self, offset: u64) -> Option<(u32, u64)> {
+        self.backing.physical(offset)
+    }
+
+    /// Walk the page table and the handles and report the first
+    /// inconsistency as [`Error::Corrupt`].
+    pub fn check(&self) -> Result<()> {
+        self.backing.check()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_large_request_gets_large_handles_and_its_tail_pages() {
+        let mut pool = Stitch::new(StitchConfig::default());
+        let block = pool.allocate(70 * MIB).unwrap();
+        assert_eq!(block.offset % (32 * MIB), 0);
+        let stats = pool.stats();
+        // Two 32 MiB runs and three pages for the last 6 MiB.
+        assert_eq!((stats.large_handles, stats.small_handles), (2, 3));
+        assert_eq!(stats.physical_bytes, 70 * MIB);
+        assert_eq!(stats.peak_live_in_full_bandwidth_handles, 64 * MIB);
+        assert_eq!(stats.calls.set_access, 5);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn repeating_sizes_map_once_and_recycling_keeps_the_footprint() {
+        let mut pool = Stitch::new(StitchConfig::default());
+        for _ in 0..10 {
+            let a = pool.allocate(5 * MIB).unwrap();
+            let b = pool.allocate(9 * MIB + 100).unwrap();
+            pool.free(a).unwrap();
+            pool.free(b).unwrap();
+        }
+        let stats = pool.stats();
+        assert_eq!(stats.calls.creates, stats.calls.maps);
+        assert_eq!(stats.calls.unmaps, 0);
+        assert_eq!(stats.peak_physical_bytes, 8 * PAGE_BYTES);
+        // A block elsewhere takes idle handles rather than new ones.
+        let keep = pool.allocate(2 * MIB).unwrap();
+        let far = pool.allocate(40 * MIB).unwrap();
+        assert!(pool.stats().peak_physical_bytes <= 42 * MIB + PAGE_BYTES);
+        pool.check().unwrap();
+        pool.free(far).unwrap();
+        pool.free(keep).unwrap();
+        pool.trim();
+        assert_eq!(pool.stats().physical_bytes, 0);
+        assert_eq!(pool.handles().count(), 0);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn a_foreign_or_double_free_is_refused() {
+        let mut pool = Stitch::new(StitchConfig::default());
+        let a = pool.allocate(1000).unwrap();
+        pool.free(a).unwrap();
+        assert!(matches!(pool.free(a), Err(Error::UnknownAllocation { .. })));
+        let forged = StitchBlock { size: 5000, ..a };
+        assert!(matches!(
+            pool.free(forged),
+            Err(Error::UnknownAllocation { .. })
+        ));
+        assert_eq!(pool.allocate(0), Err(Error::ZeroSize));
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn idle_bytes_above_the_limit_are_released() {
+        let config = StitchConfig {
+            max_idle_bytes: 4 * MIB,
+            ..StitchConfig::default()
+        };
+        let mut pool = Stitch::new(config);
+        let blocks: alloc::vec::Vec<_> = (0..6).map(|_| pool.allocate(2 * MIB).unwrap()).collect();
+        for block in blocks {
+            pool.free(block).unwrap();
+        }
+        let stats = pool.stats();
+        assert_eq!(stats.idle_bytes, 4 * MIB);
+        assert_eq!(stats.calls.releases, 4);
+        pool.check().unwrap();
+    }
+}
