@@ -28,7 +28,11 @@ use crate::{Error, Result};
 pub(crate) type RawResult = i32;
 
 /// `CUDA_SUCCESS`.
-const SUCCESS: RawResult = 0;
+pub(crate) const SUCCESS: RawResult = 0;
+
+/// `CUDA_ERROR_NOT_READY`: what `cuEventQuery` returns while work before the event is
+/// still queued.
+pub(crate) const NOT_READY: RawResult = 600;
 
 #[link(name = "cuda")]
 unsafe extern "C" {
@@ -160,6 +164,7 @@ unsafe extern "C" {
     pub(crate) fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> RawResult;
     pub(crate) fn cuEventRecord(event: CUevent, stream: CUstream) -> RawResult;
     pub(crate) fn cuEventSynchronize(event: CUevent) -> RawResult;
+    pub(crate) fn cuEventQuery(event: CUevent) -> RawResult;
     pub(crate) fn cuEventElapsedTime(
         milliseconds: *mut f32,
         start: CUevent,

@@ -10,6 +10,8 @@
 //!   its driver calls counted and timed ([`VmmCalls`], [`CopyCalls`]).
 //! - Measurements ([`CudaContext::measure`] and friends): what a step costs in device
 //!   memory, the largest block one allocation can get, copy bandwidth.
+//! - Events on streams other code made ([`Event`], [`ForeignStream`]): how an allocator
+//!   behind PyTorch tells when work queued before a free has completed.
 //! - Baselines ([`CudaContext::mem_alloc`], [`CudaContext::mem_alloc_async`]): the
 //!   driver's own allocators, for benchmarks against the pool.
 //!
@@ -36,6 +38,7 @@ mod context;
 mod copy_plan;
 mod device;
 mod driver;
+mod event;
 mod measure;
 mod module;
 mod move_batch;
@@ -45,6 +48,7 @@ mod vmm_calls;
 
 pub use context::{CudaContext, Limit};
 pub use device::CudaDevice;
+pub use event::{Event, ForeignStream};
 pub use measure::{CopyBandwidth, LargestAllocation, MemoryDelta};
 pub use module::{Function, FunctionAttributes, LaunchConfig, Module};
 pub use mover::CopyCalls;
