@@ -39,8 +39,10 @@
 //! streams.launch(s1); // a kernel on s1 still uses `a`
 //! alloc.free(a, 4096, s1)?;
 //! assert_ne!(alloc.allocate(4096, s2)?, a); // not for s2 yet
+//! assert_eq!(alloc.stats().pending_bytes, 4096);
 //! streams.complete(s1);
-//! assert_eq!(alloc.allocate(4096, s2)?, a); // now it is
+//! alloc.allocate(4096, s2)?; // the event has completed: `a` went back to the pool
+//! assert_eq!(alloc.stats().pending_bytes, 0);
 //! # let _ = b;
 //! # Ok::<(), cudamem_torch::Error>(())
 //! ```
