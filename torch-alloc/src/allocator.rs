@@ -148,6 +148,8 @@ pub struct DeviceAllocator<D: DeviceMemory, E: StreamEvents> {
 impl<D: DeviceFacts, E: StreamEvents> DeviceAllocator<D, E> {
     /// An allocator for `device` (its number, for messages): a pool reserving the
     /// device's total memory, rounded up to whole pages, configured by `settings`.
+    ///
+    /// Every method leaves the calling thread's current context as it found it.
     pub fn new(device: i32, memory: D, events: E, settings: &Settings) -> Result<Self> {
         let page = memory.granularity().max(1);
         let total = memory.mem_info()?.total;
@@ -173,6 +175,10 @@ impl<D: DeviceFacts, E: StreamEvents> DeviceAllocator<D, E> {
 
     /// `size` bytes for use on `stream`; returns the device address (never 0).
     pub fn allocate(&self, size: u64, stream: E::Stream) -> Result<u64> {
+        D::keeping_current(|| self.allocate_here(size, stream))
+    }
+
+    fn allocate_here(&self, size: u64, stream: E::Stream) -> Result<u64> {
         let bytes = size
             .max(1)
             .checked_next_multiple_of(BLOCK_ALIGN)
@@ -221,6 +227,10 @@ impl<D: DeviceFacts, E: StreamEvents> DeviceAllocator<D, E> {
     /// Frees `ptr`, allocated with `size` bytes, on `stream`: reusable at once on
     /// `stream`, on other streams once the work queued on `stream` so far has completed.
     pub fn free(&self, ptr: u64, size: u64, stream: E::Stream) -> Result<()> {
+        D::keeping_current(|| self.free_here(ptr, size, stream))
+    }
+
+    fn free_here(&self, ptr: u64, size: u64, stream: E::Stream) -> Result<()> {
         let mut state = self.state();
         let state = &mut *state;
         let live = match state.live.get(&ptr) {
@@ -272,6 +282,10 @@ impl<D: DeviceFacts, E: StreamEvents> DeviceAllocator<D, E> {
     /// Waits for every pending block's stream, returns them to the pool and gives the
     /// pool's free pages at the top back to the device; returns the bytes given back.
     pub fn empty_cache(&self) -> Result<u64> {
+        D::keeping_current(|| self.empty_cache_here())
+    }
+
+    fn empty_cache_here(&self) -> Result<u64> {
         let mut state = self.state();
         let mut pool = self.pool.lock();
         state.release_all(&mut pool)?;
@@ -299,10 +313,12 @@ impl<D: DeviceFacts, E: StreamEvents> DeviceAllocator<D, E> {
 
     /// The ledger of the device's context with the pool in it, as text.
     pub fn explain(&self) -> Result<String> {
-        let state = self.state();
-        let pool = self.pool.lock();
-        let (facts, figures) = Self::figures(&state, &pool)?;
-        Ok(Explanation::new(&facts, &figures).render(self.device, &facts, &figures))
+        D::keeping_current(|| {
+            let state = self.state();
+            let pool = self.pool.lock();
+            let (facts, figures) = Self::figures(&state, &pool)?;
+            Ok(Explanation::new(&facts, &figures).render(self.device, &facts, &figures))
+        })
     }
 
     fn figures(

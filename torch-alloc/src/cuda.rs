@@ -30,6 +30,10 @@ impl DeviceFacts for CudaDevice {
             mem: self.mem_info()?,
         })
     }
+
+    fn keeping_current<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
+        CudaContext::keeping_current(work)?
+    }
 }
 
 /// CUDA events on the streams of a device's primary context, reused once done.

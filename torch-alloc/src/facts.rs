@@ -23,6 +23,12 @@ pub trait DeviceFacts: DeviceMemory {
 
     /// The context's figures now.
     fn context_facts(&self) -> Result<ContextFacts>;
+
+    /// Runs `work`, leaving the calling thread's current context as it found it
+    /// (the caller's current device is the caller's). The simulation has none.
+    fn keeping_current<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
+        work()
+    }
 }
 
 impl DeviceFacts for SimDevice {

@@ -53,6 +53,7 @@ unsafe extern "C" {
     pub(crate) fn cuDevicePrimaryCtxRelease_v2(device: CUdevice) -> RawResult;
 
     pub(crate) fn cuCtxSetCurrent(context: CUcontext) -> RawResult;
+    pub(crate) fn cuCtxGetCurrent(context: *mut CUcontext) -> RawResult;
     pub(crate) fn cuCtxSynchronize() -> RawResult;
     pub(crate) fn cuCtxGetLimit(value: *mut usize, limit: CUlimit) -> RawResult;
     pub(crate) fn cuCtxSetLimit(limit: CUlimit, value: usize) -> RawResult;
