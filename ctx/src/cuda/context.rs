@@ -137,6 +137,25 @@ impl CudaContext {
         })
     }
 
+    /// Runs `work` and then makes current again whatever context was current on the
+    /// calling thread before (none included), if `work` changed it.
+    ///
+    /// Every method of this backend makes its own context current and leaves it so. A
+    /// library called by other code (PyTorch's allocator frees a tensor of device 1
+    /// while device 0 is current) must not change that code's current device.
+    pub fn keeping_current<T>(work: impl FnOnce() -> T) -> Result<T> {
+        let before = current()?;
+        let result = work();
+        if current()? != before {
+            // SAFETY: `before` was current on this thread a moment ago (or is null,
+            // which unbinds); a context current on a thread is alive.
+            check("cuCtxSetCurrent", unsafe {
+                driver::cuCtxSetCurrent(before)
+            })?;
+        }
+        Ok(result)
+    }
+
     /// Whether `other` is the same driver context (two `CudaContext::new` calls for one
     /// device retain the same primary context).
     pub(crate) fn is_same(&self, other: &CudaContext) -> bool {
@@ -324,6 +343,16 @@ impl CudaContext {
         // SAFETY: the context is current; the call has no arguments.
         check("cuCtxSynchronize", unsafe { driver::cuCtxSynchronize() })
     }
+}
+
+/// The context current on the calling thread (null if none).
+fn current() -> Result<CUcontext> {
+    let mut context: CUcontext = std::ptr::null_mut();
+    // SAFETY: `context` is a valid out-pointer.
+    check("cuCtxGetCurrent", unsafe {
+        driver::cuCtxGetCurrent(&mut context)
+    })?;
+    Ok(context)
 }
 
 /// A profile's short name made from a device name: lowercase, vendor words dropped,

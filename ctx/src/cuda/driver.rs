@@ -28,7 +28,11 @@ use crate::{Error, Result};
 pub(crate) type RawResult = i32;
 
 /// `CUDA_SUCCESS`.
-const SUCCESS: RawResult = 0;
+pub(crate) const SUCCESS: RawResult = 0;
+
+/// `CUDA_ERROR_NOT_READY`: what `cuEventQuery` returns while work before the event is
+/// still queued.
+pub(crate) const NOT_READY: RawResult = 600;
 
 #[link(name = "cuda")]
 unsafe extern "C" {
@@ -49,6 +53,7 @@ unsafe extern "C" {
     pub(crate) fn cuDevicePrimaryCtxRelease_v2(device: CUdevice) -> RawResult;
 
     pub(crate) fn cuCtxSetCurrent(context: CUcontext) -> RawResult;
+    pub(crate) fn cuCtxGetCurrent(context: *mut CUcontext) -> RawResult;
     pub(crate) fn cuCtxSynchronize() -> RawResult;
     pub(crate) fn cuCtxGetLimit(value: *mut usize, limit: CUlimit) -> RawResult;
     pub(crate) fn cuCtxSetLimit(limit: CUlimit, value: usize) -> RawResult;
@@ -166,6 +171,7 @@ unsafe extern "C" {
     pub(crate) fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> RawResult;
     pub(crate) fn cuEventRecord(event: CUevent, stream: CUstream) -> RawResult;
     pub(crate) fn cuEventSynchronize(event: CUevent) -> RawResult;
+    pub(crate) fn cuEventQuery(event: CUevent) -> RawResult;
     pub(crate) fn cuEventElapsedTime(
         milliseconds: *mut f32,
         start: CUevent,

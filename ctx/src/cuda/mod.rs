@@ -12,6 +12,8 @@
 //!   memory, the largest block one allocation can get, copy bandwidth.
 //! - [`DeviceHeap`]: the host side of `cm_malloc` (kernels/cuda/cm_alloc.cuh): a
 //!   device heap taken from a [`crate::Pool`], bound to modules, grown between launches.
+//! - Events on streams other code made ([`Event`], [`ForeignStream`]): how an allocator
+//!   behind PyTorch tells when work queued before a free has completed.
 //! - Baselines ([`CudaContext::mem_alloc`], [`CudaContext::mem_alloc_async`]): the
 //!   driver's own allocators, for benchmarks against the pool.
 //!
@@ -39,6 +41,7 @@ mod copy_plan;
 mod device;
 mod device_heap;
 mod driver;
+mod event;
 mod measure;
 mod module;
 mod move_batch;
@@ -49,6 +52,7 @@ mod vmm_calls;
 pub use context::{CudaContext, Limit};
 pub use device::CudaDevice;
 pub use device_heap::DeviceHeap;
+pub use event::{Event, ForeignStream};
 pub use measure::{CopyBandwidth, LargestAllocation, MemoryDelta};
 pub use module::{Function, FunctionAttributes, LaunchConfig, Module};
 pub use mover::CopyCalls;

@@ -1,0 +1,211 @@
+"""PyTorch's allocators against cudamem's pool on real workloads (workloads.py).
+
+Run on a GPU machine with PyTorch, transformers, torchvision and nvidia-ml-py, with
+libcudamem_torch.so built for it (see README, "Use it from PyTorch"):
+
+    python3 scripts/torch/bench_allocator.py --lib path/to/libcudamem_torch.so --out OUTDIR
+    python3 scripts/torch/bench_allocator.py --lib ... --explain gpt2_train
+
+For each workload, three fresh processes one after another, same seeds: PyTorch's
+default allocator, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and cudamem
+(cudamem_torch.install first). Each reports the peak device memory the process used
+(NVML used bytes sampled every ~1 ms in a background thread, minus the used bytes
+right after the context was created; the GPU must not be shared), PyTorch's
+max_memory_reserved / max_memory_allocated (its own allocators) or cudamem_stats
+(ours), the checksum (must equal the default run's) and the median step time.
+A run that fails or passes --timeout seconds is reported and the others go on.
+Prints a table; writes OUTDIR/NAME.MODE.json and OUTDIR/summary.json.
+--explain NAME runs one workload under cudamem and prints explain() at the end.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+MODES = ("default", "expandable", "cudamem")
+
+
+class PeakSampler:
+    """NVML used bytes of GPU 0, sampled every `period` seconds; keeps the maximum."""
+
+    def __init__(self, period=0.001):
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.period = period
+        self.peak = 0
+        self.samples = 0
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def used(self):
+        return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+
+    def _run(self):
+        while not self.stop_flag.is_set():
+            self.peak = max(self.peak, self.used())
+            self.samples += 1
+            time.sleep(self.period)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        self.stop_flag.set()
+        self.thread.join()
+        self.peak = max(self.peak, self.used())
+        return self.peak
+
+
+def child(name, mode, lib, out, explain):
+    sys.path.insert(0, HERE)
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    if mode == "cudamem":
+        import cudamem_torch
+
+        cudamem_torch.install(lib)
+    import torch
+    import workloads
+
+    torch.cuda.init()
+    torch.cuda.synchronize()  # the context exists now
+    sampler = PeakSampler()
+    baseline = sampler.used()
+    sampler.start()
+    start = time.perf_counter()
+    checksum, step_s, steps = workloads.run(name, "full")
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    peak = sampler.stop()
+    result = {
+        "workload": name,
+        "mode": mode,
+        "checksum": checksum,
+        "median_step_s": step_s,
+        "steps": steps,
+        "wall_s": wall,
+        "used_after_context": baseline,
+        "peak_used": peak,
+        "peak_process_bytes": peak - baseline,
+        "samples": sampler.samples,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(),
+    }
+    if mode == "cudamem":
+        result["cudamem"] = cudamem_torch.stats(0)
+    else:
+        result["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+        result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    if explain:
+        cudamem_torch.explain(0)
+
+
+def run_one(name, mode, args):
+    out = os.path.join(args.out, "%s.%s.json" % (name, mode))
+    if os.path.exists(out):
+        os.remove(out)
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if mode == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    command = [sys.executable, os.path.abspath(__file__), "--child", name, mode,
+               "--lib", args.lib or "", "--json", out]
+    if args.explain:
+        command.append("--print-explain")
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(command, env=env, timeout=args.timeout,
+                              capture_output=not args.explain, text=True)
+    except subprocess.TimeoutExpired:
+        return {"workload": name, "mode": mode, "error": "timed out after %d s" % args.timeout}
+    if proc.returncode != 0 or not os.path.exists(out):
+        tail = ((proc.stderr or "") + (proc.stdout or ""))[-2000:]
+        return {"workload": name, "mode": mode,
+                "error": "exit %d after %.1f s: %s" % (proc.returncode, time.perf_counter() - started, tail)}
+    with open(out) as f:
+        return json.load(f)
+
+
+def mib(value):
+    return "-" if value is None else "%.0f" % (value / 2**20)
+
+
+def table(results):
+    rows = ["%-20s %-10s %10s %10s %10s %10s %12s %9s %s" % (
+        "workload", "mode", "peak MiB", "reserved", "allocated", "pool peak",
+        "step ms", "x default", "checksum")]
+    for name in sorted({r["workload"] for r in results}):
+        by_mode = {r["mode"]: r for r in results if r["workload"] == name}
+        base = by_mode.get("default", {})
+        for mode in MODES:
+            r = by_mode.get(mode)
+            if r is None:
+                continue
+            if "error" in r:
+                rows.append("%-20s %-10s FAILED: %s" % (name, mode, r["error"].splitlines()[-1] if r["error"] else ""))
+                continue
+            pool = r.get("cudamem", {})
+            ratio = (r["median_step_s"] / base["median_step_s"]) if base.get("median_step_s") else None
+            same = "base" if mode == "default" else (
+                "same" if base.get("checksum") == r["checksum"] else
+                "DIFFERS (%r vs %r)" % (r["checksum"], base.get("checksum")))
+            rows.append("%-20s %-10s %10s %10s %10s %10s %12.2f %9s %s" % (
+                name, mode, mib(r["peak_process_bytes"]), mib(r.get("max_memory_reserved")),
+                mib(r.get("max_memory_allocated", pool.get("peak_live_bytes"))),
+                mib(pool.get("peak_mapped_bytes")), r["median_step_s"] * 1e3,
+                "-" if ratio is None else "%.3f" % ratio, same))
+    return "\n".join(rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", help="libcudamem_torch.so (default: cudamem_torch.find_library)")
+    parser.add_argument("--out", default="bench-allocator", help="output folder")
+    parser.add_argument("--only", nargs="*", help="workloads to run (default: all)")
+    parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
+    parser.add_argument("--timeout", type=int, default=120, help="seconds per run")
+    parser.add_argument("--explain", metavar="NAME", help="run NAME under cudamem and print explain()")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--json", help=argparse.SUPPRESS)
+    parser.add_argument("--print-explain", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], args.child[1], args.lib or None, args.json, args.print_explain)
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    if args.explain:
+        r = run_one(args.explain, "cudamem", args)
+        print(json.dumps(r, indent=1))
+        return 0 if "error" not in r else 1
+    sys.path.insert(0, HERE)
+    import workloads  # noqa: E402  (names only; the runs are in children)
+
+    names = args.only or list(workloads.WORKLOADS)
+    results = []
+    for name in names:
+        for mode in args.modes:
+            r = run_one(name, mode, args)
+            if "error" in r:
+                print("%s / %s failed: %s" % (name, mode, r["error"]), file=sys.stderr, flush=True)
+            else:
+                print("%s / %s: peak %s MiB, %.2f ms/step" % (
+                    name, mode, mib(r["peak_process_bytes"]), r["median_step_s"] * 1e3), flush=True)
+            results.append(r)
+    print(table(results))
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
