@@ -223,3 +223,42 @@ fn threads_started_together_on_one_chunk_never_share_a_block() {
     assert!(c.allocations > 0);
     assert_eq!(heap.free_chunks(), 2);
 }
+
+/// Warps that start together on a heap whose active slots are empty (a cold
+/// launch) or stale (a warm one) all reach the free map at once: the first
+/// takes a chunk, the others must find it (or another) instead of NULL.
+/// Every request here fits many times over, so any NULL is a false one.
+#[test]
+fn a_stampede_on_a_cold_or_warm_heap_gets_no_false_null() {
+    const THREADS: u32 = 8;
+    for round in 0..400u32 {
+        let heap = heap(&[2]);
+        heap.set_transit_yields(round % 4);
+        if round % 2 == 1 {
+            // Warm: every slot of class 0 names a chunk that emptied again.
+            let got = heap.allocate_group(16, 32, 0);
+            got.into_iter().for_each(|a| heap.free(a));
+        }
+        let start = std::sync::Barrier::new(THREADS as usize);
+        let nulls: u32 = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (heap, start) = (&heap, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        let mut nulls = 0;
+                        for i in 0..8 {
+                            let got = heap.allocate_group(16, 32, t * 8 + i);
+                            nulls += 32 - got.len() as u32;
+                            got.into_iter().for_each(|a| heap.free(a));
+                        }
+                        nulls
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(nulls, 0, "round {round}: {nulls} NULL with 2 MiB of 16 B blocks free");
+        heap.check().unwrap();
+    }
+}
