@@ -45,6 +45,7 @@ typedef unsigned int cm_u32;
 #define CM_CLASSES 17u                     // 16 B .. 1 MiB
 #define CM_MAX_BYTES CM_CHUNK_BYTES        // largest request
 #define CM_ACTIVE 32u                      // active chunks per class
+#define CM_FALLBACK_CLASSES 2u             // classes above its own a request may take
 #define CM_MAX_REGIONS 64u
 #define CM_MAX_CHUNKS 65536u               // 64 GiB of blocks
 #define CM_MAP_WORDS (CM_MAX_CHUNKS / 64u)
@@ -441,6 +442,15 @@ __device__ void cm_fail(CmHeap *h, cm_u32 reason, cm_u64 bytes, cm_u64 n, cm_u64
 
 // `bytes` from heap `h`, 16-byte aligned (blocks of class k are aligned to
 // their size up to 8 KiB); NULL with a reason counted in h->counters.
+//
+// The guarantee, exactly: a request of class k gets NULL only when, for
+// each class k, k + 1, k + 2 (tried in that order), one whole search found
+// no chunk of that class with a free block and no free chunk, while no chunk
+// anywhere in the heap was in transit or published (see cm_reserve_some).
+// Free blocks of smaller classes, or more than two classes up, are not
+// used: free bytes that are holes in chunks of other classes can leave a
+// request with NULL however many they are. A block from a larger class
+// counts that class's size in live_bytes.
 __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
 {
     if (bytes == 0 || bytes > CM_MAX_BYTES) {
@@ -456,30 +466,40 @@ __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
     cm_u32 hash = cm_warp_hash();
     cm_u64 mine = 0;
     cm_u32 handed = 0;
+    cm_u64 added = 0;
     while (handed < n) {
         cm_u32 chunk = 0;
         cm_u32 got = 0;
+        cm_u32 kk = k;
         cm_u64 data = 0;
         cm_u64 *bitmap = NULL;
         if (lane == leader) {
-            got = cm_reserve_some(h, k, n - handed, hash, &chunk);
+            // Its own class first; when that is out, the next ones up.
+            for (; kk <= k + CM_FALLBACK_CLASSES && kk < CM_CLASSES; kk++) {
+                got = cm_reserve_some(h, kk, n - handed, hash, &chunk);
+                if (got != 0) {
+                    break;
+                }
+            }
             if (got != 0) {
                 CmChunk c = cm_chunk(h, chunk - 1);
                 data = c.data;
                 bitmap = c.bitmap;
+                added += (cm_u64)got << (CM_MIN_SHIFT + kk);
             }
         }
         got = __shfl_sync(peers, got, leader);
         if (got == 0) {
             break;
         }
+        kk = __shfl_sync(peers, kk, leader);
         data = __shfl_sync(peers, data, leader);
         cm_u32 claimed = 0;
         while (claimed < got) {
             cm_u64 bits = 0;
             cm_u32 word = 0;
             if (lane == leader) {
-                bits = cm_claim_bits(bitmap, k, got - claimed, hash * 0x9E3779B1u + handed, &word);
+                bits = cm_claim_bits(bitmap, kk, got - claimed, hash * 0x9E3779B1u + handed, &word);
             }
             bits = __shfl_sync(peers, bits, leader);
             word = __shfl_sync(peers, word, leader);
@@ -487,7 +507,7 @@ __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
             cm_u32 count = __popcll(bits);
             if (rank >= first && rank < first + count) {
                 cm_u32 index = word * 64 + cm_nth_bit(bits, rank - first);
-                mine = data + ((cm_u64)index << (CM_MIN_SHIFT + k));
+                mine = data + ((cm_u64)index << (CM_MIN_SHIFT + kk));
             }
             claimed += count;
         }
@@ -496,7 +516,6 @@ __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
     if (lane == leader) {
         cm_u64 class_bytes = 1ull << (CM_MIN_SHIFT + k);
         if (handed != 0) {
-            cm_u64 added = handed * class_bytes;
             cm_u64 live = atomicAdd(&h->counters.live_bytes, added) + added;
             if (live > cm_load64(&h->counters.peak_bytes)) {
                 atomicMax(&h->counters.peak_bytes, live);

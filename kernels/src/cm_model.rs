@@ -26,6 +26,9 @@ const BITMAP_WORDS: usize = (CHUNK_BYTES / 16 / 64) as usize;
 const EPOCH_TRANSIT: u64 = 1;
 const EPOCH_PUBLISH: u64 = 1 << 32;
 const EPOCH_TRANSIT_MASK: u64 = EPOCH_PUBLISH - 1;
+/// Classes above its own that a request may take a block of when its own
+/// is out (`CM_FALLBACK_CLASSES` in `cm_alloc.cuh`).
+pub const FALLBACK_CLASSES: usize = 2;
 
 /// A heap as the device holds it, in host memory.
 #[derive(Debug)]
@@ -426,6 +429,17 @@ impl HostHeap {
     /// `n` (1 to 32) requests of `bytes` each, as the leader of a warp serves
     /// the lanes asking for one class: the addresses handed out, fewer than
     /// `n` if the heap ran out (the rest counted as failures).
+    ///
+    /// The guarantee, exactly: a request of class k gets NULL only when, for
+    /// each class k, k + 1, k + 2 (the [`FALLBACK_CLASSES`] above k, tried in
+    /// that order) one whole search found no chunk of that class with a free
+    /// block and no free chunk, while no chunk anywhere in the heap was in
+    /// transit or published. Free blocks of smaller classes, and of classes
+    /// more than two above, are not used: a heap whose free bytes are holes
+    /// in chunks of other classes can return NULL with any amount free (the
+    /// fragmentation test frees every other block: up to half the heap).
+    /// A block taken from a larger class is that class's size in the
+    /// counters ([`HostHeap::block_bytes`]).
     pub fn allocate_group(&self, bytes: u64, n: u32, hash: u32) -> Vec<u64> {
         if bytes == 0 || bytes > MAX_REQUEST_BYTES {
             let reason = if bytes == 0 {
@@ -439,28 +453,33 @@ impl HostHeap {
         let k = class_of(bytes);
         let size = class_bytes(k);
         let mut out = Vec::with_capacity(n as usize);
+        let mut added = 0;
         while (out.len() as u32) < n {
             let handed = out.len() as u32;
-            let Some((chunk, got)) = self.reserve_some(k, n - handed, hash) else {
+            let Some((kk, chunk, got)) = (k..CLASSES.min(k + 1 + FALLBACK_CLASSES))
+                .find_map(|kk| Some(kk).zip(self.reserve_some(kk, n - handed, hash)))
+                .map(|(kk, (chunk, got))| (kk, chunk, got))
+            else {
                 break;
             };
             let data = self.chunk_data(chunk - 1);
             let mut claimed = 0;
             while claimed < got {
                 let start = hash.wrapping_mul(0x9E37_79B1).wrapping_add(handed);
-                let (word, mut bits) = self.claim_bits(chunk - 1, k, got - claimed, start);
+                let (word, mut bits) = self.claim_bits(chunk - 1, kk, got - claimed, start);
                 while bits != 0 {
                     let index = word as u64 * 64 + u64::from(bits.trailing_zeros());
                     bits &= bits - 1;
-                    out.push(data + index * size);
+                    out.push(data + index * class_bytes(kk));
                     claimed += 1;
                 }
             }
+            added += u64::from(got) * class_bytes(kk);
         }
         let handed = out.len() as u64;
         let c = &self.counters;
         if handed != 0 {
-            let live = c.live_bytes.fetch_add(handed * size, SeqCst) + handed * size;
+            let live = c.live_bytes.fetch_add(added, SeqCst) + added;
             c.peak_bytes.fetch_max(live, SeqCst);
             c.allocations.fetch_add(handed, SeqCst);
         }
@@ -468,6 +487,18 @@ impl HostHeap {
             self.fail(Reason::Exhausted, size, u64::from(n) - handed, size);
         }
         out
+    }
+
+    /// Bytes of the live block at `address` (its chunk's class size), `None`
+    /// if no chunk with a class holds it.
+    pub fn block_bytes(&self, address: u64) -> Option<u64> {
+        let t = &self.table;
+        let r = (0..t.regions as usize).find(|&r| {
+            address.wrapping_sub(t.region_base[r]) < u64::from(t.region_chunks[r]) * CHUNK_BYTES
+        })?;
+        let id = t.region_first[r] + ((address - t.region_base[r]) / CHUNK_BYTES) as u32;
+        let cls = self.state[id as usize].load(SeqCst) >> CLASS_SHIFT;
+        (cls != 0).then(|| class_bytes(cls as usize - 1))
     }
 
     /// Frees the block at `address`; a pointer that is no live block is
