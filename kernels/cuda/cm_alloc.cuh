@@ -23,6 +23,15 @@
 // one per bitmap word for all of them; frees of one word / one chunk are
 // combined the same way.
 //
+// NULL means the class is truly out: a chunk of class k with room is always
+// in an active slot of k, in room_map[k], or held by a thread that will
+// publish it (a chunk taken off the free map, an emptied chunk on its way
+// back to it, a room mark being rechecked). Such a thread counts itself in
+// the low half of counters.epoch while it holds the chunk and adds to the
+// high half when the chunk is visible again; a leader returns NULL only
+// after a whole search during which the epoch did not move and nothing was
+// in transit, and searches again otherwise.
+//
 // kernels/src/cm_heap.rs states the same layout for the host, and
 // kernels/src/cm_model.rs runs the same algorithm on CPU threads.
 #pragma once
@@ -36,6 +45,7 @@ typedef unsigned int cm_u32;
 #define CM_CLASSES 17u                     // 16 B .. 1 MiB
 #define CM_MAX_BYTES CM_CHUNK_BYTES        // largest request
 #define CM_ACTIVE 32u                      // active chunks per class
+#define CM_FALLBACK_CLASSES 2u             // classes above its own a request may take
 #define CM_MAX_REGIONS 64u
 #define CM_MAX_CHUNKS 65536u               // 64 GiB of blocks
 #define CM_MAP_WORDS (CM_MAX_CHUNKS / 64u)
@@ -50,6 +60,12 @@ typedef unsigned int cm_u32;
 #define CM_FAIL_EXHAUSTED 2u // no chunk of the class has room and none is free: grow the heap
 #define CM_REASONS 4u
 
+// CmCounters::epoch steps: a thread holds a chunk that no map shows (low
+// half), a chunk became visible in a map or an active slot (high half).
+#define CM_EPOCH_TRANSIT 1ull
+#define CM_EPOCH_PUBLISH (1ull << 32)
+#define CM_EPOCH_TRANSIT_MASK (CM_EPOCH_PUBLISH - 1)
+
 // Must match kernels::cm_heap::CmCounters (112 bytes).
 struct CmCounters {
     cm_u64 live_bytes;      // bytes of the live blocks (class sizes)
@@ -61,7 +77,8 @@ struct CmCounters {
     cm_u64 largest_failed;  // largest request that got NULL, bytes
     cm_u64 bad_frees;       // cm_free of a pointer that is no live block
     cm_u64 reason[CM_REASONS];
-    cm_u64 unused[2];
+    cm_u64 epoch;           // low 32 bits: chunks in transit; high: chunks published
+    cm_u64 unused;
 };
 
 // Must match kernels::cm_heap (REGIONS_OFFSET .. DESCRIPTOR_BYTES).
@@ -149,11 +166,33 @@ __device__ __forceinline__ CmChunk cm_chunk(const CmHeap *h, cm_u32 id)
     return c;
 }
 
-__device__ void cm_map_set(cm_u64 *map, cm_u32 id)
+__device__ __forceinline__ void cm_publish(CmHeap *h)
+{
+    __threadfence();
+    atomicAdd(&h->counters.epoch, CM_EPOCH_PUBLISH);
+}
+
+__device__ __forceinline__ void cm_enter_transit(CmHeap *h)
+{
+    atomicAdd(&h->counters.epoch, CM_EPOCH_TRANSIT);
+    __threadfence();
+}
+
+__device__ __forceinline__ void cm_leave_transit(CmHeap *h, bool published)
+{
+    __threadfence();
+    atomicAdd(&h->counters.epoch, published ? CM_EPOCH_PUBLISH - CM_EPOCH_TRANSIT : 0ull - CM_EPOCH_TRANSIT);
+}
+
+// Sets chunk `id`'s bit in `map`, publishing it if it was clear. The fence
+// orders the caller's change of the chunk's state before the load, against
+// cm_find_room's clear-then-recheck.
+__device__ void cm_map_set(CmHeap *h, cm_u64 *map, cm_u32 id)
 {
     cm_u64 bit = 1ull << (id % 64);
-    if ((cm_load64(&map[id / 64]) & bit) == 0) {
-        atomicOr(&map[id / 64], bit);
+    __threadfence();
+    if ((cm_load64(&map[id / 64]) & bit) == 0 && (atomicOr(&map[id / 64], bit) & bit) == 0) {
+        cm_publish(h);
     }
 }
 
@@ -166,19 +205,32 @@ __device__ void cm_map_clear(cm_u64 *map, cm_u32 id)
 // reserved in it meanwhile (that thread will see 0 again when it is done).
 __device__ void cm_settle(CmHeap *h, cm_u32 id, cm_u32 cls)
 {
-    if (atomicCAS(&h->state[id], cls << CM_CLASS_SHIFT, 0u) == (cls << CM_CLASS_SHIFT)) {
+    cm_enter_transit(h);
+    bool settled = atomicCAS(&h->state[id], cls << CM_CLASS_SHIFT, 0u) == (cls << CM_CLASS_SHIFT);
+    if (settled) {
         cm_map_clear(h->room_map[cls - 1], id);
         __threadfence();
         atomicOr(&h->free_map[id / 64], 1ull << (id % 64));
     }
+    cm_leave_transit(h, settled);
 }
 
-// Gives back `n` reserved blocks of chunk `id` whose bits are clear.
+// Gives back `n` reserved blocks of chunk `id` whose bits are clear (freed
+// blocks, or a reservation's surplus): a chunk whose count reaches 0 goes
+// back to the free map, one whose count drops below its blocks gets its
+// room mark.
 __device__ cm_u32 cm_unreserve(CmHeap *h, cm_u32 id, cm_u32 n)
 {
     cm_u32 old = atomicSub(&h->state[id], n);
-    if ((old & CM_COUNT_MASK) == n && (old >> CM_CLASS_SHIFT) != 0) {
-        cm_settle(h, id, old >> CM_CLASS_SHIFT);
+    cm_u32 tag = old >> CM_CLASS_SHIFT;
+    cm_u32 count = old & CM_COUNT_MASK;
+    if (tag != 0) {
+        cm_u32 blocks = cm_blocks(tag - 1);
+        if (count == n) {
+            cm_settle(h, id, tag);
+        } else if (count >= blocks && count - n < blocks) {
+            cm_map_set(h, h->room_map[tag - 1], id);
+        }
     }
     return old;
 }
@@ -213,8 +265,10 @@ __device__ cm_u32 cm_take_free(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 start, c
         while (bits != 0) {
             cm_u32 b = __ffsll((long long)bits) - 1;
             bits &= bits - 1;
+            cm_enter_transit(h);
             cm_u64 old = atomicAnd(&h->free_map[w], ~(1ull << b));
             if ((old & (1ull << b)) == 0) {
+                cm_leave_transit(h, false);
                 continue;
             }
             cm_u32 id = w * 64 + b;
@@ -223,8 +277,11 @@ __device__ cm_u32 cm_take_free(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 start, c
             atomicAdd(&h->state[id], (k + 1) << CM_CLASS_SHIFT);
             *got = cm_reserve(h, id, k, want);
             if (*got != 0) {
+                // Still in transit: cm_reserve_some publishes it.
                 return id + 1;
             }
+            // A stale reservation settled it: it is back on the free map.
+            cm_leave_transit(h, false);
         }
     }
     return 0;
@@ -256,19 +313,45 @@ __device__ cm_u32 cm_find_room(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 skip, cm
             if (*got != 0) {
                 return id + 1;
             }
+            // A free may make room between the two steps: the chunk is in
+            // transit until its mark is back or it is known full.
+            cm_enter_transit(h);
             cm_map_clear(room, id);
-            // A free may have made room between the two steps.
+            __threadfence();
             cm_u32 now = cm_load(&h->state[id]);
-            if ((now >> CM_CLASS_SHIFT) == k + 1 && (now & CM_COUNT_MASK) < cm_blocks(k)) {
-                cm_map_set(room, id);
+            bool has_room = (now >> CM_CLASS_SHIFT) == k + 1 && (now & CM_COUNT_MASK) < cm_blocks(k);
+            if (has_room) {
+                cm_map_set(h, room, id);
             }
+            cm_leave_transit(h, has_room);
         }
     }
     return 0;
 }
 
+// Puts chunk c (id + 1) in the active slot that held a. A chunk that
+// leaves the slot with room keeps it visible: it gets its room mark first
+// (one that is full now gets it from cm_unreserve when a block is freed).
+// If another thread changed the slot, c gets the mark instead.
+__device__ void cm_replace_active(CmHeap *h, cm_u32 *slot, cm_u32 k, cm_u32 a, cm_u32 c)
+{
+    if (a != 0) {
+        cm_u32 st = cm_load(&h->state[a - 1]);
+        if ((st >> CM_CLASS_SHIFT) == k + 1 && (st & CM_COUNT_MASK) < cm_blocks(k)) {
+            cm_map_set(h, h->room_map[k], a - 1);
+        }
+    }
+    if (atomicCAS(slot, a, c) != a) {
+        cm_map_set(h, h->room_map[k], c - 1);
+    }
+}
+
 // The leader's step: up to `want` blocks of class k reserved in one chunk,
-// returned with the chunk id + 1 in *chunk (0: the heap is exhausted).
+// returned with the chunk id + 1 in *chunk. 0 only when one whole search
+// (active slots, room map, free map) found nothing while no chunk was in
+// transit or published anywhere in the heap: the epoch in the counters
+// was the same before and after it, with nothing in transit. Otherwise
+// the search runs again.
 __device__ cm_u32 cm_reserve_some(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 hash, cm_u32 *chunk)
 {
     cm_u32 *slot = &h->active[k][hash % CM_ACTIVE];
@@ -281,17 +364,31 @@ __device__ cm_u32 cm_reserve_some(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 hash,
             return got;
         }
     }
-    cm_u32 c = cm_find_room(h, k, want, a, hash, &got);
-    if (c == 0) {
-        c = cm_take_free(h, k, want, hash, &got);
-    }
-    if (c != 0 && c != a) {
-        if (atomicCAS(slot, a, c) != a) {
-            cm_map_set(h->room_map[k], c - 1);
+    for (;;) {
+        cm_u64 seen = cm_load64(&h->counters.epoch);
+        __threadfence();
+        bool fresh = false;
+        cm_u32 c = cm_find_room(h, k, want, a, hash, &got);
+        if (c == 0) {
+            c = cm_take_free(h, k, want, hash, &got);
+            fresh = c != 0;
+        }
+        if (c != 0) {
+            if (c != a || fresh) {
+                cm_replace_active(h, slot, k, a, c);
+            }
+            if (fresh) {
+                cm_leave_transit(h, true);
+            }
+            *chunk = c;
+            return got;
+        }
+        __threadfence();
+        if (cm_load64(&h->counters.epoch) == seen && (seen & CM_EPOCH_TRANSIT_MASK) == 0) {
+            *chunk = 0;
+            return 0;
         }
     }
-    *chunk = c;
-    return c == 0 ? 0 : got;
 }
 
 // Claims up to `want` clear bits of one word of a chunk whose count holds a
@@ -345,6 +442,15 @@ __device__ void cm_fail(CmHeap *h, cm_u32 reason, cm_u64 bytes, cm_u64 n, cm_u64
 
 // `bytes` from heap `h`, 16-byte aligned (blocks of class k are aligned to
 // their size up to 8 KiB); NULL with a reason counted in h->counters.
+//
+// The guarantee, exactly: a request of class k gets NULL only when, for
+// each class k, k + 1, k + 2 (tried in that order), one whole search found
+// no chunk of that class with a free block and no free chunk, while no chunk
+// anywhere in the heap was in transit or published (see cm_reserve_some).
+// Free blocks of smaller classes, or more than two classes up, are not
+// used: free bytes that are holes in chunks of other classes can leave a
+// request with NULL however many they are. A block from a larger class
+// counts that class's size in live_bytes.
 __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
 {
     if (bytes == 0 || bytes > CM_MAX_BYTES) {
@@ -360,30 +466,40 @@ __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
     cm_u32 hash = cm_warp_hash();
     cm_u64 mine = 0;
     cm_u32 handed = 0;
+    cm_u64 added = 0;
     while (handed < n) {
         cm_u32 chunk = 0;
         cm_u32 got = 0;
+        cm_u32 kk = k;
         cm_u64 data = 0;
         cm_u64 *bitmap = NULL;
         if (lane == leader) {
-            got = cm_reserve_some(h, k, n - handed, hash, &chunk);
+            // Its own class first; when that is out, the next ones up.
+            for (; kk <= k + CM_FALLBACK_CLASSES && kk < CM_CLASSES; kk++) {
+                got = cm_reserve_some(h, kk, n - handed, hash, &chunk);
+                if (got != 0) {
+                    break;
+                }
+            }
             if (got != 0) {
                 CmChunk c = cm_chunk(h, chunk - 1);
                 data = c.data;
                 bitmap = c.bitmap;
+                added += (cm_u64)got << (CM_MIN_SHIFT + kk);
             }
         }
         got = __shfl_sync(peers, got, leader);
         if (got == 0) {
             break;
         }
+        kk = __shfl_sync(peers, kk, leader);
         data = __shfl_sync(peers, data, leader);
         cm_u32 claimed = 0;
         while (claimed < got) {
             cm_u64 bits = 0;
             cm_u32 word = 0;
             if (lane == leader) {
-                bits = cm_claim_bits(bitmap, k, got - claimed, hash * 0x9E3779B1u + handed, &word);
+                bits = cm_claim_bits(bitmap, kk, got - claimed, hash * 0x9E3779B1u + handed, &word);
             }
             bits = __shfl_sync(peers, bits, leader);
             word = __shfl_sync(peers, word, leader);
@@ -391,7 +507,7 @@ __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
             cm_u32 count = __popcll(bits);
             if (rank >= first && rank < first + count) {
                 cm_u32 index = word * 64 + cm_nth_bit(bits, rank - first);
-                mine = data + ((cm_u64)index << (CM_MIN_SHIFT + k));
+                mine = data + ((cm_u64)index << (CM_MIN_SHIFT + kk));
             }
             claimed += count;
         }
@@ -400,7 +516,6 @@ __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
     if (lane == leader) {
         cm_u64 class_bytes = 1ull << (CM_MIN_SHIFT + k);
         if (handed != 0) {
-            cm_u64 added = handed * class_bytes;
             cm_u64 live = atomicAdd(&h->counters.live_bytes, added) + added;
             if (live > cm_load64(&h->counters.peak_bytes)) {
                 atomicMax(&h->counters.peak_bytes, live);
@@ -468,12 +583,7 @@ __device__ void cm_heap_free(CmHeap *h, void *ptr)
     cm_u32 same_chunk = __match_any_sync(here, id);
     cm_u32 freed = __reduce_add_sync(same_chunk, valid);
     if (lane == __ffs(same_chunk) - 1 && freed != 0) {
-        cm_u32 blocks = cm_blocks(k);
-        cm_u32 old = cm_unreserve(h, id, freed);
-        cm_u32 before = old & CM_COUNT_MASK;
-        if (before >= blocks && before - freed < blocks) {
-            cm_map_set(h->room_map[k], id);
-        }
+        cm_unreserve(h, id, freed);
         atomicAdd(&h->counters.live_bytes, 0ull - ((cm_u64)freed << (CM_MIN_SHIFT + k)));
         atomicAdd(&h->counters.frees, (cm_u64)freed);
     }

@@ -38,7 +38,53 @@ __device__ __forceinline__ u64 block_seed(const HeapParams &p, const void *block
     return p.seed ^ (u64)block;
 }
 
-// Each thread: A::alloc(size), fill, check, free.
+// Fills (CHECK false) or checks (CHECK true) the block of every lane of
+// `have` with the pattern, all lanes of `group` (a superset) working on one
+// block at a time: the r-th of the n lanes takes 8-byte words r, r + n, ...,
+// so one warp store or load covers 256 contiguous bytes instead of 32
+// blocks' worth of scattered words. Each lane then does its own block's
+// last size % 8 bytes. Returns the bytes this lane found differing.
+template <bool CHECK>
+__device__ u64 pattern_warp(unsigned group, unsigned have, unsigned char *block, u64 size, u64 seed)
+{
+    unsigned lane = threadIdx.x % 32;
+    unsigned n = __popc(group);
+    unsigned rank = __popc(group & ((1u << lane) - 1));
+    u64 bad = 0;
+    for (unsigned rest = have; rest != 0; rest &= rest - 1) {
+        int owner = __ffs(rest) - 1;
+        u64 base = __shfl_sync(group, (u64)block, owner);
+        u64 len = __shfl_sync(group, size, owner);
+        u64 sd = __shfl_sync(group, seed, owner);
+        if (base % 8 != 0) {
+            continue; // the owner does it alone below
+        }
+        u64 *words = (u64 *)base;
+        for (u64 w = rank; w < len / 8; w += n) {
+            if (CHECK) {
+                u64 diff = words[w] ^ pattern_word(sd, w);
+                for (int b = 0; diff != 0 && b < 8; b++) {
+                    bad += ((diff >> (8 * b)) & 0xff) != 0;
+                }
+            } else {
+                words[w] = pattern_word(sd, w);
+            }
+        }
+    }
+    if ((have >> lane) & 1) {
+        u64 done = (u64)block % 8 == 0 ? size / 8 * 8 : 0;
+        if (CHECK) {
+            bad += pattern_check_range(block + done, done, size - done, seed);
+        } else {
+            pattern_fill_range(block + done, done, size - done, seed);
+        }
+    }
+    __syncwarp(group);
+    return bad;
+}
+
+// Each thread: A::alloc(size), then the warp fills and checks every block
+// it got (pattern_warp), then each thread frees its own.
 template <class A>
 __device__ void malloc_free(const HeapParams &p, u64 size)
 {
@@ -47,20 +93,23 @@ __device__ void malloc_free(const HeapParams &p, u64 size)
         return;
     }
     HeapCounters *c = counters_of(p);
+    unsigned group = __activemask();
     unsigned char *block = (unsigned char *)A::alloc(size);
+    unsigned have = __ballot_sync(group, block != NULL);
+    u64 seed = block_seed(p, block);
+    pattern_warp<false>(group, have, block, size, seed);
+    u64 bad = pattern_warp<true>(group, have, block, size, seed);
+    if (bad != 0) {
+        atomicAdd(&c->mismatches, bad);
+    }
     if (block == NULL) {
         atomicAdd(&c->nulls, 1ull);
         return;
     }
-    pattern_fill_range(block, 0, size, block_seed(p, block));
-    u64 bad = pattern_check_range(block, 0, size, block_seed(p, block));
     A::release(block);
     atomicAdd(&c->allocations, 1ull);
     atomicAdd(&c->bytes, size);
     atomicAdd(&c->frees, 1ull);
-    if (bad != 0) {
-        atomicAdd(&c->mismatches, bad);
-    }
 }
 
 // Like malloc_free with a size per thread, log-uniform from 16 B to

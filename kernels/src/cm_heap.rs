@@ -161,8 +161,14 @@ pub struct CmCounters {
     pub bad_frees: u64,
     /// Failures by [`Reason`].
     pub reason: [u64; 4],
+    /// The allocator's publication clock: the low 32 bits count chunks that
+    /// a thread holds off every map now (in transit), the high 32 bits count
+    /// chunks made visible (put on the free map, given a room mark or an
+    /// active slot). A search that ends with it unchanged and nothing in
+    /// transit saw the whole heap; only then does a request get NULL.
+    pub epoch: u64,
     /// Zero.
-    pub unused: [u64; 2],
+    pub unused: u64,
 }
 
 impl CmCounters {

@@ -21,6 +21,14 @@ use crate::cm_heap::{
 
 /// Words of one chunk's bitmap.
 const BITMAP_WORDS: usize = (CHUNK_BYTES / 16 / 64) as usize;
+/// [`CmCounters::epoch`] steps: a thread took a chunk off every map (low
+/// half: chunks in transit now), and a chunk became visible (high half).
+const EPOCH_TRANSIT: u64 = 1;
+const EPOCH_PUBLISH: u64 = 1 << 32;
+const EPOCH_TRANSIT_MASK: u64 = EPOCH_PUBLISH - 1;
+/// Classes above its own that a request may take a block of when its own
+/// is out (`CM_FALLBACK_CLASSES` in `cm_alloc.cuh`).
+pub const FALLBACK_CLASSES: usize = 2;
 
 /// A heap as the device holds it, in host memory.
 #[derive(Debug)]
@@ -33,6 +41,11 @@ pub struct HostHeap {
     free_map: Vec<AtomicU64>,
     room_map: Vec<AtomicU64>,
     counters: Counters,
+    /// Yields a thread takes while it holds a chunk that no map shows (taken
+    /// off the free map, or emptied and not yet back on it): 0 normally; a
+    /// test raises it to widen the window that thousands of warps hit on
+    /// the device and a few CPU threads rarely do.
+    transit_yields: AtomicU32,
 }
 
 #[derive(Debug, Default)]
@@ -46,6 +59,7 @@ struct Counters {
     largest_failed: AtomicU64,
     bad_frees: AtomicU64,
     reason: [AtomicU64; 4],
+    epoch: AtomicU64,
 }
 
 /// What [`HostHeap::check`] found wrong with a quiescent heap.
@@ -77,6 +91,19 @@ impl HostHeap {
             free_map: zeros64(MAP_WORDS),
             room_map: zeros64(CLASSES * MAP_WORDS),
             counters: Counters::default(),
+            transit_yields: AtomicU32::new(0),
+        }
+    }
+
+    /// Makes every thread yield `n` times while it holds a chunk in transit
+    /// (see the field); for tests that race the publication of chunks.
+    pub fn set_transit_yields(&self, n: u32) {
+        self.transit_yields.store(n, SeqCst);
+    }
+
+    fn in_transit(&self) {
+        for _ in 0..self.transit_yields.load(SeqCst) {
+            std::thread::yield_now();
         }
     }
 
@@ -115,7 +142,8 @@ impl HostHeap {
             largest_failed: c.largest_failed.load(SeqCst),
             bad_frees: c.bad_frees.load(SeqCst),
             reason: [0, 1, 2, 3].map(|i| c.reason[i].load(SeqCst)),
-            unused: [0; 2],
+            epoch: c.epoch.load(SeqCst),
+            unused: 0,
         }
     }
 
@@ -144,28 +172,65 @@ impl HostHeap {
         &self.room_map[k * MAP_WORDS..(k + 1) * MAP_WORDS]
     }
 
-    fn map_set(map: &[AtomicU64], id: u32) {
+    /// A chunk became visible: in a map or an active slot.
+    fn publish(&self) {
+        self.counters.epoch.fetch_add(EPOCH_PUBLISH, SeqCst);
+    }
+
+    /// This thread is about to hold a chunk that no map shows.
+    fn enter_transit(&self) {
+        self.counters.epoch.fetch_add(EPOCH_TRANSIT, SeqCst);
+    }
+
+    /// It holds it no longer; `published`: the chunk is visible again.
+    fn leave_transit(&self, published: bool) {
+        let add = if published {
+            EPOCH_PUBLISH - EPOCH_TRANSIT
+        } else {
+            EPOCH_TRANSIT.wrapping_neg()
+        };
+        self.counters.epoch.fetch_add(add, SeqCst);
+    }
+
+    /// Sets chunk `id`'s bit in `map` (the free map or a room map),
+    /// publishing it if it was clear.
+    fn map_set(&self, map: &[AtomicU64], id: u32) {
         let bit = 1u64 << (id % 64);
-        if map[id as usize / 64].load(SeqCst) & bit == 0 {
-            map[id as usize / 64].fetch_or(bit, SeqCst);
+        if map[id as usize / 64].load(SeqCst) & bit == 0
+            && map[id as usize / 64].fetch_or(bit, SeqCst) & bit == 0
+        {
+            self.publish();
         }
     }
 
     fn settle(&self, id: u32, cls: u32) {
         let full = cls << CLASS_SHIFT;
-        if self.state[id as usize]
+        self.enter_transit();
+        let settled = self.state[id as usize]
             .compare_exchange(full, 0, SeqCst, SeqCst)
-            .is_ok()
-        {
+            .is_ok();
+        if settled {
             self.room(cls as usize - 1)[id as usize / 64].fetch_and(!(1 << (id % 64)), SeqCst);
+            self.in_transit();
             self.free_map[id as usize / 64].fetch_or(1 << (id % 64), SeqCst);
         }
+        self.leave_transit(settled);
     }
 
+    /// Gives back `n` reserved blocks of chunk `id` (freed ones, or ones a
+    /// reservation could not use): a chunk whose count reaches 0 goes back
+    /// to the free map, one whose count drops below its blocks gets its
+    /// room mark.
     fn unreserve(&self, id: u32, n: u32) -> u32 {
         let old = self.state[id as usize].fetch_sub(n, SeqCst);
-        if old & COUNT_MASK == n && old >> CLASS_SHIFT != 0 {
-            self.settle(id, old >> CLASS_SHIFT);
+        let (tag, count) = (old >> CLASS_SHIFT, old & COUNT_MASK);
+        if tag != 0 {
+            let k = tag as usize - 1;
+            if count == n {
+                self.settle(id, tag);
+            } else if count >= class_blocks(k) && count - n < class_blocks(k) {
+                self.map_set(self.room(k), id);
+            }
         }
         old
     }
@@ -198,16 +263,22 @@ impl HostHeap {
             while bits != 0 {
                 let b = bits.trailing_zeros();
                 bits &= bits - 1;
+                self.enter_transit();
                 let old = self.free_map[w].fetch_and(!(1 << b), SeqCst);
                 if old & (1 << b) == 0 {
+                    self.leave_transit(false);
                     continue;
                 }
                 let id = w as u32 * 64 + b;
+                self.in_transit();
                 self.state[id as usize].fetch_add((k as u32 + 1) << CLASS_SHIFT, SeqCst);
                 let got = self.reserve(id, k, want);
                 if got != 0 {
+                    // Still in transit: reserve_some publishes it.
                     return Some((id + 1, got));
                 }
+                // A stale reservation settled it: it is back on the free map.
+                self.leave_transit(false);
             }
         }
         None
@@ -236,16 +307,27 @@ impl HostHeap {
                 if got != 0 {
                     return Some((id + 1, got));
                 }
+                // A free may make room between the two steps: the chunk is
+                // in transit until the mark is back or it is known full.
+                self.enter_transit();
                 room[w].fetch_and(!(1 << b), SeqCst);
+                self.in_transit();
                 let now = self.state[id as usize].load(SeqCst);
-                if now >> CLASS_SHIFT == k as u32 + 1 && now & COUNT_MASK < class_blocks(k) {
-                    Self::map_set(room, id);
+                let has_room =
+                    now >> CLASS_SHIFT == k as u32 + 1 && now & COUNT_MASK < class_blocks(k);
+                if has_room {
+                    self.map_set(room, id);
                 }
+                self.leave_transit(has_room);
             }
         }
         None
     }
 
+    /// Up to `want` blocks of class `k` reserved in one chunk: `(chunk id +
+    /// 1, blocks)`, `None` only when one whole search found no chunk of the
+    /// class with room and none free while no chunk was in transit or
+    /// published anywhere in the heap (see [`HostHeap::allocate_group`]).
     fn reserve_some(&self, k: usize, want: u32, hash: u32) -> Option<(u32, u32)> {
         let slot = &self.active[k * ACTIVE + hash as usize % ACTIVE];
         let a = slot.load(SeqCst);
@@ -255,13 +337,44 @@ impl HostHeap {
                 return Some((a, got));
             }
         }
-        let (c, got) = self
-            .find_room(k, want, a, hash)
-            .or_else(|| self.take_free(k, want, hash))?;
-        if c != a && slot.compare_exchange(a, c, SeqCst, SeqCst).is_err() {
-            Self::map_set(self.room(k), c - 1);
+        loop {
+            let seen = self.counters.epoch.load(SeqCst);
+            let found = self
+                .find_room(k, want, a, hash)
+                .map(|(c, got)| (c, got, false))
+                .or_else(|| self.take_free(k, want, hash).map(|(c, got)| (c, got, true)));
+            if let Some((c, got, fresh)) = found {
+                if c != a || fresh {
+                    self.replace_active(slot, k, a, c);
+                }
+                if fresh {
+                    self.leave_transit(true);
+                }
+                return Some((c, got));
+            }
+            let now = self.counters.epoch.load(SeqCst);
+            if now == seen && seen & EPOCH_TRANSIT_MASK == 0 {
+                return None;
+            }
+            std::thread::yield_now();
         }
-        Some((c, got))
+    }
+
+    /// Puts chunk `c` (id + 1) in the active slot that held `a`. A chunk
+    /// that leaves the slot with room keeps it visible: it gets its room
+    /// mark first (one that fills later and empties again gets it from
+    /// [`HostHeap::unreserve`]). If another thread changed the slot, `c`
+    /// gets the mark instead.
+    fn replace_active(&self, slot: &AtomicU32, k: usize, a: u32, c: u32) {
+        if a != 0 {
+            let st = self.state[a as usize - 1].load(SeqCst);
+            if st >> CLASS_SHIFT == k as u32 + 1 && st & COUNT_MASK < class_blocks(k) {
+                self.map_set(self.room(k), a - 1);
+            }
+        }
+        if slot.compare_exchange(a, c, SeqCst, SeqCst).is_err() {
+            self.map_set(self.room(k), c - 1);
+        }
     }
 
     fn claim_bits(&self, id: u32, k: usize, want: u32, start: u32) -> (usize, u64) {
@@ -316,6 +429,17 @@ impl HostHeap {
     /// `n` (1 to 32) requests of `bytes` each, as the leader of a warp serves
     /// the lanes asking for one class: the addresses handed out, fewer than
     /// `n` if the heap ran out (the rest counted as failures).
+    ///
+    /// The guarantee, exactly: a request of class k gets NULL only when, for
+    /// each class k, k + 1, k + 2 (the [`FALLBACK_CLASSES`] above k, tried in
+    /// that order) one whole search found no chunk of that class with a free
+    /// block and no free chunk, while no chunk anywhere in the heap was in
+    /// transit or published. Free blocks of smaller classes, and of classes
+    /// more than two above, are not used: a heap whose free bytes are holes
+    /// in chunks of other classes can return NULL with any amount free (the
+    /// fragmentation test frees every other block: up to half the heap).
+    /// A block taken from a larger class is that class's size in the
+    /// counters ([`HostHeap::block_bytes`]).
     pub fn allocate_group(&self, bytes: u64, n: u32, hash: u32) -> Vec<u64> {
         if bytes == 0 || bytes > MAX_REQUEST_BYTES {
             let reason = if bytes == 0 {
@@ -329,28 +453,33 @@ impl HostHeap {
         let k = class_of(bytes);
         let size = class_bytes(k);
         let mut out = Vec::with_capacity(n as usize);
+        let mut added = 0;
         while (out.len() as u32) < n {
             let handed = out.len() as u32;
-            let Some((chunk, got)) = self.reserve_some(k, n - handed, hash) else {
+            let Some((kk, chunk, got)) = (k..CLASSES.min(k + 1 + FALLBACK_CLASSES))
+                .find_map(|kk| Some(kk).zip(self.reserve_some(kk, n - handed, hash)))
+                .map(|(kk, (chunk, got))| (kk, chunk, got))
+            else {
                 break;
             };
             let data = self.chunk_data(chunk - 1);
             let mut claimed = 0;
             while claimed < got {
                 let start = hash.wrapping_mul(0x9E37_79B1).wrapping_add(handed);
-                let (word, mut bits) = self.claim_bits(chunk - 1, k, got - claimed, start);
+                let (word, mut bits) = self.claim_bits(chunk - 1, kk, got - claimed, start);
                 while bits != 0 {
                     let index = word as u64 * 64 + u64::from(bits.trailing_zeros());
                     bits &= bits - 1;
-                    out.push(data + index * size);
+                    out.push(data + index * class_bytes(kk));
                     claimed += 1;
                 }
             }
+            added += u64::from(got) * class_bytes(kk);
         }
         let handed = out.len() as u64;
         let c = &self.counters;
         if handed != 0 {
-            let live = c.live_bytes.fetch_add(handed * size, SeqCst) + handed * size;
+            let live = c.live_bytes.fetch_add(added, SeqCst) + added;
             c.peak_bytes.fetch_max(live, SeqCst);
             c.allocations.fetch_add(handed, SeqCst);
         }
@@ -358,6 +487,18 @@ impl HostHeap {
             self.fail(Reason::Exhausted, size, u64::from(n) - handed, size);
         }
         out
+    }
+
+    /// Bytes of the live block at `address` (its chunk's class size), `None`
+    /// if no chunk with a class holds it.
+    pub fn block_bytes(&self, address: u64) -> Option<u64> {
+        let t = &self.table;
+        let r = (0..t.regions as usize).find(|&r| {
+            address.wrapping_sub(t.region_base[r]) < u64::from(t.region_chunks[r]) * CHUNK_BYTES
+        })?;
+        let id = t.region_first[r] + ((address - t.region_base[r]) / CHUNK_BYTES) as u32;
+        let cls = self.state[id as usize].load(SeqCst) >> CLASS_SHIFT;
+        (cls != 0).then(|| class_bytes(cls as usize - 1))
     }
 
     /// Frees the block at `address`; a pointer that is no live block is
@@ -386,18 +527,14 @@ impl HostHeap {
         if old & bit == 0 {
             return bad();
         }
-        let blocks = class_blocks(k);
-        let before = self.unreserve(id, 1) & COUNT_MASK;
-        if before >= blocks && before - 1 < blocks {
-            Self::map_set(self.room(k), id);
-        }
+        self.unreserve(id, 1);
         self.counters.live_bytes.fetch_sub(class_bytes(k), SeqCst);
         self.counters.frees.fetch_add(1, SeqCst);
     }
 
     /// Checks a heap no thread is using: every chunk's count is the number
     /// of its set bits, a chunk is in the free map exactly when it has no
-    /// class, and `live_bytes` is what the bitmaps hold.
+    /// class, no chunk is in transit, and `live_bytes` is what the bitmaps hold.
     pub fn check(&self) -> Result<(), Corruption> {
         let mut live = 0u64;
         for id in 0..self.table.chunks {
@@ -423,6 +560,10 @@ impl HostHeap {
             if cls != 0 {
                 live += u64::from(bits) * class_bytes(cls as usize - 1);
             }
+        }
+        let transit = self.counters.epoch.load(SeqCst) & EPOCH_TRANSIT_MASK;
+        if transit != 0 {
+            return Err(Corruption(format!("{transit} chunks still in transit")));
         }
         let counted = self.counters.live_bytes.load(SeqCst);
         if live != counted {

@@ -75,9 +75,12 @@ proptest! {
                     let mut kept = Vec::new();
                     for (step, &(bytes, n, free_now)) in script.iter().enumerate() {
                         let hash = (t * 7 + step) as u32;
-                        let size = class_bytes(class_of(bytes));
                         let got = heap.allocate_group(bytes, n, hash);
                         for &a in &got {
+                            let size = heap.block_bytes(a).ok_or("no class")?;
+                            if size < class_bytes(class_of(bytes)) || size > class_bytes(class_of(bytes)) << 2 {
+                                return Err(format!("{size} B block for {bytes} B"));
+                            }
                             live.insert(a, size)?;
                         }
                         for a in got {
@@ -85,7 +88,7 @@ proptest! {
                                 live.remove(a);
                                 heap.free(a);
                             } else {
-                                kept.push((a, size));
+                                kept.push((a, heap.block_bytes(a).ok_or("no class")?));
                             }
                         }
                     }
@@ -222,4 +225,83 @@ fn threads_started_together_on_one_chunk_never_share_a_block() {
     assert_eq!((c.live_bytes, c.bad_frees), (0, 0));
     assert!(c.allocations > 0);
     assert_eq!(heap.free_chunks(), 2);
+}
+
+/// Warps that start together on a heap whose active slots are empty (a cold
+/// launch) or stale (a warm one) all reach the free map at once: the first
+/// takes a chunk, the others must find it (or another) instead of NULL.
+/// Every request here fits many times over, so any NULL is a false one.
+#[test]
+fn a_stampede_on_a_cold_or_warm_heap_gets_no_false_null() {
+    const THREADS: u32 = 8;
+    for round in 0..400u32 {
+        let heap = heap(&[2]);
+        heap.set_transit_yields(round % 4);
+        if round % 2 == 1 {
+            // Warm: every slot of class 0 names a chunk that emptied again.
+            let got = heap.allocate_group(16, 32, 0);
+            got.into_iter().for_each(|a| heap.free(a));
+        }
+        let start = std::sync::Barrier::new(THREADS as usize);
+        let nulls: u32 = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (heap, start) = (&heap, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        let mut nulls = 0;
+                        for i in 0..8 {
+                            let got = heap.allocate_group(16, 32, t * 8 + i);
+                            nulls += 32 - got.len() as u32;
+                            got.into_iter().for_each(|a| heap.free(a));
+                        }
+                        nulls
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(
+            nulls, 0,
+            "round {round}: {nulls} NULL with 2 MiB of 16 B blocks free"
+        );
+        heap.check().unwrap();
+    }
+}
+
+/// A class that is out takes blocks of the two classes above it; the one
+/// three above is not used, and each block frees as its own class.
+#[test]
+fn a_class_that_is_out_takes_blocks_two_classes_up_but_not_three() {
+    let heap = heap(&[3]);
+    // One chunk each of 4 KiB, 8 KiB and 32 KiB blocks, one block held in each.
+    let held: Vec<u64> = [4u64 << 10, 8 << 10, 32 << 10]
+        .iter()
+        .map(|&b| heap.allocate(b, 0).unwrap())
+        .collect();
+    assert_eq!(heap.free_chunks(), 0);
+    // 2 KiB: its class has no chunk; 4 KiB and 8 KiB blocks serve it.
+    let small = heap.allocate_group(2 << 10, 32, 1);
+    assert_eq!(small.len(), 32);
+    assert!(
+        small
+            .iter()
+            .all(|&a| matches!(heap.block_bytes(a), Some(b) if b == 4 << 10 || b == 8 << 10))
+    );
+    let c = heap.counters();
+    let bytes: u64 = small
+        .iter()
+        .chain(&held)
+        .map(|&a| heap.block_bytes(a).unwrap())
+        .sum();
+    assert_eq!(c.live_bytes, bytes);
+    // 1 KiB and 2 KiB requests can reach 4 KiB and 8 KiB; 16 KiB requests
+    // reach 32 KiB. 512 B requests reach only 1 and 2 KiB, which have none.
+    assert_eq!(heap.allocate(512, 0), None);
+    assert_eq!(heap.counters().failed(Reason::Exhausted), 1);
+    for a in small.into_iter().chain(held) {
+        heap.free(a);
+    }
+    heap.check().unwrap();
+    assert_eq!((heap.counters().live_bytes, heap.free_chunks()), (0, 3));
 }

@@ -63,6 +63,36 @@ static inline unsigned long long min(unsigned long long a, unsigned long long b)
     return a < b ? a : b;
 }
 
+// Warp functions for a warp of one lane (threads run one after another):
+// the mask is the running thread's own bit.
+static inline unsigned __activemask()
+{
+    return 1u << (threadIdx.x % 32);
+}
+
+static inline unsigned __ballot_sync(unsigned mask, int predicate)
+{
+    return predicate ? mask : 0;
+}
+
+template <class T>
+static inline T __shfl_sync(unsigned, T value, int)
+{
+    return value;
+}
+
+static inline void __syncwarp(unsigned) {}
+
+static inline int __popc(unsigned x)
+{
+    return __builtin_popcount(x);
+}
+
+static inline int __ffs(int x)
+{
+    return __builtin_ffs(x);
+}
+
 static inline void __threadfence()
 {
     std::atomic_thread_fence(std::memory_order_seq_cst);
