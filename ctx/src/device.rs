@@ -3,6 +3,8 @@
 //! Two implementations exist: [`crate::sim::SimDevice`] (host memory, for
 //! tests and trace replays) and, behind the `cuda` feature, the CUDA driver.
 
+use kernels::moves::BlockMove;
+
 use crate::Result;
 
 /// Device memory figures as `cuMemGetInfo` reports them, bytes.
@@ -24,18 +26,6 @@ pub struct StreamId(pub u64);
 impl StreamId {
     /// The default (legacy) stream.
     pub const DEFAULT: StreamId = StreamId(0);
-}
-
-/// One device-to-device copy of a batch ([`DeviceMemory::copy_moves`]):
-/// `len` bytes from `src` to `dst`, absolute device addresses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
-pub struct CopyMove {
-    /// Where the bytes are.
-    pub src: u64,
-    /// Where they go.
-    pub dst: u64,
-    /// Bytes.
-    pub len: u64,
 }
 
 /// Device memory as a pool uses it: virtual address reservations that are
@@ -92,7 +82,7 @@ pub trait DeviceMemory: Send {
     /// A compaction hands its whole plan over at once, so a device can queue
     /// the copies without waiting between them, and copy moves that do not
     /// depend on each other together. The default copies one after another.
-    fn copy_moves(&mut self, moves: &[CopyMove]) -> Result<()> {
+    fn copy_moves(&mut self, moves: &[BlockMove]) -> Result<()> {
         for m in moves {
             self.copy_within(m.src, m.dst, m.len)?;
         }

@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 mod address_space;
+mod copy;
 pub mod device;
 mod error;
 pub mod ledger;
@@ -17,6 +18,7 @@ pub mod cuda;
 
 pub use device::{DeviceMemory, MemInfo, StreamId};
 pub use error::{Error, Result};
+pub use kernels::moves::BlockMove;
 pub use ledger::{Ledger, LedgerItem, LedgerItemKind, Limits, Workload};
 pub use pool::{
     CompactionPolicy, CompactionReport, Growth, Pool, PoolConfig, PoolGuard, PoolStats,

@@ -33,20 +33,18 @@
 
 mod baseline;
 mod context;
-mod copy_plan;
+mod copy_queue;
 mod device;
 mod driver;
 mod measure;
 mod module;
-mod move_batch;
-mod mover;
 mod stream;
 mod vmm_calls;
 
 pub use context::{CudaContext, Limit};
+pub use copy_queue::CopyCalls;
 pub use device::CudaDevice;
 pub use measure::{CopyBandwidth, LargestAllocation, MemoryDelta};
 pub use module::{Function, FunctionAttributes, LaunchConfig, Module};
-pub use mover::CopyCalls;
 pub use stream::Stream;
 pub use vmm_calls::{CallTally, VmmCalls};

@@ -7,7 +7,9 @@ use memcore::{BlockFlags, CompactionPlan, Handle, Heap, Tlsf};
 
 use super::memory::PoolMemory;
 use super::{CompactionPolicy, CompactionReport, Growth, PoolConfig, PoolStats};
-use crate::device::{CopyMove, DeviceMemory, StreamId};
+use kernels::moves::BlockMove;
+
+use crate::device::{DeviceMemory, StreamId};
 use crate::{Error, Result};
 
 /// A pool's state; every field is guarded by the pool's one mutex.
@@ -243,10 +245,10 @@ impl<D: DeviceMemory> PoolState<D> {
         let mut copy_time = Duration::ZERO;
         if moves > 0 {
             self.device.synchronize()?;
-            let batch: Vec<CopyMove> = plan
+            let batch: Vec<BlockMove> = plan
                 .moves()
                 .iter()
-                .map(|m| CopyMove {
+                .map(|m| BlockMove {
                     src: m.src,
                     dst: m.dst,
                     len: m.len,
