@@ -115,6 +115,8 @@ fn vmm_growth_maps_whole_pages_at_the_top_and_shrink_unmaps_them() {
     let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 64 * PAGE);
     let a = pool.allocate(1000, 256, None).unwrap();
     assert_eq!(pool.stats().mapped_bytes, PAGE);
+    // The first block starts the reservation, which the pool names.
+    assert_eq!(pool.reservation_start(), Some(pool.device_ptr(a).unwrap()));
     let b = pool.allocate(PAGE, 256, None).unwrap();
     // The tail after `a` is reused: one more page is enough.
     assert_eq!(pool.stats().mapped_bytes, 2 * PAGE);
@@ -286,6 +288,7 @@ fn chunk_growth_takes_at_least_a_chunk_and_gives_whole_chunks_back() {
     let pool = Pool::new(SimDevice::new(SimConfig::small(64 * PAGE)), config).unwrap();
     let a = pool.allocate(100, 256, None).unwrap();
     assert_eq!(pool.stats().mapped_bytes, 2 * PAGE);
+    assert_eq!(pool.reservation_start(), None, "chunks have no reservation");
     let big = pool.allocate(5 * PAGE, 256, None).unwrap();
     assert_eq!(pool.stats().mapped_bytes, 7 * PAGE);
     pool.free(big).unwrap();

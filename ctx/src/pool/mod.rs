@@ -270,6 +270,14 @@ impl<D: DeviceMemory> Pool<D> {
         self.lock().stats()
     }
 
+    /// Device address of the first byte of the pool's reservation
+    /// ([`Growth::Vmm`]): every block lies at or above it, and it does not
+    /// change for the pool's life. `None` for [`Growth::Chunks`], whose
+    /// chunks lie wherever the device put them.
+    pub fn reservation_start(&self) -> Option<u64> {
+        self.lock().reservation_start()
+    }
+
     /// The configuration the pool was made with.
     pub fn config(&self) -> PoolConfig {
         self.lock().state.config
@@ -354,6 +362,11 @@ impl<D: DeviceMemory> PoolGuard<'_, D> {
     /// See [`Pool::stats`].
     pub fn stats(&self) -> PoolStats {
         self.state.stats()
+    }
+
+    /// See [`Pool::reservation_start`].
+    pub fn reservation_start(&self) -> Option<u64> {
+        self.state.reservation_start()
     }
 
     /// The device, to read its figures. Changing its memory behind the

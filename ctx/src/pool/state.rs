@@ -367,6 +367,10 @@ impl<D: DeviceMemory> PoolState<D> {
         Ok(released)
     }
 
+    pub(super) fn reservation_start(&self) -> Option<u64> {
+        self.memory.reservation_start()
+    }
+
     pub(super) fn stats(&self) -> PoolStats {
         PoolStats {
             heap: self.heap.stats(),
