@@ -8,7 +8,8 @@ use kernels::moves::BlockMove;
 use crate::Result;
 
 /// Device memory figures as `cuMemGetInfo` reports them, bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct MemInfo {
     /// Bytes still available for allocation.
     pub free: u64,
@@ -20,7 +21,8 @@ pub struct MemInfo {
 ///
 /// The pool only records it; see [`crate::Pool`] for what it does (and does
 /// not) synchronize.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct StreamId(pub u64);
 
 impl StreamId {

@@ -13,7 +13,8 @@ use std::fmt;
 use crate::profile::DeviceProfile;
 
 /// Context limits that cost device memory (`cuCtxGetLimit`), bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Limits {
     /// `CU_LIMIT_STACK_SIZE`: stack per thread.
     pub stack_bytes: u64,
@@ -37,8 +38,9 @@ impl Limits {
 }
 
 /// Which line of the ledger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum LedgerItemKind {
     /// Device memory in all.
     Total,
@@ -92,7 +94,8 @@ impl LedgerItemKind {
 }
 
 /// One line of the ledger. Sizes in bytes.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LedgerItem {
     /// Which line.
     pub kind: LedgerItemKind,
@@ -118,7 +121,8 @@ pub struct LedgerItem {
 /// assert_eq!(ledger.item(LedgerItemKind::LocalMemory).unwrap().predicted, 4_429_185_024);
 /// println!("{ledger}");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Ledger {
     /// The profile's short name.
     pub device: &'static str,
@@ -165,7 +169,8 @@ pub fn local_memory_reservation_bytes(profile: &DeviceProfile, per_thread: u64) 
 
 /// What a program does that decides its context's memory, beyond the
 /// limits. Sizes in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Workload<'a> {
     /// Local frame per thread of each kernel of the loaded module(s); no
     /// module is loaded if this is empty and nothing below is called.

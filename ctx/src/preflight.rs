@@ -11,7 +11,8 @@ use crate::ledger::{Limits, local_memory_reservation_bytes, per_thread_local_byt
 use crate::profile::DeviceProfile;
 
 /// The cost of launching one kernel. Sizes in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PreflightReport {
     /// The kernel's local frame per thread.
     pub kernel_local_bytes: u64,

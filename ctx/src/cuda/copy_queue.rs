@@ -32,7 +32,8 @@ use crate::{Error, Result};
 const SLIDE_SYNC_WORDS: u64 = 1 << 18;
 
 /// What the copies of a [`super::CudaDevice`] have been so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CopyCalls {
     /// Batches handed over (`copy_moves` calls; `copy_within` is a batch of one).
     pub batches: u64,

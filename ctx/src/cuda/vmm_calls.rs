@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use super::driver::RawResult;
 
 /// How often one driver entry point was called and the host time it took.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CallTally {
     /// Calls that returned (successful or not).
     pub calls: u64,
@@ -51,7 +52,8 @@ impl CallTally {
 /// The VMM driver calls a [`super::CudaDevice`] has made: a growth of a pool is one
 /// `cuMemCreate`, one `cuMemMap` and one `cuMemSetAccess` of the whole growth; the
 /// reservation is made once, when the pool is created.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct VmmCalls {
     /// `cuMemAddressReserve`.
     pub reserve: CallTally,

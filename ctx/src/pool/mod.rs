@@ -31,7 +31,8 @@ use crate::device::{DeviceMemory, StreamId};
 use state::PoolState;
 
 /// How a pool gets device memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum Growth {
     /// Reserve address space once, map pages at the end of the mapped part:
     /// the pool stays one contiguous region. Needs
@@ -45,7 +46,8 @@ pub enum Growth {
 }
 
 /// When a pool moves blocks to make room.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum CompactionPolicy {
     /// Never move blocks on its own; only grow ([`Pool::compact`] still
     /// works).
@@ -60,7 +62,8 @@ pub enum CompactionPolicy {
 }
 
 /// How a pool behaves. Sizes in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PoolConfig {
     /// Where memory comes from.
     pub growth: Growth,
@@ -140,7 +143,8 @@ pub struct PoolStats {
 }
 
 /// What one [`Pool::compact`] did. Sizes in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CompactionReport {
     /// Blocks copied.
     pub moves: usize,
