@@ -21,7 +21,7 @@ pub use error::{Error, Result};
 pub use kernels::moves::BlockMove;
 pub use ledger::{Ledger, LedgerItem, LedgerItemKind, Limits, Workload};
 pub use pool::{
-    CompactionPolicy, CompactionReport, Growth, Pool, PoolConfig, PoolGuard, PoolStats,
+    CompactionPolicy, CompactionReport, Growth, PinGuard, Pool, PoolConfig, PoolGuard, PoolStats,
 };
 pub use preflight::{Preflight, PreflightReport};
 pub use profile::DeviceProfile;

@@ -308,12 +308,14 @@ fn pinned_blocks_stay_put() {
     let b = pool.allocate(BLOCK, 256, None).unwrap();
     let c = pool.allocate(BLOCK, 256, None).unwrap();
     pool.free(a).unwrap();
-    pool.pin(b).unwrap();
-    let base = pool.device_ptr(b).unwrap() - BLOCK;
-    let b_at = pool.device_ptr(b).unwrap();
+    let pinned = pool.pin(b).unwrap();
+    let b_at = pinned.ptr();
+    let base = b_at - BLOCK;
+    assert_eq!(pool.device_ptr(b).unwrap(), b_at);
+    assert!(matches!(pool.pin(b), Err(Error::AlreadyPinned(h)) if h == b));
     pool.compact().unwrap();
     assert_eq!(pool.device_ptr(b).unwrap(), b_at);
-    pool.unpin(b).unwrap();
+    drop(pinned);
     pool.compact().unwrap();
     let mut at = [pool.device_ptr(b).unwrap(), pool.device_ptr(c).unwrap()];
     at.sort_unstable();
@@ -322,6 +324,25 @@ fn pinned_blocks_stay_put() {
         [base, base + BLOCK],
         "unpinned, both slide to the start"
     );
+}
+
+#[test]
+fn a_pin_guard_outliving_its_block_unpins_nothing() {
+    let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 16 * BLOCK);
+    let a = pool.allocate(BLOCK, 256, None).unwrap();
+    let pinned = pool.pin(a).unwrap();
+    pool.free(a).unwrap();
+    // The slot is reused by a new block, pinned by its own guard.
+    let b = pool.allocate(BLOCK, 256, None).unwrap();
+    assert_eq!(b.slot(), a.slot());
+    let kept = pool.pin(b).unwrap();
+    drop(pinned);
+    assert!(
+        matches!(pool.pin(b), Err(Error::AlreadyPinned(_))),
+        "the stale guard unpinned the slot's new block"
+    );
+    drop(kept);
+    drop(pool.pin(b).unwrap());
 }
 
 #[test]
@@ -367,7 +388,7 @@ fn another_pools_handle_is_refused_and_frees_nothing() {
         assert_eq!(foreign.slot(), kept.slot());
         for refused in [
             mine.free(foreign),
-            mine.pin(foreign),
+            mine.pin(foreign).map(drop),
             mine.write(foreign, 0, b"lost"),
             mine.device_ptr(foreign).map(drop),
         ] {

@@ -237,14 +237,35 @@ impl<D: DeviceMemory> Pool<D> {
         self.lock().stream(handle)
     }
 
-    /// Keep the block where it is through compactions.
-    pub fn pin(&self, handle: Handle) -> Result<()> {
-        self.lock().pin(handle)
-    }
-
-    /// Let compaction move the block again.
-    pub fn unpin(&self, handle: Handle) -> Result<()> {
-        self.lock().unpin(handle)
+    /// Keep the block where it is until the returned guard is dropped, so
+    /// its device address ([`PinGuard::ptr`]) stays valid through
+    /// compactions. A block already pinned is refused
+    /// ([`Error::AlreadyPinned`](crate::Error::AlreadyPinned)).
+    ///
+    /// ```
+    /// use ctx::{Pool, PoolConfig, SimConfig, SimDevice};
+    ///
+    /// let pool = Pool::new(SimDevice::new(SimConfig::small(1 << 20)), PoolConfig::vmm(1 << 20))?;
+    /// let a = pool.allocate(1000, 256, None)?;
+    /// let b = pool.allocate(1000, 256, None)?;
+    /// pool.free(a)?;
+    /// let at = {
+    ///     let pinned = pool.pin(b)?;
+    ///     pool.compact()?;
+    ///     assert_eq!(pool.device_ptr(b)?, pinned.ptr(), "pinned: stays put");
+    ///     pinned.ptr()
+    /// };
+    /// pool.compact()?;
+    /// assert!(pool.device_ptr(b)? < at, "unpinned: slides down");
+    /// # Ok::<(), ctx::Error>(())
+    /// ```
+    pub fn pin(&self, handle: Handle) -> Result<PinGuard<'_, D>> {
+        let ptr = self.lock().state.pin(handle)?;
+        Ok(PinGuard {
+            pool: self,
+            handle,
+            ptr,
+        })
     }
 
     /// Copy host bytes into the block at `offset` bytes from its start.
@@ -303,8 +324,9 @@ impl<D: DeviceMemory> Pool<D> {
     }
 }
 
-/// The pool's lock, held: the same operations as [`Pool`], without taking
-/// the lock again for each.
+/// The pool's lock, held: the same operations as [`Pool`] (pinning
+/// aside), without taking the lock again for each.
+#[must_use = "the lock is released when the guard drops"]
 #[derive(Debug)]
 pub struct PoolGuard<'a, D: DeviceMemory> {
     state: MutexGuard<'a, PoolState<D>>,
@@ -331,16 +353,6 @@ impl<D: DeviceMemory> PoolGuard<'_, D> {
     /// See [`Pool::stream`].
     pub fn stream(&self, handle: Handle) -> Result<Option<StreamId>> {
         self.state.stream(handle)
-    }
-
-    /// See [`Pool::pin`].
-    pub fn pin(&mut self, handle: Handle) -> Result<()> {
-        self.state.set_pinned(handle, true)
-    }
-
-    /// See [`Pool::unpin`].
-    pub fn unpin(&mut self, handle: Handle) -> Result<()> {
-        self.state.set_pinned(handle, false)
     }
 
     /// See [`Pool::write`].
@@ -377,5 +389,42 @@ impl<D: DeviceMemory> PoolGuard<'_, D> {
     /// pool's back is not offered.
     pub fn device(&self) -> &D {
         &self.state.device
+    }
+}
+
+/// A block held in place: while the guard lives, compaction does not move
+/// the block, so [`PinGuard::ptr`] stays its device address. Dropping the
+/// guard lets compaction move it again; made by [`Pool::pin`].
+///
+/// Dropping takes the pool's lock: drop a guard while this thread holds no
+/// [`PoolGuard`] of the same pool. Freeing the block ends the pin as well;
+/// the guard then unpins nothing.
+#[must_use = "the block is unpinned when the guard drops"]
+#[derive(Debug)]
+pub struct PinGuard<'a, D: DeviceMemory> {
+    pool: &'a Pool<D>,
+    handle: Handle,
+    ptr: u64,
+}
+
+impl<D: DeviceMemory> PinGuard<'_, D> {
+    /// The block's device address, valid while the guard lives (and the
+    /// block is not freed).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The pinned block.
+    pub fn handle(&self) -> Handle {
+        self.handle
+    }
+}
+
+impl<D: DeviceMemory> Drop for PinGuard<'_, D> {
+    fn drop(&mut self) {
+        // A block freed while pinned has nothing left to unpin: the heap
+        // refuses its stale handle, and the generation check keeps a new
+        // block in the slot untouched.
+        let _ = self.pool.lock().state.unpin(self.handle);
     }
 }

@@ -310,11 +310,24 @@ impl<D: DeviceMemory> PoolState<D> {
         Ok(self.streams.get(handle.slot() as usize).copied().flatten())
     }
 
-    pub(super) fn set_pinned(&mut self, handle: Handle, pinned: bool) -> Result<()> {
+    /// Pin the block and return its device address; a block pinned already
+    /// is refused, so one guard owns each pin.
+    pub(super) fn pin(&mut self, handle: Handle) -> Result<u64> {
         let info = self.heap.info(handle)?;
-        let mut flags = info.flags;
-        flags.set(BlockFlags::PINNED, pinned);
-        Ok(self.heap.set_flags(handle, flags)?)
+        if info.flags.contains(BlockFlags::PINNED) {
+            return Err(Error::AlreadyPinned(handle));
+        }
+        self.heap
+            .set_flags(handle, info.flags | BlockFlags::PINNED)?;
+        Ok(info.offset)
+    }
+
+    /// Let compaction move the block again.
+    pub(super) fn unpin(&mut self, handle: Handle) -> Result<()> {
+        let info = self.heap.info(handle)?;
+        Ok(self
+            .heap
+            .set_flags(handle, info.flags - BlockFlags::PINNED)?)
     }
 
     /// Device address of `[offset, offset + len)` inside the block.
