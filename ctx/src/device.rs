@@ -40,9 +40,9 @@ pub trait DeviceMemory: Send {
     /// A short human-readable name of the device.
     fn name(&self) -> String;
 
-    /// The VMM page in bytes (2 MiB on an H200): reservation sizes, mapping
-    /// addresses and mapping sizes are multiples of it. Chunk sizes are
-    /// rounded to it by the pool as well.
+    /// The VMM page in bytes (2 MiB on recent NVIDIA GPUs): reservation
+    /// sizes, mapping addresses and mapping sizes are multiples of it. Chunk
+    /// sizes are rounded to it by the pool as well.
     fn granularity(&self) -> u64;
 
     /// Whether [`reserve`](Self::reserve)/[`map`](Self::map) work.

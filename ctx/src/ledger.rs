@@ -4,8 +4,8 @@
 //!
 //! The largest hidden item is local memory: the driver reserves, for every
 //! thread that can be resident at once, as many bytes as the larger of the
-//! stack limit and the largest local frame of a loaded kernel. On an H200
-//! that is 132 SMs x 2048 threads = 270,336 threads, so every KiB of
+//! stack limit and the largest local frame of a loaded kernel. An H200 has
+//! 132 SMs x 2048 threads = 270,336 such threads, so every KiB of
 //! per-thread local memory costs 264 MiB of device memory.
 
 use std::fmt;
@@ -160,9 +160,9 @@ pub fn per_thread_local_bytes(
 /// Device-wide local memory reservation for `per_thread` bytes per thread,
 /// bytes: every thread that can be resident at once gets its own.
 ///
-/// The driver reserves whole 2 MiB pages: on the H200 its reservation was
-/// within one page of this figure for every stack limit from 0 to 64 KiB
-/// (equal for multiples of 256 bytes).
+/// The driver reserves whole 2 MiB pages; how close this comes to what it
+/// reserves is measured in BENCHMARKS.md ("The ledger, predicted against
+/// measured").
 pub fn local_memory_reservation_bytes(profile: &DeviceProfile, per_thread: u64) -> u64 {
     profile.max_resident_threads().saturating_mul(per_thread)
 }

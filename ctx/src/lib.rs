@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 mod address_space;
+mod call_tally;
 mod copy;
 pub mod device;
 mod error;
@@ -16,6 +17,7 @@ pub mod sim;
 #[allow(unsafe_code)]
 pub mod cuda;
 
+pub use call_tally::{CallTally, VmmCalls};
 pub use device::{DeviceMemory, MemInfo, StreamId};
 pub use error::{Error, Result};
 pub use kernels::moves::BlockMove;

@@ -168,8 +168,8 @@ impl CopyQueue {
                     let moves = module.function(MOVE_BLOCKS.name())?;
                     let slide = module.function(SLIDE_BLOCKS.name())?;
                     // Under lazy loading (the driver's default) the code reaches the
-                    // device at its first launch, about 0.2 ms on an H200; empty
-                    // launches now keep that out of the first compaction.
+                    // device at its first launch; empty launches now keep that out of
+                    // the first compaction (its cost is in `kernel_load_micros`).
                     let empty = MoveBlocksParams::new(&[]).ok_or(Error::Device {
                         op: "load move_blocks",
                         detail: "no parameters for an empty launch".into(),

@@ -19,10 +19,9 @@ use super::{
     CudaContext,
     copy_queue::{CopyCalls, CopyQueue},
     driver::{self, check},
-    vmm_calls::VmmCalls,
 };
 use crate::address_space::{self, AddressSpace, invalid_value};
-use crate::{DeviceMemory, Error, MemInfo, Result};
+use crate::{DeviceMemory, Error, MemInfo, Result, VmmCalls};
 use kernels::moves::BlockMove;
 
 /// The page a pool rounds chunks to when the device has no VMM, bytes.

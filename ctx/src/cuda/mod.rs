@@ -7,7 +7,7 @@
 //! - [`CudaDevice`]: [`crate::DeviceMemory`] on the GPU, so a [`crate::Pool`] runs on it
 //!   (VMM growth when the device has it, `cuMemAlloc` chunks otherwise; a compaction's
 //!   copies queued as one batch, independent moves copied by one kernel launch), with
-//!   its driver calls counted and timed ([`VmmCalls`], [`CopyCalls`]).
+//!   its driver calls counted and timed ([`crate::VmmCalls`], [`CopyCalls`]).
 //! - Measurements ([`CudaContext::measure`] and friends): what a step costs in device
 //!   memory, the largest block one allocation can get, copy bandwidth.
 //! - Baselines ([`CudaContext::mem_alloc`], [`CudaContext::mem_alloc_async`]): the
@@ -39,7 +39,6 @@ mod driver;
 mod measure;
 mod module;
 mod stream;
-mod vmm_calls;
 
 pub use context::{CudaContext, Limit};
 pub use copy_queue::CopyCalls;
@@ -47,4 +46,3 @@ pub use device::CudaDevice;
 pub use measure::{CopyBandwidth, LargestAllocation, MemoryDelta};
 pub use module::{Function, FunctionAttributes, LaunchConfig, Module};
 pub use stream::Stream;
-pub use vmm_calls::{CallTally, VmmCalls};

@@ -11,7 +11,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use ctx::cuda::{CudaContext, CudaDevice, Stream, VmmCalls};
+use ctx::VmmCalls;
+use ctx::cuda::{CudaContext, CudaDevice, Stream};
 use ctx::{Pool, PoolConfig};
 use memcore::Handle;
 
