@@ -1,12 +1,4 @@
-//! The context ledger: where a GPU's memory goes before and besides the
-//! program's own allocations, item by item, predicted from a
-//! [`DeviceProfile`] and the context's limits, and (on a real GPU) measured.
-//!
-//! The largest hidden item is local memory: the driver reserves, for every
-//! thread that can be resident at once, as many bytes as the larger of the
-//! stack limit and the largest local frame of a loaded kernel. An H200 has
-//! 132 SMs x 2048 threads = 270,336 such threads, so every KiB of
-//! per-thread local memory costs 264 MiB of device memory.
+//! The context ledger ([`Ledger`]) and the local-memory rule it is built on.
 
 use std::fmt;
 
@@ -109,7 +101,15 @@ pub struct LedgerItem {
     pub explanation: String,
 }
 
-/// Where a device's memory goes, item by item; see the [module docs](self).
+/// The context ledger: where a GPU's memory goes before and besides the
+/// program's own allocations, item by item, predicted from a
+/// [`DeviceProfile`] and the context's limits, and (on a real GPU) measured.
+///
+/// The largest hidden item is local memory: the driver reserves, for every
+/// thread that can be resident at once, as many bytes as the larger of the
+/// stack limit and the largest local frame of a loaded kernel. An H200 has
+/// 132 SMs x 2048 threads = 270,336 such threads, so every KiB of
+/// per-thread local memory costs 264 MiB of device memory.
 ///
 /// ```
 /// use ctx::{DeviceProfile, Ledger, LedgerItemKind, Limits};

@@ -1,13 +1,4 @@
 //! A simulated device in host memory, for tests and trace replays.
-//!
-//! It keeps the rules of the CUDA driver that a pool can break: mappings lie
-//! inside reservations, on granularity boundaries; only whole mappings can
-//! be unmapped; a reservation is released only when nothing in it is mapped;
-//! accesses must stay inside mapped memory or chunks; and mapped memory plus
-//! chunks plus the context's own share never exceed the capacity.
-//!
-//! With `backed: false` it keeps the bookkeeping only: writes are dropped and
-//! reads return zeros, so replays of multi-GB traces fit in host RAM.
 
 use kernels::moves::{BlockMove, MAX_MOVES, SlideBlocksParams};
 
@@ -18,7 +9,7 @@ use crate::{Error, Result};
 
 /// Where the simulated address space starts. Nonzero and high, so simulated
 /// device pointers look like real ones and address zero is never valid.
-pub const SIM_BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+const SIM_BASE_ADDRESS: u64 = 0x7f00_0000_0000;
 
 /// How a [`SimDevice`] behaves. All sizes in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +31,7 @@ pub struct SimConfig {
 impl SimConfig {
     /// An H200 as measured: 150,109,880,320 bytes total, 2 MiB VMM pages,
     /// 552,402,944 bytes taken by a fresh context (its default-stack local
-    /// memory included; see [`crate::profile`]); unbacked, for trace
+    /// memory included; see [`DeviceProfile`](crate::DeviceProfile)); unbacked, for trace
     /// replays.
     pub const fn h200_like() -> Self {
         Self {
@@ -115,7 +106,16 @@ struct Piece {
     len: usize,
 }
 
-/// A device simulated in host memory; see the [module docs](self).
+/// A device simulated in host memory, for tests and trace replays.
+///
+/// It keeps the rules of the CUDA driver that a pool can break: mappings lie
+/// inside reservations, on granularity boundaries; only whole mappings can
+/// be unmapped; a reservation is released only when nothing in it is mapped;
+/// accesses must stay inside mapped memory or chunks; and mapped memory plus
+/// chunks plus the context's own share never exceed the capacity.
+///
+/// With `backed: false` it keeps the bookkeeping only: writes are dropped and
+/// reads return zeros, so replays of multi-GB traces fit in host RAM.
 #[derive(Debug)]
 pub struct SimDevice {
     config: SimConfig,
@@ -388,10 +388,9 @@ impl DeviceMemory for SimDevice {
         Ok(())
     }
 
-    /// Copies as the CUDA backend does, with the same grouping
-    /// ([`copy::batches`], [`copy::steps`]): a run of independent moves
-    /// reads every source before it writes any destination, as one launch
-    /// of them may; a slide goes move after move, as its kernel promises;
+    /// Copies as the CUDA backend does, with the same grouping (ctx's
+    /// `copy` module): a run of independent moves reads every source before
+    /// it writes any destination, as one launch of them may; a slide goes move after move, as its kernel promises;
     /// a move that overlaps itself goes in disjoint steps. A wrong grouping
     /// therefore copies wrong bytes here, where the tests see it. Every
     /// range is checked before any byte moves.

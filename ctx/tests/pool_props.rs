@@ -2,8 +2,8 @@
 //! allocate / free / write / pin / compact / shrink sequences, checked
 //! against a plain model of what each live block must hold.
 
+use ctx::Handle;
 use ctx::{CompactionPolicy, Error, Growth, Pool, PoolConfig, SimConfig, SimDevice};
-use memcore::Handle;
 use proptest::prelude::*;
 
 const PAGE: u64 = 64 << 10;

@@ -3,7 +3,8 @@
 //! errors, and sharing between threads.
 
 use ctx::{
-    CompactionPolicy, DeviceMemory, Error, Growth, Pool, PoolConfig, SimConfig, SimDevice, StreamId,
+    CompactionPolicy, DeviceMemory, Error, Growth, HeapError, Pool, PoolConfig, SimConfig,
+    SimDevice, StreamId,
 };
 
 const PAGE: u64 = 64 << 10;
@@ -31,7 +32,7 @@ fn pool(growth: Growth, compaction: CompactionPolicy, max_bytes: u64) -> Pool<Si
 fn fragmented_request(
     growth: Growth,
     compaction: CompactionPolicy,
-) -> (Pool<SimDevice>, Result<memcore::Handle, Error>) {
+) -> (Pool<SimDevice>, Result<ctx::Handle, Error>) {
     let pool = pool(growth, compaction, 4 * BLOCK);
     let blocks: Vec<_> = (0..4)
         .map(|_| pool.allocate(BLOCK, 256, None).unwrap())
@@ -395,7 +396,7 @@ fn another_pools_handle_is_refused_and_frees_nothing() {
             assert!(
                 matches!(
                     refused,
-                    Err(Error::Memcore(memcore::Error::ForeignHandle(h))) if h == foreign
+                    Err(Error::Memcore(HeapError::ForeignHandle(h))) if h == foreign
                 ),
                 "{growth:?}: {refused:?}"
             );
@@ -414,11 +415,11 @@ fn bad_requests_are_errors() {
     let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 16 * BLOCK);
     assert!(matches!(
         pool.allocate(0, 256, None),
-        Err(Error::Memcore(memcore::Error::ZeroSize))
+        Err(Error::Memcore(HeapError::ZeroSize))
     ));
     assert!(matches!(
         pool.allocate(10, 3, None),
-        Err(Error::Memcore(memcore::Error::InvalidAlignment { .. }))
+        Err(Error::Memcore(HeapError::InvalidAlignment { .. }))
     ));
     let a = pool.allocate(10, 256, None).unwrap();
     assert!(matches!(
@@ -432,11 +433,11 @@ fn bad_requests_are_errors() {
     pool.free(a).unwrap();
     assert!(matches!(
         pool.free(a),
-        Err(Error::Memcore(memcore::Error::StaleHandle(_)))
+        Err(Error::Memcore(HeapError::StaleHandle(_)))
     ));
     assert!(matches!(
         pool.device_ptr(a),
-        Err(Error::Memcore(memcore::Error::StaleHandle(_)))
+        Err(Error::Memcore(HeapError::StaleHandle(_)))
     ));
 
     let mut no_vmm = SimConfig::small(16 * PAGE);

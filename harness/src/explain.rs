@@ -120,7 +120,7 @@ const FRAGMENTATION_PROBES: u32 = 24;
 
 #[cfg(feature = "cuda")]
 fn measure(ordinal: u32, args: &ExplainArgs) -> Result<Explained> {
-    use ctx::cuda::{CudaContext, Limit};
+    use ctx::{CudaContext, Limit};
 
     let context = CudaContext::new(ordinal)?;
     let mut measured_extra = Vec::new();

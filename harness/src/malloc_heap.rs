@@ -218,7 +218,7 @@ mod gpu {
 mod gpu {
     use anyhow::{Context, Result};
     use ctx::DeviceMemory;
-    use ctx::cuda::{CudaContext, CudaDevice, LaunchConfig, Limit};
+    use ctx::{CudaContext, CudaDevice, LaunchConfig, Limit};
     use kernels::BLOCK_THREADS;
     use kernels::heap::{CHECK_FREE_HELD, HeapCounters, HeapParams, MALLOC_HOLD};
 

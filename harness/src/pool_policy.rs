@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use ctx::{CompactionPolicy, Growth, Pool, PoolConfig, PoolGuard, SimConfig, SimDevice};
-use memcore::{DEFAULT_ALIGN, Handle};
+use ctx::{DEFAULT_ALIGN, Handle};
 
 use crate::policy::{Arena, ArenaState, GRANULE, Policy};
 

@@ -19,7 +19,7 @@
 //! one.
 //!
 //! ```no_run
-//! use ctx::cuda::{CudaContext, CudaDevice};
+//! use ctx::{CudaContext, CudaDevice};
 //! use ctx::{Pool, PoolConfig};
 //!
 //! let context = CudaContext::new(0)?;

@@ -1,22 +1,4 @@
-//! A compacting device-memory pool: [`memcore::Heap`] over
-//! [`memcore::Tlsf`], whose offsets are device addresses, on top of a
-//! [`DeviceMemory`].
-//!
-//! The heap's regions are exactly the device memory the pool holds: with
-//! [`Growth::Vmm`] one address reservation, mapped from its start in whole
-//! pages as requests need them; with [`Growth::Chunks`] plain chunk
-//! allocations. Blocks are named by [`Handle`]s, so compaction can move them
-//! (a plan's copies go to the device as one batch,
-//! [`DeviceMemory::copy_moves`]) and the handles stay valid; raw device addresses
-//! ([`Pool::device_ptr`]) are valid until the next compaction unless the
-//! block is [pinned](Pool::pin).
-//!
-//! Streams: an allocation may name the stream it is used on; the pool
-//! records it ([`Pool::stream`]) but does not track stream completion. Freed
-//! bytes are reused at once, as with stream-ordered allocation on one
-//! stream: the caller must not free a block that work on another stream
-//! still uses. Compaction and shrinking synchronize the whole device before
-//! they copy or unmap anything.
+//! The compacting device-memory pool ([`Pool`]) and its configuration.
 
 mod memory;
 mod state;
@@ -164,8 +146,25 @@ pub struct CompactionReport {
     pub copy_time: Duration,
 }
 
-/// A compacting device-memory pool, shareable between threads; see the
-/// [module docs](self).
+/// A compacting device-memory pool, shareable between threads:
+/// [`memcore::Heap`] over [`memcore::Tlsf`], whose offsets are device
+/// addresses, on top of a [`DeviceMemory`].
+///
+/// The heap's regions are exactly the device memory the pool holds: with
+/// [`Growth::Vmm`] one address reservation, mapped from its start in whole
+/// pages as requests need them; with [`Growth::Chunks`] plain chunk
+/// allocations. Blocks are named by [`Handle`]s, so compaction can move them
+/// (a plan's copies go to the device as one batch,
+/// [`DeviceMemory::copy_moves`]) and the handles stay valid; raw device addresses
+/// ([`Pool::device_ptr`]) are valid until the next compaction unless the
+/// block is [pinned](Pool::pin).
+///
+/// Streams: an allocation may name the stream it is used on; the pool
+/// records it ([`Pool::stream`]) but does not track stream completion. Freed
+/// bytes are reused at once, as with stream-ordered allocation on one
+/// stream: the caller must not free a block that work on another stream
+/// still uses. Compaction and shrinking synchronize the whole device before
+/// they copy or unmap anything.
 ///
 /// ```
 /// use ctx::{Pool, PoolConfig, SimConfig, SimDevice};

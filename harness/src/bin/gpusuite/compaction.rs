@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use ctx::BlockMove;
-use ctx::cuda::{CopyCalls, CudaDevice};
+use ctx::Handle;
 use ctx::{CompactionPolicy, DeviceMemory as _, Pool, PoolConfig};
-use memcore::Handle;
+use ctx::{CopyCalls, CudaDevice};
 
 use crate::gpu::{Gpu, Rng};
 use crate::report::{Checks, mib};

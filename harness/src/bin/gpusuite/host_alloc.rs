@@ -11,10 +11,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use ctx::Handle;
 use ctx::VmmCalls;
-use ctx::cuda::{CudaContext, CudaDevice, Stream};
+use ctx::{CudaContext, CudaDevice, Stream};
 use ctx::{Pool, PoolConfig};
-use memcore::Handle;
 
 use crate::gpu::Gpu;
 use crate::report::Checks;
