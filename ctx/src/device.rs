@@ -3,10 +3,13 @@
 //! Two implementations exist: [`crate::sim::SimDevice`] (host memory, for
 //! tests and trace replays) and, behind the `cuda` feature, the CUDA driver.
 
+use kernels::moves::BlockMove;
+
 use crate::Result;
 
 /// Device memory figures as `cuMemGetInfo` reports them, bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct MemInfo {
     /// Bytes still available for allocation.
     pub free: u64,
@@ -18,24 +21,13 @@ pub struct MemInfo {
 ///
 /// The pool only records it; see [`crate::Pool`] for what it does (and does
 /// not) synchronize.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct StreamId(pub u64);
 
 impl StreamId {
     /// The default (legacy) stream.
     pub const DEFAULT: StreamId = StreamId(0);
-}
-
-/// One device-to-device copy of a batch ([`DeviceMemory::copy_moves`]):
-/// `len` bytes from `src` to `dst`, absolute device addresses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
-pub struct CopyMove {
-    /// Where the bytes are.
-    pub src: u64,
-    /// Where they go.
-    pub dst: u64,
-    /// Bytes.
-    pub len: u64,
 }
 
 /// Device memory as a pool uses it: virtual address reservations that are
@@ -48,9 +40,9 @@ pub trait DeviceMemory: Send {
     /// A short human-readable name of the device.
     fn name(&self) -> String;
 
-    /// The VMM page in bytes (2 MiB on an H200): reservation sizes, mapping
-    /// addresses and mapping sizes are multiples of it. Chunk sizes are
-    /// rounded to it by the pool as well.
+    /// The VMM page in bytes (2 MiB on recent NVIDIA GPUs): reservation
+    /// sizes, mapping addresses and mapping sizes are multiples of it. Chunk
+    /// sizes are rounded to it by the pool as well.
     fn granularity(&self) -> u64;
 
     /// Whether [`reserve`](Self::reserve)/[`map`](Self::map) work.
@@ -92,7 +84,7 @@ pub trait DeviceMemory: Send {
     /// A compaction hands its whole plan over at once, so a device can queue
     /// the copies without waiting between them, and copy moves that do not
     /// depend on each other together. The default copies one after another.
-    fn copy_moves(&mut self, moves: &[CopyMove]) -> Result<()> {
+    fn copy_moves(&mut self, moves: &[BlockMove]) -> Result<()> {
         for m in moves {
             self.copy_within(m.src, m.dst, m.len)?;
         }

@@ -57,6 +57,10 @@ pub enum Error {
         /// What is wrong with it.
         why: &'static str,
     },
+    /// [`crate::Pool::pin`] of a block that a [`crate::PinGuard`] already
+    /// holds in place.
+    #[error("block {0:?} is already pinned")]
+    AlreadyPinned(memcore::Handle),
     /// A configuration that cannot work (e.g. a VMM pool reserving nothing).
     #[error("invalid configuration: {0}")]
     InvalidConfig(&'static str),

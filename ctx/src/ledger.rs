@@ -1,19 +1,12 @@
-//! The context ledger: where a GPU's memory goes before and besides the
-//! program's own allocations, item by item, predicted from a
-//! [`DeviceProfile`] and the context's limits, and (on a real GPU) measured.
-//!
-//! The largest hidden item is local memory: the driver reserves, for every
-//! thread that can be resident at once, as many bytes as the larger of the
-//! stack limit and the largest local frame of a loaded kernel. On an H200
-//! that is 132 SMs x 2048 threads = 270,336 threads, so every KiB of
-//! per-thread local memory costs 264 MiB of device memory.
+//! The context ledger ([`Ledger`]) and the local-memory rule it is built on.
 
 use std::fmt;
 
 use crate::profile::DeviceProfile;
 
 /// Context limits that cost device memory (`cuCtxGetLimit`), bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Limits {
     /// `CU_LIMIT_STACK_SIZE`: stack per thread.
     pub stack_bytes: u64,
@@ -37,8 +30,9 @@ impl Limits {
 }
 
 /// Which line of the ledger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum LedgerItemKind {
     /// Device memory in all.
     Total,
@@ -92,7 +86,8 @@ impl LedgerItemKind {
 }
 
 /// One line of the ledger. Sizes in bytes.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LedgerItem {
     /// Which line.
     pub kind: LedgerItemKind,
@@ -106,7 +101,15 @@ pub struct LedgerItem {
     pub explanation: String,
 }
 
-/// Where a device's memory goes, item by item; see the [module docs](self).
+/// The context ledger: where a GPU's memory goes before and besides the
+/// program's own allocations, item by item, predicted from a
+/// [`DeviceProfile`] and the context's limits, and (on a real GPU) measured.
+///
+/// The largest hidden item is local memory: the driver reserves, for every
+/// thread that can be resident at once, as many bytes as the larger of the
+/// stack limit and the largest local frame of a loaded kernel. An H200 has
+/// 132 SMs x 2048 threads = 270,336 such threads, so every KiB of
+/// per-thread local memory costs 264 MiB of device memory.
 ///
 /// ```
 /// use ctx::{DeviceProfile, Ledger, LedgerItemKind, Limits};
@@ -118,7 +121,8 @@ pub struct LedgerItem {
 /// assert_eq!(ledger.item(LedgerItemKind::LocalMemory).unwrap().predicted, 4_429_185_024);
 /// println!("{ledger}");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Ledger {
     /// The profile's short name.
     pub device: &'static str,
@@ -156,16 +160,17 @@ pub fn per_thread_local_bytes(
 /// Device-wide local memory reservation for `per_thread` bytes per thread,
 /// bytes: every thread that can be resident at once gets its own.
 ///
-/// The driver reserves whole 2 MiB pages: on the H200 its reservation was
-/// within one page of this figure for every stack limit from 0 to 64 KiB
-/// (equal for multiples of 256 bytes).
+/// The driver reserves whole 2 MiB pages; how close this comes to what it
+/// reserves is measured in BENCHMARKS.md ("The ledger, predicted against
+/// measured").
 pub fn local_memory_reservation_bytes(profile: &DeviceProfile, per_thread: u64) -> u64 {
     profile.max_resident_threads().saturating_mul(per_thread)
 }
 
 /// What a program does that decides its context's memory, beyond the
 /// limits. Sizes in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Workload<'a> {
     /// Local frame per thread of each kernel of the loaded module(s); no
     /// module is loaded if this is empty and nothing below is called.

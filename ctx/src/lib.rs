@@ -3,24 +3,41 @@
 #![warn(missing_docs)]
 
 mod address_space;
-pub mod device;
+mod call_tally;
+mod copy;
+mod device;
 mod error;
-pub mod ledger;
-pub mod pool;
-pub mod preflight;
-pub mod profile;
-pub mod sim;
+mod ledger;
+mod pool;
+mod preflight;
+mod profile;
+mod sim;
 
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
-pub mod cuda;
+mod cuda;
 
+pub use call_tally::{CallTally, VmmCalls};
 pub use device::{DeviceMemory, MemInfo, StreamId};
 pub use error::{Error, Result};
-pub use ledger::{Ledger, LedgerItem, LedgerItemKind, Limits, Workload};
+pub use kernels::moves::BlockMove;
+pub use ledger::{
+    Ledger, LedgerItem, LedgerItemKind, Limits, Workload, local_memory_reservation_bytes,
+    per_thread_local_bytes,
+};
+/// What a pool's blocks are named by, and what its heap reports and
+/// refuses: memcore's types, so a user of ctx needs no other crate.
+pub use memcore::{DEFAULT_ALIGN, Error as HeapError, Handle, Stats as HeapStats};
 pub use pool::{
-    CompactionPolicy, CompactionReport, Growth, Pool, PoolConfig, PoolGuard, PoolStats,
+    CompactionPolicy, CompactionReport, Growth, PinGuard, Pool, PoolConfig, PoolGuard, PoolStats,
 };
 pub use preflight::{Preflight, PreflightReport};
-pub use profile::DeviceProfile;
-pub use sim::{SimConfig, SimDevice};
+pub use profile::{DeviceProfile, LOCAL_MEMORY_GRANULE};
+pub use sim::{SimConfig, SimCounters, SimDevice};
+
+/// The CUDA backend (feature `cuda`): see the crate docs.
+#[cfg(feature = "cuda")]
+pub use cuda::{
+    CopyBandwidth, CopyCalls, CudaContext, CudaDevice, Function, FunctionAttributes,
+    LargestAllocation, LaunchConfig, Limit, MemoryDelta, Module, Stream,
+};

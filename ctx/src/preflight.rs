@@ -1,17 +1,11 @@
-//! Preflight: what launching a kernel with a given local frame will cost in
-//! device memory, before it is launched.
-//!
-//! Launching a kernel whose local frame is larger than what the context
-//! reserves per thread makes the driver grow the local memory reservation
-//! for every resident thread of the device, and it does not shrink it back
-//! afterwards. A preflight tells how many bytes that takes and whether they
-//! are free.
+//! Preflight ([`Preflight`]): a kernel's local-memory cost before launch.
 
 use crate::ledger::{Limits, local_memory_reservation_bytes, per_thread_local_bytes};
 use crate::profile::DeviceProfile;
 
 /// The cost of launching one kernel. Sizes in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PreflightReport {
     /// The kernel's local frame per thread.
     pub kernel_local_bytes: u64,
@@ -31,7 +25,14 @@ pub struct PreflightReport {
     pub fits: bool,
 }
 
-/// Preflight checks; see the [module docs](self).
+/// Preflight checks: what launching a kernel with a given local frame will
+/// cost in device memory, before it is launched.
+///
+/// Launching a kernel whose local frame is larger than what the context
+/// reserves per thread makes the driver grow the local memory reservation
+/// for every resident thread of the device, and it does not shrink it back
+/// afterwards. A preflight tells how many bytes that takes and whether they
+/// are free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Preflight;
 

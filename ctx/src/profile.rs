@@ -28,7 +28,8 @@
 pub const LOCAL_MEMORY_GRANULE: u64 = 16;
 
 /// A GPU model as the ledger sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DeviceProfile {
     /// Short lowercase name: `h200`, `h100`, `a100-80gb`, `rtx4090`, `gtx280`.
     pub name: &'static str,

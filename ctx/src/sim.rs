@@ -1,21 +1,15 @@
 //! A simulated device in host memory, for tests and trace replays.
-//!
-//! It keeps the rules of the CUDA driver that a pool can break: mappings lie
-//! inside reservations, on granularity boundaries; only whole mappings can
-//! be unmapped; a reservation is released only when nothing in it is mapped;
-//! accesses must stay inside mapped memory or chunks; and mapped memory plus
-//! chunks plus the context's own share never exceed the capacity.
-//!
-//! With `backed: false` it keeps the bookkeeping only: writes are dropped and
-//! reads return zeros, so replays of multi-GB traces fit in host RAM.
+
+use kernels::moves::{BlockMove, MAX_MOVES, SlideBlocksParams};
 
 use crate::address_space::{self, AddressSpace};
+use crate::copy::{self, Batch, CopyStep};
 use crate::device::{DeviceMemory, MemInfo};
 use crate::{Error, Result};
 
 /// Where the simulated address space starts. Nonzero and high, so simulated
 /// device pointers look like real ones and address zero is never valid.
-pub const SIM_BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+const SIM_BASE_ADDRESS: u64 = 0x7f00_0000_0000;
 
 /// How a [`SimDevice`] behaves. All sizes in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +31,7 @@ pub struct SimConfig {
 impl SimConfig {
     /// An H200 as measured: 150,109,880,320 bytes total, 2 MiB VMM pages,
     /// 552,402,944 bytes taken by a fresh context (its default-stack local
-    /// memory included; see [`crate::profile`]); unbacked, for trace
+    /// memory included; see [`DeviceProfile`](crate::DeviceProfile)); unbacked, for trace
     /// replays.
     pub const fn h200_like() -> Self {
         Self {
@@ -73,9 +67,10 @@ pub struct SimCounters {
     pub chunk_allocs: u64,
     /// Successful `free_chunk` calls.
     pub chunk_frees: u64,
-    /// Successful `copy_within` calls.
+    /// Moves copied: successful `copy_within` calls and the moves of
+    /// successful `copy_moves` calls.
     pub copies: u64,
-    /// Bytes copied by `copy_within`.
+    /// Bytes those moves copied.
     pub bytes_copied: u64,
     /// `synchronize` calls.
     pub synchronizes: u64,
@@ -111,7 +106,16 @@ struct Piece {
     len: usize,
 }
 
-/// A device simulated in host memory; see the [module docs](self).
+/// A device simulated in host memory, for tests and trace replays.
+///
+/// It keeps the rules of the CUDA driver that a pool can break: mappings lie
+/// inside reservations, on granularity boundaries; only whole mappings can
+/// be unmapped; a reservation is released only when nothing in it is mapped;
+/// accesses must stay inside mapped memory or chunks; and mapped memory plus
+/// chunks plus the context's own share never exceed the capacity.
+///
+/// With `backed: false` it keeps the bookkeeping only: writes are dropped and
+/// reads return zeros, so replays of multi-GB traces fit in host RAM.
 #[derive(Debug)]
 pub struct SimDevice {
     config: SimConfig,
@@ -378,18 +382,61 @@ impl DeviceMemory for SimDevice {
     }
 
     fn copy_within(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
-        let from = self.pieces(src, len)?;
-        let to = self.pieces(dst, len)?;
-        if self.config.backed {
-            let mut staging = Vec::with_capacity(len as usize);
-            for p in &from {
-                let data = &self.space.backings()[&p.backing].data;
-                staging.extend_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
-            }
-            self.scatter(&to, &staging);
-        }
+        self.move_bytes(src, dst, len)?;
         self.counters.copies += 1;
         self.counters.bytes_copied += len;
+        Ok(())
+    }
+
+    /// Copies as the CUDA backend does, with the same grouping (ctx's
+    /// `copy` module): a run of independent moves reads every source before
+    /// it writes any destination, as one launch of them may; a slide goes move after move, as its kernel promises;
+    /// a move that overlaps itself goes in disjoint steps. A wrong grouping
+    /// therefore copies wrong bytes here, where the tests see it. Every
+    /// range is checked before any byte moves.
+    fn copy_moves(&mut self, moves: &[BlockMove]) -> Result<()> {
+        for m in moves {
+            self.pieces(m.src, m.len)?;
+            self.pieces(m.dst, m.len)?;
+        }
+        if self.config.backed {
+            for batch in copy::batches(moves, MAX_MOVES) {
+                match batch {
+                    Batch::Together(run) => {
+                        let mut staged = Vec::with_capacity(run.len());
+                        for m in &run {
+                            staged.push(self.gather(m.src, m.len)?);
+                        }
+                        for (m, bytes) in run.iter().zip(staged) {
+                            let to = self.pieces(m.dst, m.len)?;
+                            if let Some(bytes) = bytes {
+                                self.scatter(&to, &bytes);
+                            }
+                        }
+                    }
+                    Batch::Slide(run) => {
+                        if !SlideBlocksParams::is_slide(&run) {
+                            return Err(device_error(
+                                "copy_moves",
+                                format!("a batch planned as a slide is none: {run:?}"),
+                            ));
+                        }
+                        for m in &run {
+                            self.move_bytes(m.src, m.dst, m.len)?;
+                        }
+                    }
+                    Batch::Alone(m) => {
+                        for step in copy::steps(m.src, m.dst, m.len, copy::SCRATCH_BYTES) {
+                            let (CopyStep::Direct { src, dst, len }
+                            | CopyStep::ViaScratch { src, dst, len }) = step;
+                            self.move_bytes(src, dst, len)?;
+                        }
+                    }
+                }
+            }
+        }
+        self.counters.copies += moves.len() as u64;
+        self.counters.bytes_copied += moves.iter().map(|m| m.len).sum::<u64>();
         Ok(())
     }
 
@@ -431,6 +478,30 @@ impl DeviceMemory for SimDevice {
 }
 
 impl SimDevice {
+    /// The bytes of `[addr, addr + len)`, `None` on an unbacked device.
+    fn gather(&self, addr: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        let from = self.pieces(addr, len)?;
+        if !self.config.backed {
+            return Ok(None);
+        }
+        let mut staging = Vec::with_capacity(len as usize);
+        for p in &from {
+            let data = &self.space.backings()[&p.backing].data;
+            staging.extend_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
+        }
+        Ok(Some(staging))
+    }
+
+    /// Memmove of `len` bytes, uncounted.
+    fn move_bytes(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
+        let staged = self.gather(src, len)?;
+        let to = self.pieces(dst, len)?;
+        if let Some(bytes) = staged {
+            self.scatter(&to, &bytes);
+        }
+        Ok(())
+    }
+
     /// Copy `data` into the pieces, in order; their lengths sum to its length.
     fn scatter(&mut self, pieces: &[Piece], data: &[u8]) {
         let mut pos = 0;
@@ -525,24 +596,24 @@ mod tests {
 
     #[test]
     fn a_batch_of_moves_runs_in_order() {
-        use crate::device::CopyMove;
+        use kernels::moves::BlockMove;
         let mut dev = SimDevice::new(SimConfig::small(1 << 20));
         let base = dev.reserve(PAGE).unwrap();
         dev.map(base, PAGE).unwrap();
         dev.write(base, b"abcdefgh").unwrap();
         // The second move reads what the first wrote; the third overlaps itself.
         let moves = [
-            CopyMove {
+            BlockMove {
                 src: base,
                 dst: base + 100,
                 len: 4,
             },
-            CopyMove {
+            BlockMove {
                 src: base + 100,
                 dst: base + 200,
                 len: 4,
             },
-            CopyMove {
+            BlockMove {
                 src: base + 200,
                 dst: base + 202,
                 len: 4,
@@ -553,6 +624,49 @@ mod tests {
         dev.read(base + 200, &mut out).unwrap();
         assert_eq!(&out, b"ababcd");
         assert_eq!(dev.counters().copies, 3);
+    }
+
+    #[test]
+    fn batched_moves_copy_what_memmove_one_by_one_copies() {
+        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
+        let base = dev.reserve(PAGE).unwrap();
+        dev.map(base, PAGE).unwrap();
+        let original: Vec<u8> = (0..PAGE)
+            .map(|i| (i as u8).wrapping_mul(37) ^ 0x5a)
+            .collect();
+        dev.write(base, &original).unwrap();
+        let mv = |src: u64, dst: u64, len: u64| BlockMove {
+            src: base + src,
+            dst: base + dst,
+            len,
+        };
+        // A slide of aligned blocks, relocations into far holes (independent),
+        // an unaligned chain and a move over itself.
+        let mut moves: Vec<BlockMove> = (1..20).map(|k| mv(512 * k, 512 * k - 256, 480)).collect();
+        moves.extend((0..10).map(|k| mv(20_000 + 300 * k, 40_000 + 300 * k, 200)));
+        moves.extend((1..5).map(|k| mv(50_000 + 100 * k, 50_000 + 100 * (k - 1), 100)));
+        moves.push(mv(60_000, 60_003, 1000));
+        let mut expected = original.clone();
+        for m in &moves {
+            let (s, d) = ((m.src - base) as usize, (m.dst - base) as usize);
+            expected.copy_within(s..s + m.len as usize, d);
+        }
+        dev.copy_moves(&moves).unwrap();
+        let mut out = vec![0; PAGE as usize];
+        dev.read(base, &mut out).unwrap();
+        assert!(
+            out == expected,
+            "batched copies differ from memmove one by one"
+        );
+        assert_eq!(dev.counters().copies, moves.len() as u64);
+        // A bad range anywhere in the list is refused before any byte moves.
+        let before = out.clone();
+        let err = dev
+            .copy_moves(&[mv(0, 256, 16), mv(PAGE - 8, 0, 16)])
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidAddress { .. }), "{err:?}");
+        dev.read(base, &mut out).unwrap();
+        assert!(out == before, "a refused batch changed memory");
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! allocate / free / write / pin / compact / shrink sequences, checked
 //! against a plain model of what each live block must hold.
 
+use ctx::Handle;
 use ctx::{CompactionPolicy, Error, Growth, Pool, PoolConfig, SimConfig, SimDevice};
-use memcore::Handle;
 use proptest::prelude::*;
 
 const PAGE: u64 = 64 << 10;
@@ -128,6 +128,8 @@ fn run(config: PoolConfig, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let pool = Pool::new(SimDevice::new(SimConfig::small(CAPACITY)), config)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut live: Vec<Block> = Vec::new();
+    // The guards of the pinned blocks; dropping one unpins its block.
+    let mut pins = Vec::new();
     for op in ops {
         let before = pool.stats();
         match op {
@@ -181,6 +183,8 @@ fn run(config: PoolConfig, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 pool.free(b.handle)
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 prop_assert!(pool.free(b.handle).is_err(), "double free accepted");
+                // A guard outliving its freed block unpins nothing.
+                pins.retain(|pin: &ctx::PinGuard<'_, SimDevice>| pin.handle() != b.handle);
             }
             Op::Write { pick, seed } if !live.is_empty() => {
                 let i = pick % live.len();
@@ -198,11 +202,17 @@ fn run(config: PoolConfig, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 live[i].pinned = !live[i].pinned;
                 let b = live[i];
                 if b.pinned {
-                    pool.pin(b.handle)
+                    let pin = pool
+                        .pin(b.handle)
                         .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert_eq!(Some(pin.ptr()), pool.device_ptr(b.handle).ok());
+                    prop_assert!(
+                        matches!(pool.pin(b.handle), Err(Error::AlreadyPinned(h)) if h == b.handle),
+                        "a second pin of one block accepted"
+                    );
+                    pins.push(pin);
                 } else {
-                    pool.unpin(b.handle)
-                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    pins.retain(|pin| pin.handle() != b.handle);
                 }
             }
             Op::Compact => {
@@ -225,7 +235,12 @@ fn run(config: PoolConfig, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .filter(|b| b.pinned)
                     .map(|b| pool.device_ptr(b.handle).unwrap_or(1))
                     .collect();
-                prop_assert_eq!(pinned, still, "a pinned block moved");
+                prop_assert_eq!(&pinned, &still, "a pinned block moved");
+                let mut guarded: Vec<u64> = pins.iter().map(|pin| pin.ptr()).collect();
+                let mut still = still;
+                guarded.sort_unstable();
+                still.sort_unstable();
+                prop_assert_eq!(guarded, still, "a guard's pointer is stale");
                 check_contents(&pool, &live)?;
             }
             Op::Shrink => {
@@ -255,6 +270,7 @@ fn run(config: PoolConfig, ops: Vec<Op>) -> Result<(), TestCaseError> {
     pool.shrink()
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     prop_assert_eq!(pool.stats().mapped_bytes, 0);
+    drop(pins);
     let device = pool.into_device();
     prop_assert_eq!(device.used_bytes(), 0);
     Ok(())

@@ -3,7 +3,8 @@
 //! errors, and sharing between threads.
 
 use ctx::{
-    CompactionPolicy, DeviceMemory, Error, Growth, Pool, PoolConfig, SimConfig, SimDevice, StreamId,
+    CompactionPolicy, DeviceMemory, Error, Growth, HeapError, Pool, PoolConfig, SimConfig,
+    SimDevice, StreamId,
 };
 
 const PAGE: u64 = 64 << 10;
@@ -31,7 +32,7 @@ fn pool(growth: Growth, compaction: CompactionPolicy, max_bytes: u64) -> Pool<Si
 fn fragmented_request(
     growth: Growth,
     compaction: CompactionPolicy,
-) -> (Pool<SimDevice>, Result<memcore::Handle, Error>) {
+) -> (Pool<SimDevice>, Result<ctx::Handle, Error>) {
     let pool = pool(growth, compaction, 4 * BLOCK);
     let blocks: Vec<_> = (0..4)
         .map(|_| pool.allocate(BLOCK, 256, None).unwrap())
@@ -115,6 +116,8 @@ fn vmm_growth_maps_whole_pages_at_the_top_and_shrink_unmaps_them() {
     let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 64 * PAGE);
     let a = pool.allocate(1000, 256, None).unwrap();
     assert_eq!(pool.stats().mapped_bytes, PAGE);
+    // The first block starts the reservation, which the pool names.
+    assert_eq!(pool.reservation_start(), Some(pool.device_ptr(a).unwrap()));
     let b = pool.allocate(PAGE, 256, None).unwrap();
     // The tail after `a` is reused: one more page is enough.
     assert_eq!(pool.stats().mapped_bytes, 2 * PAGE);
@@ -286,6 +289,7 @@ fn chunk_growth_takes_at_least_a_chunk_and_gives_whole_chunks_back() {
     let pool = Pool::new(SimDevice::new(SimConfig::small(64 * PAGE)), config).unwrap();
     let a = pool.allocate(100, 256, None).unwrap();
     assert_eq!(pool.stats().mapped_bytes, 2 * PAGE);
+    assert_eq!(pool.reservation_start(), None, "chunks have no reservation");
     let big = pool.allocate(5 * PAGE, 256, None).unwrap();
     assert_eq!(pool.stats().mapped_bytes, 7 * PAGE);
     pool.free(big).unwrap();
@@ -305,12 +309,14 @@ fn pinned_blocks_stay_put() {
     let b = pool.allocate(BLOCK, 256, None).unwrap();
     let c = pool.allocate(BLOCK, 256, None).unwrap();
     pool.free(a).unwrap();
-    pool.pin(b).unwrap();
-    let base = pool.device_ptr(b).unwrap() - BLOCK;
-    let b_at = pool.device_ptr(b).unwrap();
+    let pinned = pool.pin(b).unwrap();
+    let b_at = pinned.ptr();
+    let base = b_at - BLOCK;
+    assert_eq!(pool.device_ptr(b).unwrap(), b_at);
+    assert!(matches!(pool.pin(b), Err(Error::AlreadyPinned(h)) if h == b));
     pool.compact().unwrap();
     assert_eq!(pool.device_ptr(b).unwrap(), b_at);
-    pool.unpin(b).unwrap();
+    drop(pinned);
     pool.compact().unwrap();
     let mut at = [pool.device_ptr(b).unwrap(), pool.device_ptr(c).unwrap()];
     at.sort_unstable();
@@ -319,6 +325,25 @@ fn pinned_blocks_stay_put() {
         [base, base + BLOCK],
         "unpinned, both slide to the start"
     );
+}
+
+#[test]
+fn a_pin_guard_outliving_its_block_unpins_nothing() {
+    let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 16 * BLOCK);
+    let a = pool.allocate(BLOCK, 256, None).unwrap();
+    let pinned = pool.pin(a).unwrap();
+    pool.free(a).unwrap();
+    // The slot is reused by a new block, pinned by its own guard.
+    let b = pool.allocate(BLOCK, 256, None).unwrap();
+    assert_eq!(b.slot(), a.slot());
+    let kept = pool.pin(b).unwrap();
+    drop(pinned);
+    assert!(
+        matches!(pool.pin(b), Err(Error::AlreadyPinned(_))),
+        "the stale guard unpinned the slot's new block"
+    );
+    drop(kept);
+    drop(pool.pin(b).unwrap());
 }
 
 #[test]
@@ -364,14 +389,14 @@ fn another_pools_handle_is_refused_and_frees_nothing() {
         assert_eq!(foreign.slot(), kept.slot());
         for refused in [
             mine.free(foreign),
-            mine.pin(foreign),
+            mine.pin(foreign).map(drop),
             mine.write(foreign, 0, b"lost"),
             mine.device_ptr(foreign).map(drop),
         ] {
             assert!(
                 matches!(
                     refused,
-                    Err(Error::Memcore(memcore::Error::ForeignHandle(h))) if h == foreign
+                    Err(Error::Memcore(HeapError::ForeignHandle(h))) if h == foreign
                 ),
                 "{growth:?}: {refused:?}"
             );
@@ -390,11 +415,11 @@ fn bad_requests_are_errors() {
     let pool = pool(Growth::Vmm, CompactionPolicy::BeforeGrow, 16 * BLOCK);
     assert!(matches!(
         pool.allocate(0, 256, None),
-        Err(Error::Memcore(memcore::Error::ZeroSize))
+        Err(Error::Memcore(HeapError::ZeroSize))
     ));
     assert!(matches!(
         pool.allocate(10, 3, None),
-        Err(Error::Memcore(memcore::Error::InvalidAlignment { .. }))
+        Err(Error::Memcore(HeapError::InvalidAlignment { .. }))
     ));
     let a = pool.allocate(10, 256, None).unwrap();
     assert!(matches!(
@@ -408,11 +433,11 @@ fn bad_requests_are_errors() {
     pool.free(a).unwrap();
     assert!(matches!(
         pool.free(a),
-        Err(Error::Memcore(memcore::Error::StaleHandle(_)))
+        Err(Error::Memcore(HeapError::StaleHandle(_)))
     ));
     assert!(matches!(
         pool.device_ptr(a),
-        Err(Error::Memcore(memcore::Error::StaleHandle(_)))
+        Err(Error::Memcore(HeapError::StaleHandle(_)))
     ));
 
     let mut no_vmm = SimConfig::small(16 * PAGE);

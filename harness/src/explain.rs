@@ -113,14 +113,14 @@ fn measure(ordinal: u32, _args: &ExplainArgs) -> Result<Explained> {
     ))
 }
 
-/// Probes of the fragmentation search (a binary search over free memory at
-/// 2 MiB steps needs about 17 on an H200).
+/// Probes of the fragmentation search: a binary search over free memory at
+/// 2 MiB steps needs log2(free / 2 MiB), 17 for 141 GB.
 #[cfg(feature = "cuda")]
 const FRAGMENTATION_PROBES: u32 = 24;
 
 #[cfg(feature = "cuda")]
 fn measure(ordinal: u32, args: &ExplainArgs) -> Result<Explained> {
-    use ctx::cuda::{CudaContext, Limit};
+    use ctx::{CudaContext, Limit};
 
     let context = CudaContext::new(ordinal)?;
     let mut measured_extra = Vec::new();

@@ -4,10 +4,9 @@
 //!
 //! Without a GPU it predicts from a model of the device heap, which NVIDIA
 //! does not document: each block takes its size rounded up to 16 bytes plus
-//! a 16-byte header. On the H200 the real heap runs out sooner when a
-//! million threads allocate at once (`malloc(256)` by 1,048,576 threads got
-//! NULL for 31% of them from a 256 MiB heap, about 370 heap bytes per
-//! 256-byte block), so the recommendation adds half again. With the `cuda`
+//! a 16-byte header. The real heap runs out sooner when a million threads
+//! allocate at once (BENCHMARKS.md, "In-kernel malloc"), so the
+//! recommendation adds half again. With the `cuda`
 //! feature it measures instead: it runs the pattern with the heap set to a
 //! size, and searches for the smallest size with no NULL.
 
@@ -219,7 +218,7 @@ mod gpu {
 mod gpu {
     use anyhow::{Context, Result};
     use ctx::DeviceMemory;
-    use ctx::cuda::{CudaContext, CudaDevice, LaunchConfig, Limit};
+    use ctx::{CudaContext, CudaDevice, LaunchConfig, Limit};
     use kernels::BLOCK_THREADS;
     use kernels::heap::{CHECK_FREE_HELD, HeapCounters, HeapParams, MALLOC_HOLD};
 

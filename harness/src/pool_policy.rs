@@ -5,7 +5,8 @@
 
 use anyhow::Result;
 use ctx::{CompactionPolicy, Growth, Pool, PoolConfig, PoolGuard, SimConfig, SimDevice};
-use memcore::{DEFAULT_ALIGN, DriverCalls, H200_DRIVER_COSTS, Handle};
+use ctx::{DEFAULT_ALIGN, Handle};
+use memcore::{DriverCalls, H200_DRIVER_COSTS};
 
 use crate::policy::{Arena, ArenaState, GRANULE, Policy};
 
@@ -42,7 +43,8 @@ pub fn pool(arena: Arena) -> Result<Pool<SimDevice>> {
 pub struct PoolPolicy<'a> {
     guard: PoolGuard<'a, SimDevice>,
     /// Device address of the reservation's first byte: offsets are relative
-    /// to it, like every other policy's.
+    /// to it, like every other policy's. [`pool`] builds VMM pools only; a
+    /// chunk pool has no reservation, and its offsets would be addresses.
     base: u64,
     /// A fixed arena is mapped in full at the first request, so failures are
     /// judged against the whole capacity.
@@ -52,10 +54,10 @@ pub struct PoolPolicy<'a> {
 impl<'a> PoolPolicy<'a> {
     /// Replay through `pool`, built by [`pool`] for `arena`.
     pub fn new(pool: &'a Pool<SimDevice>, arena: Arena) -> Self {
+        let guard = pool.lock();
         Self {
-            guard: pool.lock(),
-            // The simulated device hands out its first reservation here.
-            base: ctx::sim::SIM_BASE_ADDRESS,
+            base: guard.reservation_start().unwrap_or(0),
+            guard,
             fixed: match arena {
                 Arena::Growable => None,
                 Arena::Fixed(bytes) => Some(bytes),

@@ -19,9 +19,9 @@ typedef unsigned int u32;
 #define MOVE_CHUNK_BYTES 32768ull
 // Words each thread loads before it stores any: with 256 threads and 16-byte
 // words one step is the whole 32 KiB chunk, 128 bytes a thread in flight.
-// Copying is bound by bytes in flight (Little's law: ~4.8 TB/s times a loaded
-// DRAM latency of ~1-2 us is 5-10 MB, 40-75 KiB per SM of 132), and a block
-// of one chunk waits for memory once per 32 KiB.
+// Copying is bound by bytes in flight (Little's law: bandwidth times loaded
+// DRAM latency, tens of KiB per SM), and a block of one chunk waits for
+// memory once per 32 KiB.
 #define MOVE_UNROLL 8
 // Threads a block is launched with (kernels::moves::MOVE_THREADS), and the
 // blocks per SM the register budget is set for: 4 x 256 threads x 128 bytes
@@ -52,7 +52,7 @@ struct MoveBlocksParams {
 // `len` (for a whole chunk, all of them) load without a per-word test, so the
 // loads issue back to back. Loads and stores are plain: with streaming
 // hints (each byte is touched once) the kernel copied a few percent slower
-// on an H200 (scripts/move_bench: 0.90-0.93 of one memcpy against 0.94).
+// (scripts/move_bench; BENCHMARKS.md, "Compaction bandwidth").
 // Indices are 32-bit: a chunk has far fewer than 2^32 words.
 template <class Word>
 __device__ __forceinline__ u32 copy_words(const unsigned char *src, unsigned char *dst, u32 len)
@@ -176,7 +176,7 @@ move_blocks(const __grid_constant__ MoveBlocksParams p)
 // are safe too: both are read before either is written. Two chunks a ticket
 // halve what taking, marking and waiting cost per byte. (Taking the next
 // ticket while copying one, to hide the counter's latency, measured no
-// faster on an H200.)
+// faster in scripts/move_bench.)
 
 // Threads of a slide_blocks block (kernels::moves::SLIDE_THREADS): two
 // halves of MOVE_BLOCK_THREADS, each holding one chunk in its registers.

@@ -54,8 +54,15 @@ pub const MAX_SLIDE_GRID: u32 = 1024;
 /// chunks.
 pub const MAX_GRID: u32 = 1 << 16;
 
-/// One move of a launch: `len` bytes from `src` to `dst`, device addresses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Alignment in bytes that [`SLIDE_BLOCKS`] needs of every source and
+/// destination: it copies in 16-byte words (`uint4` in `moves.cu`).
+pub const SLIDE_ALIGN: u64 = 16;
+
+/// One device-to-device copy: `len` bytes from `src` to `dst`, absolute
+/// device addresses. The record every copy path shares: ctx's
+/// `DeviceMemory::copy_moves` takes a list of them (memmove semantics, in
+/// order), and the launches here take them by value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BlockMove {
     /// Where the bytes are.
     pub src: u64,
@@ -63,6 +70,28 @@ pub struct BlockMove {
     pub dst: u64,
     /// Bytes.
     pub len: u64,
+}
+
+impl BlockMove {
+    /// Whether source and destination share a byte (the copy needs memmove
+    /// semantics).
+    pub fn overlaps_itself(&self) -> bool {
+        self.src.abs_diff(self.dst) < self.len
+    }
+
+    /// Whether this move may be in a slide at all: it copies bytes, goes
+    /// down, and is [`SLIDE_ALIGN`]-aligned at both ends.
+    pub fn may_slide(&self) -> bool {
+        self.len > 0 && self.dst < self.src && (self.src | self.dst) % SLIDE_ALIGN == 0
+    }
+
+    /// Whether `next` may follow `self` in a slide: `next` may slide, and
+    /// sources and destinations both ascend without overlapping.
+    pub fn slides_on_to(&self, next: &BlockMove) -> bool {
+        next.may_slide()
+            && self.src.saturating_add(self.len) <= next.src
+            && self.dst.saturating_add(self.len) <= next.dst
+    }
 }
 
 /// Parameters of [`MOVE_BLOCKS`]; matches `MoveBlocksParams` in
@@ -163,18 +192,14 @@ impl SlideBlocksParams {
     }
 
     /// Whether `moves` (in order) form a slide the kernel may take: each
-    /// goes down, 16-byte aligned at both ends; sources ascend without
-    /// overlapping, and so do destinations. (Then no destination reaches a
-    /// later move's source: it ends below its own move's source end.) Moves
-    /// of no bytes are not allowed.
+    /// goes down, [`SLIDE_ALIGN`]-aligned at both ends
+    /// ([`BlockMove::may_slide`]); sources ascend without overlapping, and so
+    /// do destinations ([`BlockMove::slides_on_to`]). (Then no destination
+    /// reaches a later move's source: it ends below its own move's source
+    /// end.) Moves of no bytes are not allowed.
     pub fn is_slide(moves: &[BlockMove]) -> bool {
-        let each = moves
-            .iter()
-            .all(|m| m.len > 0 && m.dst < m.src && (m.src | m.dst) % 16 == 0);
-        each && moves.windows(2).all(|w| {
-            let (a, b) = (&w[0], &w[1]);
-            a.src.saturating_add(a.len) <= b.src && a.dst.saturating_add(a.len) <= b.dst
-        })
+        moves.first().is_none_or(BlockMove::may_slide)
+            && moves.windows(2).all(|w| w[0].slides_on_to(&w[1]))
     }
 }
 

@@ -108,6 +108,7 @@ impl Move {
 /// assert_eq!(heap.offset(b)?, 0);
 /// # Ok::<(), memcore::Error>(())
 /// ```
+#[must_use = "a plan moves nothing until its copies are done and it is committed"]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompactionPlan {
     pub(crate) moves: Vec<Move>,

@@ -22,6 +22,8 @@ mod gpu_test;
 mod ptx;
 mod step;
 mod stub;
+#[cfg(test)]
+mod tidy;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -4,7 +4,7 @@
 //! address space once, back it with physical pages as the pool grows, give pages back
 //! when it shrinks), plain `cuMemAlloc` chunks otherwise. All work runs on the legacy
 //! default stream of the context, so copies are ordered with each other and with host
-//! transfers; how batches of copies are done is [`super::mover`]'s.
+//! transfers; how batches of copies are done is [`super::copy_queue`]'s.
 //!
 //! Every VMM driver call is counted and timed ([`CudaDevice::vmm_calls`]), so a
 //! benchmark can tell where the time of a growth goes.
@@ -17,13 +17,12 @@ use cust::sys::{
 
 use super::{
     CudaContext,
+    copy_queue::{CopyCalls, CopyQueue},
     driver::{self, check},
-    mover::{CopyCalls, Mover},
-    vmm_calls::VmmCalls,
 };
 use crate::address_space::{self, AddressSpace, invalid_value};
-use crate::device::CopyMove;
-use crate::{DeviceMemory, Error, MemInfo, Result};
+use crate::{DeviceMemory, Error, MemInfo, Result, VmmCalls};
+use kernels::moves::BlockMove;
 
 /// The page a pool rounds chunks to when the device has no VMM, bytes.
 const CHUNK_GRANULARITY: u64 = 2 << 20;
@@ -59,7 +58,7 @@ pub struct CudaDevice {
     granularity: u64,
     vmm: bool,
     space: AddressSpace<Backing>,
-    mover: Mover,
+    copies: CopyQueue,
     vmm_calls: VmmCalls,
 }
 
@@ -115,7 +114,7 @@ impl CudaDevice {
             granularity,
             vmm,
             space: AddressSpace::default(),
-            mover: Mover::new(context),
+            copies: CopyQueue::new(context),
             vmm_calls: VmmCalls::default(),
         })
     }
@@ -132,7 +131,7 @@ impl CudaDevice {
 
     /// The copies made so far: batches, kernel launches, `cuMemcpyDtoDAsync` calls.
     pub fn copy_calls(&self) -> CopyCalls {
-        self.mover.calls()
+        self.copies.calls()
     }
 
     /// Loads the `move_blocks` kernel now rather than on the first batch that can use
@@ -141,13 +140,13 @@ impl CudaDevice {
     /// `cuMemcpyDtoDAsync` alone.
     pub fn load_move_kernel(&mut self) -> Result<()> {
         self.context.bind()?;
-        self.mover.load_kernel()
+        self.copies.load_kernel()
     }
 
     /// Why batches of copies do not use the `move_blocks` kernel, if loading or
     /// launching it failed.
     pub fn move_kernel_error(&self) -> Option<&str> {
-        self.mover.kernel_error()
+        self.copies.kernel_error()
     }
 
     /// `Ok` when every byte of `[addr, addr + len)` lies in mappings or chunks this
@@ -355,20 +354,20 @@ impl DeviceMemory for CudaDevice {
     }
 
     fn copy_within(&mut self, src: u64, dst: u64, len: u64) -> Result<()> {
-        self.copy_moves(&[CopyMove { src, dst, len }])
+        self.copy_moves(&[BlockMove { src, dst, len }])
     }
 
     /// Queues every move on the legacy default stream (runs of independent moves as
     /// one `move_blocks` launch each, the rest as `cuMemcpyDtoDAsync`) and waits once,
     /// at the end, until they are done.
-    fn copy_moves(&mut self, moves: &[CopyMove]) -> Result<()> {
+    fn copy_moves(&mut self, moves: &[BlockMove]) -> Result<()> {
         let started = std::time::Instant::now();
         for m in moves {
             self.check_backed(m.src, m.len)?;
             self.check_backed(m.dst, m.len)?;
         }
         self.context.bind()?;
-        self.mover.copy(moves, started)
+        self.copies.copy(moves, started)
     }
 
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<()> {

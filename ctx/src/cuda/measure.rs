@@ -21,7 +21,8 @@ const OUT_OF_MEMORY: driver::RawResult = 2;
 const PROBE_GRANULE: u64 = 2 << 20;
 
 /// Free device memory before and after one step, bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct MemoryDelta {
     /// Free bytes before the step.
     pub free_before: u64,
@@ -42,7 +43,8 @@ impl MemoryDelta {
 }
 
 /// What the fragmentation probe found, bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LargestAllocation {
     /// Free bytes `cuMemGetInfo` reported before probing.
     pub free_bytes: u64,
@@ -62,7 +64,8 @@ impl LargestAllocation {
 }
 
 /// A timed device-to-device copy.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CopyBandwidth {
     /// Bytes per copy.
     pub bytes: u64,

@@ -7,7 +7,7 @@
 //! - [`CudaDevice`]: [`crate::DeviceMemory`] on the GPU, so a [`crate::Pool`] runs on it
 //!   (VMM growth when the device has it, `cuMemAlloc` chunks otherwise; a compaction's
 //!   copies queued as one batch, independent moves copied by one kernel launch), with
-//!   its driver calls counted and timed ([`VmmCalls`], [`CopyCalls`]).
+//!   its driver calls counted and timed ([`crate::VmmCalls`], [`CopyCalls`]).
 //! - Measurements ([`CudaContext::measure`] and friends): what a step costs in device
 //!   memory, the largest block one allocation can get, copy bandwidth.
 //! - [`DeviceHeap`]: the host side of `cm_malloc` (kernels/cuda/cm_alloc.cuh): a
@@ -23,7 +23,7 @@
 //! one.
 //!
 //! ```no_run
-//! use ctx::cuda::{CudaContext, CudaDevice};
+//! use ctx::{CudaContext, CudaDevice};
 //! use ctx::{Pool, PoolConfig};
 //!
 //! let context = CudaContext::new(0)?;
@@ -37,24 +37,20 @@
 
 mod baseline;
 mod context;
-mod copy_plan;
+mod copy_queue;
 mod device;
 mod device_heap;
 mod driver;
 mod event;
 mod measure;
 mod module;
-mod move_batch;
-mod mover;
 mod stream;
-mod vmm_calls;
 
 pub use context::{CudaContext, Limit};
+pub use copy_queue::CopyCalls;
 pub use device::CudaDevice;
 pub use device_heap::DeviceHeap;
 pub use event::{Event, ForeignStream};
 pub use measure::{CopyBandwidth, LargestAllocation, MemoryDelta};
 pub use module::{Function, FunctionAttributes, LaunchConfig, Module};
-pub use mover::CopyCalls;
 pub use stream::Stream;
-pub use vmm_calls::{CallTally, VmmCalls};

@@ -207,7 +207,8 @@ unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
 
 /// What the compiler decided about one kernel (`cuFuncGetAttribute`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct FunctionAttributes {
     /// Local memory (stack and spills) per thread, bytes.
     pub local_bytes: u64,

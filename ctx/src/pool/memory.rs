@@ -61,6 +61,15 @@ impl PoolMemory {
         }
     }
 
+    /// Device address of the reservation's first byte (VMM); `None` for
+    /// chunks.
+    pub(super) fn reservation_start(&self) -> Option<u64> {
+        match self {
+            Self::Vmm { base, .. } => Some(*base),
+            Self::Chunks { .. } => None,
+        }
+    }
+
     /// How many more bytes may be held under `max_bytes` (and, for VMM, the
     /// reservation).
     pub(super) fn headroom(&self, max_bytes: u64) -> u64 {

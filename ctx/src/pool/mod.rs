@@ -1,22 +1,4 @@
-//! A compacting device-memory pool: [`memcore::Heap`] over
-//! [`memcore::Tlsf`], whose offsets are device addresses, on top of a
-//! [`DeviceMemory`].
-//!
-//! The heap's regions are exactly the device memory the pool holds: with
-//! [`Growth::Vmm`] one address reservation, mapped from its start in whole
-//! pages as requests need them; with [`Growth::Chunks`] plain chunk
-//! allocations. Blocks are named by [`Handle`]s, so compaction can move them
-//! (a plan's copies go to the device as one batch,
-//! [`DeviceMemory::copy_moves`]) and the handles stay valid; raw device addresses
-//! ([`Pool::device_ptr`]) are valid until the next compaction unless the
-//! block is [pinned](Pool::pin).
-//!
-//! Streams: an allocation may name the stream it is used on; the pool
-//! records it ([`Pool::stream`]) but does not track stream completion. Freed
-//! bytes are reused at once, as with stream-ordered allocation on one
-//! stream: the caller must not free a block that work on another stream
-//! still uses. Compaction and shrinking synchronize the whole device before
-//! they copy or unmap anything.
+//! The compacting device-memory pool ([`Pool`]) and its configuration.
 
 mod memory;
 mod state;
@@ -31,7 +13,8 @@ use crate::device::{DeviceMemory, StreamId};
 use state::PoolState;
 
 /// How a pool gets device memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum Growth {
     /// Reserve address space once, map pages at the end of the mapped part:
     /// the pool stays one contiguous region. Needs
@@ -45,7 +28,8 @@ pub enum Growth {
 }
 
 /// When a pool moves blocks to make room.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum CompactionPolicy {
     /// Never move blocks on its own; only grow ([`Pool::compact`] still
     /// works).
@@ -60,7 +44,8 @@ pub enum CompactionPolicy {
 }
 
 /// How a pool behaves. Sizes in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PoolConfig {
     /// Where memory comes from.
     pub growth: Growth,
@@ -140,7 +125,8 @@ pub struct PoolStats {
 }
 
 /// What one [`Pool::compact`] did. Sizes in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CompactionReport {
     /// Blocks copied.
     pub moves: usize,
@@ -160,8 +146,25 @@ pub struct CompactionReport {
     pub copy_time: Duration,
 }
 
-/// A compacting device-memory pool, shareable between threads; see the
-/// [module docs](self).
+/// A compacting device-memory pool, shareable between threads:
+/// [`memcore::Heap`] over [`memcore::Tlsf`], whose offsets are device
+/// addresses, on top of a [`DeviceMemory`].
+///
+/// The heap's regions are exactly the device memory the pool holds: with
+/// [`Growth::Vmm`] one address reservation, mapped from its start in whole
+/// pages as requests need them; with [`Growth::Chunks`] plain chunk
+/// allocations. Blocks are named by [`Handle`]s, so compaction can move them
+/// (a plan's copies go to the device as one batch,
+/// [`DeviceMemory::copy_moves`]) and the handles stay valid; raw device addresses
+/// ([`Pool::device_ptr`]) are valid until the next compaction unless the
+/// block is [pinned](Pool::pin).
+///
+/// Streams: an allocation may name the stream it is used on; the pool
+/// records it ([`Pool::stream`]) but does not track stream completion. Freed
+/// bytes are reused at once, as with stream-ordered allocation on one
+/// stream: the caller must not free a block that work on another stream
+/// still uses. Compaction and shrinking synchronize the whole device before
+/// they copy or unmap anything.
 ///
 /// ```
 /// use ctx::{Pool, PoolConfig, SimConfig, SimDevice};
@@ -233,14 +236,35 @@ impl<D: DeviceMemory> Pool<D> {
         self.lock().stream(handle)
     }
 
-    /// Keep the block where it is through compactions.
-    pub fn pin(&self, handle: Handle) -> Result<()> {
-        self.lock().pin(handle)
-    }
-
-    /// Let compaction move the block again.
-    pub fn unpin(&self, handle: Handle) -> Result<()> {
-        self.lock().unpin(handle)
+    /// Keep the block where it is until the returned guard is dropped, so
+    /// its device address ([`PinGuard::ptr`]) stays valid through
+    /// compactions. A block already pinned is refused
+    /// ([`Error::AlreadyPinned`](crate::Error::AlreadyPinned)).
+    ///
+    /// ```
+    /// use ctx::{Pool, PoolConfig, SimConfig, SimDevice};
+    ///
+    /// let pool = Pool::new(SimDevice::new(SimConfig::small(1 << 20)), PoolConfig::vmm(1 << 20))?;
+    /// let a = pool.allocate(1000, 256, None)?;
+    /// let b = pool.allocate(1000, 256, None)?;
+    /// pool.free(a)?;
+    /// let at = {
+    ///     let pinned = pool.pin(b)?;
+    ///     pool.compact()?;
+    ///     assert_eq!(pool.device_ptr(b)?, pinned.ptr(), "pinned: stays put");
+    ///     pinned.ptr()
+    /// };
+    /// pool.compact()?;
+    /// assert!(pool.device_ptr(b)? < at, "unpinned: slides down");
+    /// # Ok::<(), ctx::Error>(())
+    /// ```
+    pub fn pin(&self, handle: Handle) -> Result<PinGuard<'_, D>> {
+        let ptr = self.lock().state.pin(handle)?;
+        Ok(PinGuard {
+            pool: self,
+            handle,
+            ptr,
+        })
     }
 
     /// Copy host bytes into the block at `offset` bytes from its start.
@@ -270,6 +294,14 @@ impl<D: DeviceMemory> Pool<D> {
         self.lock().stats()
     }
 
+    /// Device address of the first byte of the pool's reservation
+    /// ([`Growth::Vmm`]): every block lies at or above it, and it does not
+    /// change for the pool's life. `None` for [`Growth::Chunks`], whose
+    /// chunks lie wherever the device put them.
+    pub fn reservation_start(&self) -> Option<u64> {
+        self.lock().reservation_start()
+    }
+
     /// The configuration the pool was made with.
     pub fn config(&self) -> PoolConfig {
         self.lock().state.config
@@ -291,8 +323,9 @@ impl<D: DeviceMemory> Pool<D> {
     }
 }
 
-/// The pool's lock, held: the same operations as [`Pool`], without taking
-/// the lock again for each.
+/// The pool's lock, held: the same operations as [`Pool`] (pinning
+/// aside), without taking the lock again for each.
+#[must_use = "the lock is released when the guard drops"]
 #[derive(Debug)]
 pub struct PoolGuard<'a, D: DeviceMemory> {
     state: MutexGuard<'a, PoolState<D>>,
@@ -321,16 +354,6 @@ impl<D: DeviceMemory> PoolGuard<'_, D> {
         self.state.stream(handle)
     }
 
-    /// See [`Pool::pin`].
-    pub fn pin(&mut self, handle: Handle) -> Result<()> {
-        self.state.set_pinned(handle, true)
-    }
-
-    /// See [`Pool::unpin`].
-    pub fn unpin(&mut self, handle: Handle) -> Result<()> {
-        self.state.set_pinned(handle, false)
-    }
-
     /// See [`Pool::write`].
     pub fn write(&mut self, handle: Handle, offset: u64, data: &[u8]) -> Result<()> {
         self.state.write(handle, offset, data)
@@ -356,9 +379,51 @@ impl<D: DeviceMemory> PoolGuard<'_, D> {
         self.state.stats()
     }
 
+    /// See [`Pool::reservation_start`].
+    pub fn reservation_start(&self) -> Option<u64> {
+        self.state.reservation_start()
+    }
+
     /// The device, to read its figures. Changing its memory behind the
     /// pool's back is not offered.
     pub fn device(&self) -> &D {
         &self.state.device
+    }
+}
+
+/// A block held in place: while the guard lives, compaction does not move
+/// the block, so [`PinGuard::ptr`] stays its device address. Dropping the
+/// guard lets compaction move it again; made by [`Pool::pin`].
+///
+/// Dropping takes the pool's lock: drop a guard while this thread holds no
+/// [`PoolGuard`] of the same pool. Freeing the block ends the pin as well;
+/// the guard then unpins nothing.
+#[must_use = "the block is unpinned when the guard drops"]
+#[derive(Debug)]
+pub struct PinGuard<'a, D: DeviceMemory> {
+    pool: &'a Pool<D>,
+    handle: Handle,
+    ptr: u64,
+}
+
+impl<D: DeviceMemory> PinGuard<'_, D> {
+    /// The block's device address, valid while the guard lives (and the
+    /// block is not freed).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The pinned block.
+    pub fn handle(&self) -> Handle {
+        self.handle
+    }
+}
+
+impl<D: DeviceMemory> Drop for PinGuard<'_, D> {
+    fn drop(&mut self) {
+        // A block freed while pinned has nothing left to unpin: the heap
+        // refuses its stale handle, and the generation check keeps a new
+        // block in the slot untouched.
+        let _ = self.pool.lock().state.unpin(self.handle);
     }
 }

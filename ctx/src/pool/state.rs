@@ -7,7 +7,9 @@ use memcore::{BlockFlags, CompactionPlan, Handle, Heap, Tlsf};
 
 use super::memory::PoolMemory;
 use super::{CompactionPolicy, CompactionReport, Growth, PoolConfig, PoolStats};
-use crate::device::{CopyMove, DeviceMemory, StreamId};
+use kernels::moves::BlockMove;
+
+use crate::device::{DeviceMemory, StreamId};
 use crate::{Error, Result};
 
 /// A pool's state; every field is guarded by the pool's one mutex.
@@ -243,10 +245,10 @@ impl<D: DeviceMemory> PoolState<D> {
         let mut copy_time = Duration::ZERO;
         if moves > 0 {
             self.device.synchronize()?;
-            let batch: Vec<CopyMove> = plan
+            let batch: Vec<BlockMove> = plan
                 .moves()
                 .iter()
-                .map(|m| CopyMove {
+                .map(|m| BlockMove {
                     src: m.src,
                     dst: m.dst,
                     len: m.len,
@@ -308,11 +310,24 @@ impl<D: DeviceMemory> PoolState<D> {
         Ok(self.streams.get(handle.slot() as usize).copied().flatten())
     }
 
-    pub(super) fn set_pinned(&mut self, handle: Handle, pinned: bool) -> Result<()> {
+    /// Pin the block and return its device address; a block pinned already
+    /// is refused, so one guard owns each pin.
+    pub(super) fn pin(&mut self, handle: Handle) -> Result<u64> {
         let info = self.heap.info(handle)?;
-        let mut flags = info.flags;
-        flags.set(BlockFlags::PINNED, pinned);
-        Ok(self.heap.set_flags(handle, flags)?)
+        if info.flags.contains(BlockFlags::PINNED) {
+            return Err(Error::AlreadyPinned(handle));
+        }
+        self.heap
+            .set_flags(handle, info.flags | BlockFlags::PINNED)?;
+        Ok(info.offset)
+    }
+
+    /// Let compaction move the block again.
+    pub(super) fn unpin(&mut self, handle: Handle) -> Result<()> {
+        let info = self.heap.info(handle)?;
+        Ok(self
+            .heap
+            .set_flags(handle, info.flags - BlockFlags::PINNED)?)
     }
 
     /// Device address of `[offset, offset + len)` inside the block.
@@ -363,6 +378,10 @@ impl<D: DeviceMemory> PoolState<D> {
             self.shrinks += 1;
         }
         Ok(released)
+    }
+
+    pub(super) fn reservation_start(&self) -> Option<u64> {
+        self.memory.reservation_start()
     }
 
     pub(super) fn stats(&self) -> PoolStats {

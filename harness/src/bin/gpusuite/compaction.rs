@@ -21,10 +21,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use ctx::cuda::{CopyCalls, CudaDevice};
-use ctx::device::CopyMove;
+use ctx::BlockMove;
+use ctx::Handle;
 use ctx::{CompactionPolicy, DeviceMemory as _, Pool, PoolConfig};
-use memcore::Handle;
+use ctx::{CopyCalls, CudaDevice};
 
 use crate::gpu::{Gpu, Rng};
 use crate::report::{Checks, mib};
@@ -124,7 +124,7 @@ impl CopyTime {
 }
 
 /// Runs `moves` through `device` once; its times.
-fn timed_copy(device: &mut CudaDevice, moves: &[CopyMove]) -> Result<CopyTime> {
+fn timed_copy(device: &mut CudaDevice, moves: &[BlockMove]) -> Result<CopyTime> {
     let before = device.copy_calls();
     device.copy_moves(moves)?;
     Ok(CopyTime::of(&device.copy_calls().since(&before)))
@@ -136,7 +136,7 @@ fn timed_copy(device: &mut CudaDevice, moves: &[CopyMove]) -> Result<CopyTime> {
 fn plain_copy(gpu: &mut Gpu, bytes: u64) -> Result<CopyTime> {
     let src = gpu.memory.alloc_chunk(bytes)?;
     let dst = gpu.memory.alloc_chunk(bytes)?;
-    let copy = [CopyMove {
+    let copy = [BlockMove {
         src,
         dst,
         len: bytes,
@@ -492,7 +492,7 @@ pub fn run(out: &mut Checks) -> Result<()> {
 
 /// The first run of `moves` (nothing has touched those bytes since they
 /// were mapped and filled), and the best of [`PLAIN_REPEATS`] runs after it.
-fn first_and_best(device: &mut CudaDevice, moves: &[CopyMove]) -> Result<(CopyTime, CopyTime)> {
+fn first_and_best(device: &mut CudaDevice, moves: &[BlockMove]) -> Result<(CopyTime, CopyTime)> {
     let first = timed_copy(device, moves)?;
     let mut best = timed_copy(device, moves)?;
     for _ in 1..PLAIN_REPEATS {
@@ -526,8 +526,8 @@ fn memory_kinds(out: &mut Checks, gpu: &Gpu) -> Result<()> {
     ] {
         // Every other 2 MiB block of the source to every other block of
         // the destination: independent moves, as a targeted compaction's.
-        let moves: Vec<CopyMove> = (0..ROOM_BLOCKS as u64 / 8)
-            .map(|i| CopyMove {
+        let moves: Vec<BlockMove> = (0..ROOM_BLOCKS as u64 / 8)
+            .map(|i| BlockMove {
                 src: src + 2 * i * UNIFORM_BLOCK,
                 dst: dst + 2 * i * UNIFORM_BLOCK,
                 len: UNIFORM_BLOCK,
@@ -542,7 +542,7 @@ fn memory_kinds(out: &mut Checks, gpu: &Gpu) -> Result<()> {
         let (batch_first, batch) = first_and_best(&mut device, &moves)?;
         let (one_first, one) = first_and_best(
             &mut device,
-            &[CopyMove {
+            &[BlockMove {
                 src,
                 dst,
                 len: bytes,

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result, ensure};
 use ctx::DeviceMemory as _;
-use ctx::cuda::{CudaContext, Limit, Module};
+use ctx::{CudaContext, Limit, Module};
 use kernels::Kernel;
 use kernels::heap::{self, HeapCounters, HeapParams};
 

@@ -3,7 +3,7 @@
 
 use anyhow::{Context as _, Result};
 use ctx::DeviceMemory as _;
-use ctx::cuda::{CudaContext, CudaDevice, LaunchConfig, Module};
+use ctx::{CudaContext, CudaDevice, LaunchConfig, Module};
 use kernels::LaunchShape;
 use kernels::pattern::{self, PatternParams};
 

@@ -11,9 +11,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use ctx::cuda::{CudaContext, CudaDevice, Stream, VmmCalls};
+use ctx::Handle;
+use ctx::VmmCalls;
+use ctx::{CudaContext, CudaDevice, Stream};
 use ctx::{Pool, PoolConfig};
-use memcore::Handle;
 
 use crate::gpu::Gpu;
 use crate::report::Checks;

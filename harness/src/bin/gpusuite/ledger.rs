@@ -4,9 +4,9 @@
 //! per thread, and loading a module.
 
 use anyhow::{Context as _, Result};
-use ctx::cuda::{CudaContext, LaunchConfig, Limit};
-use ctx::ledger::{local_memory_reservation_bytes, per_thread_local_bytes};
+use ctx::{CudaContext, LaunchConfig, Limit};
 use ctx::{DeviceProfile, Ledger, LedgerItemKind, Limits, Preflight};
+use ctx::{local_memory_reservation_bytes, per_thread_local_bytes};
 use kernels::LaunchShape;
 use kernels::local::{self, LocalParams};
 

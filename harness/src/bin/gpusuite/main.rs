@@ -87,8 +87,8 @@ fn run(options: &Options) -> Result<bool> {
     let mut log = Log::create(options.log.as_deref())?;
     log.line(&format!(
         "gpusuite: CUDA driver {}, {} device(s)",
-        ctx::cuda::CudaContext::driver_version()?,
-        ctx::cuda::CudaContext::device_count()?
+        ctx::CudaContext::driver_version()?,
+        ctx::CudaContext::device_count()?
     ));
     let mut sections = Vec::new();
     for (letter, title, section) in SECTIONS {

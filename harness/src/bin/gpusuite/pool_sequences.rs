@@ -3,9 +3,9 @@
 //! compaction and at checkpoints, and sampled on the host.
 
 use anyhow::Result;
-use ctx::cuda::CudaDevice;
+use ctx::CudaDevice;
+use ctx::Handle;
 use ctx::{Pool, PoolConfig};
-use memcore::Handle;
 
 use crate::gpu::{Gpu, Rng};
 use crate::report::{Checks, mib};

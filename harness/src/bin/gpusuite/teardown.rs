@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 use ctx::DeviceMemory as _;
-use ctx::cuda::{CudaContext, CudaDevice};
+use ctx::{CudaContext, CudaDevice};
 use ctx::{Pool, PoolConfig};
 
 use crate::report::{Checks, mib, mib_signed};

@@ -2,7 +2,7 @@
 //! shrinks: `cuMemGetInfo` deltas against the pool's own figures.
 
 use anyhow::Result;
-use ctx::cuda::CudaDevice;
+use ctx::CudaDevice;
 use ctx::{Pool, PoolConfig};
 
 use crate::gpu::Gpu;

@@ -9,7 +9,7 @@
 //! goes in one launch of the `slide_blocks` kernel, which orders the moves inside the
 //! launch, however they depend on each other and even if they overlap themselves.
 //! Runs follow each other on one stream, which keeps every dependency between runs.
-//! Any other move is copied alone, in the pieces [`super::copy_plan`] cuts.
+//! Any other move is copied alone, in the steps [`super::steps`] cuts.
 //!
 //! Grouping is greedy: from where the last run ended, the longest stretch that may go
 //! together and the longest that forms a slide, up to the cap; the longer wins, a tie
@@ -23,42 +23,27 @@
 //! together may too), so a run of `n` moves costs O(n log^2 n) comparisons and a
 //! chain of dependent moves O(1) a move.
 
-use crate::device::CopyMove;
+use kernels::moves::BlockMove;
 
 /// What the device does for a stretch of the moves, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Batch {
     /// Two or more moves that may run at once.
-    Together(Vec<CopyMove>),
-    /// Moves that form a slide ([`slides_on`]): they depend on each other,
-    /// and the `slide_blocks` kernel orders them inside one launch.
-    Slide(Vec<CopyMove>),
+    Together(Vec<BlockMove>),
+    /// Moves that form a slide
+    /// ([`is_slide`](kernels::moves::SlideBlocksParams::is_slide)): they
+    /// depend on each other, and the `slide_blocks` kernel orders them inside
+    /// one launch.
+    Slide(Vec<BlockMove>),
     /// One move on its own; its ranges may overlap.
-    Alone(CopyMove),
-}
-
-/// Whether a move's source and destination share a byte.
-fn overlaps_itself(m: &CopyMove) -> bool {
-    m.src.abs_diff(m.dst) < m.len
-}
-
-/// Whether `m` may be in a slide at all: it goes down, 16-byte aligned at
-/// both ends.
-fn slides_down(m: &CopyMove) -> bool {
-    m.dst < m.src && (m.src | m.dst) % 16 == 0
-}
-
-/// Whether `b` may follow `a` in a slide: sources and destinations both
-/// ascend without overlapping (`kernels::moves::SlideBlocksParams::is_slide`).
-fn slides_on(a: &CopyMove, b: &CopyMove) -> bool {
-    slides_down(b) && a.src.saturating_add(a.len) <= b.src && a.dst.saturating_add(a.len) <= b.dst
+    Alone(BlockMove),
 }
 
 /// The batches of a list of moves, one at a time: see [`batches`].
 #[derive(Debug)]
 pub(crate) struct Batches {
     /// The moves left, moves of no bytes or onto themselves already dropped.
-    rest: Vec<CopyMove>,
+    rest: Vec<BlockMove>,
     /// Index of the first move not yet handed out.
     next: usize,
     /// Index of the first move at or after `next` that overlaps itself (or the end),
@@ -76,7 +61,7 @@ impl Batches {
     /// Whether the moves of `stretch`, none overlapping itself, touch no byte twice.
     /// (Two moves reading the same bytes would be harmless, but blocks of a plan
     /// never share bytes, so treating reads like writes costs nothing.)
-    fn independent(ranges: &mut Vec<(u64, u64)>, stretch: &[CopyMove]) -> bool {
+    fn independent(ranges: &mut Vec<(u64, u64)>, stretch: &[BlockMove]) -> bool {
         ranges.clear();
         for m in stretch {
             ranges.push((m.src, m.src.saturating_add(m.len)));
@@ -93,7 +78,7 @@ impl Iterator for Batches {
     fn next(&mut self) -> Option<Batch> {
         let first = *self.rest.get(self.next)?;
         let slide = self.slide_len();
-        if overlaps_itself(&first) {
+        if first.overlaps_itself() {
             self.next += slide.max(1);
             return Some(match slide {
                 0 => Batch::Alone(first),
@@ -105,7 +90,7 @@ impl Iterator for Batches {
             self.stop = self.next
                 + self.rest[self.next..]
                     .iter()
-                    .position(overlaps_itself)
+                    .position(BlockMove::overlaps_itself)
                     .unwrap_or(self.rest.len() - self.next);
         }
         let tail = &self.rest[self.next..self.stop];
@@ -172,13 +157,13 @@ impl Batches {
     /// first cannot be in one.
     fn slide_len(&self) -> usize {
         let tail = &self.rest[self.next..];
-        if !tail.first().is_some_and(slides_down) {
+        if !tail.first().is_some_and(BlockMove::may_slide) {
             return 0;
         }
         let cap = self.max_together.max(1).min(tail.len());
         1 + tail[..cap]
             .windows(2)
-            .take_while(|w| slides_on(&w[0], &w[1]))
+            .take_while(|w| w[0].slides_on_to(&w[1]))
             .count()
     }
 }
@@ -186,7 +171,7 @@ impl Batches {
 /// `moves` as batches of at most `max_together` moves, in an order that copies what
 /// executing the moves one by one would. Moves of no bytes, or onto themselves, are
 /// dropped.
-pub(crate) fn batches(moves: &[CopyMove], max_together: usize) -> Batches {
+pub(crate) fn batches(moves: &[BlockMove], max_together: usize) -> Batches {
     Batches {
         rest: moves
             .iter()
@@ -206,13 +191,12 @@ mod tests {
     use kernels::moves::SlideBlocksParams;
 
     use super::*;
-    use crate::cuda::mover::block_moves;
 
-    fn mv(src: u64, dst: u64, len: u64) -> CopyMove {
-        CopyMove { src, dst, len }
+    fn mv(src: u64, dst: u64, len: u64) -> BlockMove {
+        BlockMove { src, dst, len }
     }
 
-    fn all(moves: &[CopyMove], max: usize) -> Vec<Batch> {
+    fn all(moves: &[BlockMove], max: usize) -> Vec<Batch> {
         batches(moves, max).collect()
     }
 
@@ -228,16 +212,13 @@ mod tests {
                     memory.copy_within(s..s + l, d);
                 }
                 Batch::Slide(moves) => {
-                    assert!(
-                        SlideBlocksParams::is_slide(&block_moves(moves)),
-                        "{batch:?}"
-                    );
+                    assert!(SlideBlocksParams::is_slide(moves), "{batch:?}");
                     // The kernel's promise: what memmove one by one does.
                     sequential(memory, moves);
                 }
                 Batch::Together(moves) => {
                     assert!(moves.len() >= 2, "{batch:?}");
-                    assert!(moves.iter().all(|m| !overlaps_itself(m)), "{batch:?}");
+                    assert!(moves.iter().all(|m| !m.overlaps_itself()), "{batch:?}");
                     let mut ranges: Vec<(u64, u64)> = moves
                         .iter()
                         .flat_map(|m| [(m.src, m.src + m.len), (m.dst, m.dst + m.len)])
@@ -263,8 +244,8 @@ mod tests {
     /// longest stretch of independent moves (up to the cap, up to a move that
     /// overlaps itself) and the longest slide, each found here by brute force; the
     /// slide if it is longer, or if the first move overlaps itself.
-    fn assert_runs_are_longest(moves: &[CopyMove], found: &[Batch], max: usize) {
-        let kept: Vec<CopyMove> = moves
+    fn assert_runs_are_longest(moves: &[BlockMove], found: &[Batch], max: usize) {
+        let kept: Vec<BlockMove> = moves
             .iter()
             .filter(|m| m.len > 0 && m.src != m.dst)
             .copied()
@@ -276,20 +257,20 @@ mod tests {
             let cap = max.min(rest.len());
             let slide = (1..=cap)
                 .rev()
-                .find(|&n| SlideBlocksParams::is_slide(&block_moves(&rest[..n])))
+                .find(|&n| SlideBlocksParams::is_slide(&rest[..n]))
                 .unwrap_or(0);
-            let together = if overlaps_itself(&rest[0]) {
+            let together = if rest[0].overlaps_itself() {
                 1
             } else {
                 (1..=cap)
                     .rev()
                     .find(|&n| {
-                        rest[..n].iter().all(|m| !overlaps_itself(m))
+                        rest[..n].iter().all(|m| !m.overlaps_itself())
                             && Batches::independent(&mut ranges, &rest[..n])
                     })
                     .unwrap_or(1)
             };
-            let want_slide = slide > together || (overlaps_itself(&rest[0]) && slide > 0);
+            let want_slide = slide > together || (rest[0].overlaps_itself() && slide > 0);
             let (taken, is_slide) = match batch {
                 Batch::Together(run) => (run.clone(), false),
                 Batch::Slide(run) => (run.clone(), true),
@@ -309,7 +290,7 @@ mod tests {
 
     /// Batches of `moves` (at most `max` a batch) copy on `original` what the
     /// moves copy one by one, and are the ones the rule asks for.
-    fn check_case(original: &[u8], moves: &[CopyMove], max: usize, case: u32) {
+    fn check_case(original: &[u8], moves: &[BlockMove], max: usize, case: u32) {
         let mut expected = original.to_vec();
         sequential(&mut expected, moves);
         let mut actual = original.to_vec();
@@ -319,7 +300,7 @@ mod tests {
         assert_runs_are_longest(moves, &found, max);
     }
 
-    fn sequential(memory: &mut [u8], moves: &[CopyMove]) {
+    fn sequential(memory: &mut [u8], moves: &[BlockMove]) {
         for m in moves {
             let (s, d, l) = (m.src as usize, m.dst as usize, m.len as usize);
             memory.copy_within(s..s + l, d);
@@ -348,7 +329,7 @@ mod tests {
         let mut rng = Lcg(7);
         for case in 0..3000 {
             let count = 1 + rng.below(12);
-            let moves: Vec<CopyMove> = (0..count)
+            let moves: Vec<BlockMove> = (0..count)
                 .map(|_| {
                     let len = rng.below(40);
                     mv(rng.below(SIZE - len), rng.below(SIZE - len), len)
@@ -393,7 +374,7 @@ mod tests {
     #[test]
     fn aligned_slides_go_in_one_launch() {
         // Each block slides onto the last one's old place: a chain, one slide.
-        let chain: Vec<CopyMove> = (1..6).map(|k| mv(256 * k, 256 * (k - 1), 256)).collect();
+        let chain: Vec<BlockMove> = (1..6).map(|k| mv(256 * k, 256 * (k - 1), 256)).collect();
         assert_eq!(all(&chain, 128), [Batch::Slide(chain.clone())]);
         assert_eq!(all(&chain, 2).len(), 3);
         // One block sliding over itself is a slide of one.
@@ -402,7 +383,7 @@ mod tests {
             [Batch::Slide(vec![mv(64, 48, 32)])]
         );
         // Holes spread over the pool: a slide longer than any independent run.
-        let spread: Vec<CopyMove> = (0..64).map(|k| mv(512 * k + 256, 256 * k, 256)).collect();
+        let spread: Vec<BlockMove> = (0..64).map(|k| mv(512 * k + 256, 256 * k, 256)).collect();
         assert_eq!(all(&spread, 128), [Batch::Slide(spread.clone())]);
     }
 
@@ -410,7 +391,7 @@ mod tests {
     fn a_spread_slide_gathers_doubling_runs() {
         // 64 blocks of 100 bytes with a 100-byte hole before each: block k moves from
         // 200k + 100 to 100k. Not 16-byte aligned, so no slide.
-        let moves: Vec<CopyMove> = (0..64).map(|k| mv(200 * k + 100, 100 * k, 100)).collect();
+        let moves: Vec<BlockMove> = (0..64).map(|k| mv(200 * k + 100, 100 * k, 100)).collect();
         let sizes: Vec<usize> = all(&moves, 128)
             .iter()
             .map(|b| match b {
@@ -428,7 +409,7 @@ mod tests {
 
     #[test]
     fn relocations_into_holes_go_together() {
-        let moves: Vec<CopyMove> = (0..300)
+        let moves: Vec<BlockMove> = (0..300)
             .map(|k| mv(1000 * k, 1_000_000 + 1000 * k, 600))
             .collect();
         let b = all(&moves, 128);
@@ -441,7 +422,7 @@ mod tests {
     fn unaligned_chains_and_self_overlaps_stay_apart() {
         // Each block slides onto the last one's old place: a dependency chain, at
         // offsets the slide kernel does not take.
-        let chain: Vec<CopyMove> = (1..6).map(|k| mv(100 * k, 100 * (k - 1), 100)).collect();
+        let chain: Vec<BlockMove> = (1..6).map(|k| mv(100 * k, 100 * (k - 1), 100)).collect();
         assert!(
             all(&chain, 128)
                 .iter()

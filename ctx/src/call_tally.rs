@@ -1,12 +1,12 @@
-//! The VMM driver calls a [`super::CudaDevice`] makes, counted and timed on the host,
-//! so a benchmark can tell where the time of a pool's growth goes.
+//! Driver calls counted and timed on the host, so a benchmark can tell where
+//! the time of a pool's growth goes: the record the CUDA backend keeps of its
+//! VMM calls. Plain data and arithmetic, so it lives outside the backend.
 
 use std::time::{Duration, Instant};
 
-use super::driver::RawResult;
-
 /// How often one driver entry point was called and the host time it took.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CallTally {
     /// Calls that returned (successful or not).
     pub calls: u64,
@@ -17,8 +17,9 @@ pub struct CallTally {
 }
 
 impl CallTally {
-    /// Times one call covering `bytes`.
-    pub(crate) fn record(&mut self, bytes: u64, call: impl FnOnce() -> RawResult) -> RawResult {
+    /// Times one call covering `bytes`; returns what the call returned.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn record<T>(&mut self, bytes: u64, call: impl FnOnce() -> T) -> T {
         let start = Instant::now();
         let code = call();
         self.time += start.elapsed();
@@ -48,10 +49,11 @@ impl CallTally {
     }
 }
 
-/// The VMM driver calls a [`super::CudaDevice`] has made: a growth of a pool is one
+/// The VMM driver calls a device has made (`CudaDevice::vmm_calls`): a growth of a pool is one
 /// `cuMemCreate`, one `cuMemMap` and one `cuMemSetAccess` of the whole growth; the
 /// reservation is made once, when the pool is created.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct VmmCalls {
     /// `cuMemAddressReserve`.
     pub reserve: CallTally,
@@ -84,5 +86,31 @@ impl VmmCalls {
     /// cost.
     pub fn growth_time(&self) -> Duration {
         self.create.time + self.map.time + self.set_access.time
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tallies_count_calls_bytes_and_time_and_subtract() {
+        let mut tally = CallTally::default();
+        assert_eq!(tally.micros_per_call(), 0.0);
+        assert_eq!(tally.record(4096, || 7), 7);
+        assert_eq!(tally.record(100, || 0), 0);
+        assert_eq!((tally.calls, tally.bytes), (2, 4196));
+        let earlier = tally;
+        tally.record(50, || ());
+        let since = tally.since(&earlier);
+        assert_eq!((since.calls, since.bytes), (1, 50));
+        assert!(since.time <= tally.time);
+        let calls = VmmCalls {
+            create: tally,
+            map: tally,
+            ..VmmCalls::default()
+        };
+        assert_eq!(calls.growth_time(), tally.time * 2);
+        assert_eq!(calls.since(&calls), VmmCalls::default());
     }
 }

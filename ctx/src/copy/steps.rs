@@ -8,6 +8,11 @@
 //! that would take millions of calls, so pieces then bounce through a scratch buffer:
 //! two copies per piece, but pieces as large as the scratch.
 
+/// The scratch buffer a backend offers overlapping copies to bounce
+/// through, bytes: a piece this large takes far longer to copy than one
+/// driver call costs to issue (BENCHMARKS.md, "Compaction bandwidth").
+pub(crate) const SCRATCH_BYTES: u64 = 16 << 20;
+
 /// One driver copy (or a pair of them through the scratch buffer). Addresses are
 /// absolute device addresses, lengths bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +26,7 @@ pub(crate) enum CopyStep {
 
 /// Steps that copy `len` bytes from `src` to `dst` with memmove semantics when issued in
 /// order on one stream. `scratch_bytes` is the scratch buffer on offer (0: none).
-pub(crate) fn plan(src: u64, dst: u64, len: u64, scratch_bytes: u64) -> Vec<CopyStep> {
+pub(crate) fn steps(src: u64, dst: u64, len: u64, scratch_bytes: u64) -> Vec<CopyStep> {
     if len == 0 || src == dst {
         return Vec::new();
     }
@@ -113,7 +118,7 @@ mod tests {
                         let mut actual = original.clone();
                         run(
                             &mut actual,
-                            &plan(src, dst, len, scratch_bytes),
+                            &steps(src, dst, len, scratch_bytes),
                             scratch_bytes,
                         );
                         assert_eq!(
@@ -128,9 +133,9 @@ mod tests {
 
     #[test]
     fn disjoint_ranges_take_one_copy() {
-        let steps = plan(0, 1 << 20, 1 << 20, 16 << 20);
+        let found = steps(0, 1 << 20, 1 << 20, 16 << 20);
         assert_eq!(
-            steps,
+            found,
             [CopyStep::Direct {
                 src: 0,
                 dst: 1 << 20,
@@ -143,20 +148,20 @@ mod tests {
     fn small_slide_of_a_large_block_bounces_through_scratch() {
         let gib = 1u64 << 30;
         let scratch = 16u64 << 20;
-        let steps = plan(gib + 256, gib, gib, scratch);
-        assert_eq!(steps.len() as u64, gib / scratch);
+        let found = steps(gib + 256, gib, gib, scratch);
+        assert_eq!(found.len() as u64, gib / scratch);
         assert!(
-            steps
+            found
                 .iter()
                 .all(|s| matches!(s, CopyStep::ViaScratch { .. }))
         );
         // Without scratch the same slide still works, one 256-byte piece at a time.
-        assert_eq!(plan(gib + 256, gib, 4096, 0).len(), 16);
+        assert_eq!(steps(gib + 256, gib, 4096, 0).len(), 16);
     }
 
     #[test]
     fn nothing_to_copy_is_no_steps() {
-        assert!(plan(5, 5, 100, 0).is_empty());
-        assert!(plan(5, 9, 0, 0).is_empty());
+        assert!(steps(5, 5, 100, 0).is_empty());
+        assert!(steps(5, 9, 0, 0).is_empty());
     }
 }

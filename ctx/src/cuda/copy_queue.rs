@@ -1,12 +1,12 @@
 //! How a [`super::CudaDevice`] copies device memory: a batch of moves queued on the
 //! legacy default stream without waiting between them, and one wait at the end.
 //!
-//! Runs of moves that may go together ([`super::move_batch`]) are one launch of the
+//! Runs of moves that may go together ([`crate::copy::batches`]) are one launch of the
 //! `move_blocks` kernel each (`kernels::moves`), up to [`MAX_MOVES`] moves a launch;
 //! runs that form a slide are one launch of `slide_blocks` each, which orders the
 //! moves inside the launch through a small buffer of marks (zeroed by a
 //! `cuMemsetD32Async` before each launch); every other move is `cuMemcpyDtoDAsync`,
-//! cut into pieces by [`super::copy_plan`] when it overlaps itself. Queuing
+//! cut into steps by [`crate::copy::steps`] when it overlaps itself. Queuing
 //! everything before waiting once lets the device run the copies back to back, and
 //! the kernels copy many small blocks at the bandwidth of one large copy. When the
 //! kernels cannot be loaded (the driver refuses the PTX), everything goes through
@@ -21,24 +21,19 @@ use kernels::moves::{
 
 use super::{
     CudaContext, Function, LaunchConfig,
-    copy_plan::{self, CopyStep},
     driver::{self, check},
-    move_batch::{self, Batch},
     stream::EventTimer,
 };
-use crate::device::CopyMove;
+use crate::copy::{self, Batch, CopyStep, SCRATCH_BYTES};
 use crate::{Error, Result};
-
-/// The scratch buffer overlapping copies bounce through, bytes (see [`copy_plan`]).
-/// At ~3.8 TB/s a piece this size takes about 10 µs, well above a call's overhead.
-const SCRATCH_BYTES: u64 = 16 << 20;
 
 /// Fewest `u32` marks the slide kernel's buffer is allocated for (1 MiB of chunks
 /// is 32 GiB of moves), so it is rarely allocated twice.
 const SLIDE_SYNC_WORDS: u64 = 1 << 18;
 
 /// What the copies of a [`super::CudaDevice`] have been so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CopyCalls {
     /// Batches handed over (`copy_moves` calls; `copy_within` is a batch of one).
     pub batches: u64,
@@ -112,7 +107,7 @@ enum MoveKernel {
 /// The copying half of a [`super::CudaDevice`]: its kernel, its scratch buffer and
 /// its counts.
 #[derive(Debug)]
-pub(crate) struct Mover {
+pub(crate) struct CopyQueue {
     context: CudaContext,
     kernel: MoveKernel,
     /// The bounce buffer for overlapping copies, once allocated.
@@ -126,17 +121,6 @@ pub(crate) struct Mover {
     calls: CopyCalls,
 }
 
-/// `run` as the copy kernels' parameters take it.
-pub(crate) fn block_moves(run: &[CopyMove]) -> Vec<BlockMove> {
-    run.iter()
-        .map(|m| BlockMove {
-            src: m.src,
-            dst: m.dst,
-            len: m.len,
-        })
-        .collect()
-}
-
 fn nanos(time: Duration) -> u64 {
     u64::try_from(time.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -148,9 +132,9 @@ fn to_usize(bytes: u64) -> Result<usize> {
     })
 }
 
-impl Mover {
+impl CopyQueue {
     pub(crate) fn new(context: &CudaContext) -> Self {
-        Mover {
+        CopyQueue {
             context: context.clone(),
             kernel: MoveKernel::NotLoaded,
             scratch: None,
@@ -184,8 +168,8 @@ impl Mover {
                     let moves = module.function(MOVE_BLOCKS.name())?;
                     let slide = module.function(SLIDE_BLOCKS.name())?;
                     // Under lazy loading (the driver's default) the code reaches the
-                    // device at its first launch, about 0.2 ms on an H200; empty
-                    // launches now keep that out of the first compaction.
+                    // device at its first launch; empty launches now keep that out of
+                    // the first compaction (its cost is in `kernel_load_micros`).
                     let empty = MoveBlocksParams::new(&[]).ok_or(Error::Device {
                         op: "load move_blocks",
                         detail: "no parameters for an empty launch".into(),
@@ -235,7 +219,7 @@ impl Mover {
     /// Each batch is queued as soon as it is formed, so the device starts copying
     /// while the host still groups the rest. Events around the copies time them on
     /// the device ([`CopyCalls::device_nanos`]).
-    pub(crate) fn copy(&mut self, moves: &[CopyMove], started: Instant) -> Result<()> {
+    pub(crate) fn copy(&mut self, moves: &[BlockMove], started: Instant) -> Result<()> {
         self.calls.batches += 1;
         self.calls.moves += moves.len() as u64;
         self.calls.bytes += moves.iter().map(|m| m.len).sum::<u64>();
@@ -266,8 +250,8 @@ impl Mover {
     }
 
     /// Queues every copy of `moves`, batch after batch.
-    fn queue(&mut self, moves: &[CopyMove]) -> Result<()> {
-        for batch in move_batch::batches(moves, MAX_MOVES) {
+    fn queue(&mut self, moves: &[BlockMove]) -> Result<()> {
+        for batch in copy::batches(moves, MAX_MOVES) {
             match batch {
                 Batch::Together(run) => {
                     if !self.launch(&run)? {
@@ -292,15 +276,14 @@ impl Mover {
     /// One launch of the slide kernel for `run` (at most [`MAX_MOVES`] moves that
     /// form a slide), after zeroing its marks; `false` if the kernel is not usable or
     /// its buffer cannot be had, so the caller copies the moves itself.
-    fn launch_slide(&mut self, run: &[CopyMove]) -> Result<bool> {
+    fn launch_slide(&mut self, run: &[BlockMove]) -> Result<bool> {
         if self.load_kernel().is_err() {
             return Ok(false);
         }
-        let block_moves = block_moves(run);
-        if !SlideBlocksParams::is_slide(&block_moves) {
+        if !SlideBlocksParams::is_slide(run) {
             return Ok(false);
         }
-        let Some(moves) = MoveBlocksParams::new(&block_moves) else {
+        let Some(moves) = MoveBlocksParams::new(run) else {
             return Ok(false);
         };
         let mut params = SlideBlocksParams { moves, sync: 0 };
@@ -364,7 +347,7 @@ impl Mover {
 
     /// One launch of the kernel for `run` (at most [`MAX_MOVES`] independent moves);
     /// `false` if the kernel is not usable, so the caller copies them itself.
-    fn launch(&mut self, run: &[CopyMove]) -> Result<bool> {
+    fn launch(&mut self, run: &[BlockMove]) -> Result<bool> {
         if self.load_kernel().is_err() {
             return Ok(false);
         }
@@ -374,8 +357,7 @@ impl Mover {
         else {
             return Ok(false);
         };
-        let block_moves = block_moves(run);
-        let Some(params) = MoveBlocksParams::new(&block_moves) else {
+        let Some(params) = MoveBlocksParams::new(run) else {
             // More chunks than one launch numbers (tens of TiB): copy them one by one.
             return Ok(false);
         };
@@ -412,15 +394,15 @@ impl Mover {
         self.scratch
     }
 
-    /// One move that may overlap itself, in the steps [`copy_plan`] cuts.
-    fn copy_alone(&mut self, m: CopyMove) -> Result<()> {
-        let mut steps = copy_plan::plan(m.src, m.dst, m.len, SCRATCH_BYTES);
+    /// One move that may overlap itself, in the steps [`copy::steps`] cuts.
+    fn copy_alone(&mut self, m: BlockMove) -> Result<()> {
+        let mut steps = copy::steps(m.src, m.dst, m.len, SCRATCH_BYTES);
         let needs_scratch = steps
             .iter()
             .any(|s| matches!(s, CopyStep::ViaScratch { .. }));
         let scratch = if needs_scratch { self.scratch() } else { None };
         if needs_scratch && scratch.is_none() {
-            steps = copy_plan::plan(m.src, m.dst, m.len, 0);
+            steps = copy::steps(m.src, m.dst, m.len, 0);
         }
         for step in steps {
             match (step, scratch) {
@@ -458,7 +440,7 @@ impl Mover {
     }
 }
 
-impl Drop for Mover {
+impl Drop for CopyQueue {
     fn drop(&mut self) {
         let buffers: Vec<CUdeviceptr> = self
             .scratch
