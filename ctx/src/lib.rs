@@ -38,6 +38,6 @@ pub use sim::{SimConfig, SimCounters, SimDevice};
 /// The CUDA backend (feature `cuda`): see the crate docs.
 #[cfg(feature = "cuda")]
 pub use cuda::{
-    CopyBandwidth, CopyCalls, CudaContext, CudaDevice, Function, FunctionAttributes,
-    LargestAllocation, LaunchConfig, Limit, MemoryDelta, Module, Stream,
+    CopyBandwidth, CopyCalls, CudaContext, CudaDevice, DeviceHeap, Event, ForeignStream, Function,
+    FunctionAttributes, LargestAllocation, LaunchConfig, Limit, MemoryDelta, Module, Stream,
 };

@@ -2,7 +2,7 @@
 //! [`StreamEvents`] on the streams PyTorch passes in.
 
 use ctx::DeviceMemory;
-use ctx::cuda::{CudaContext, CudaDevice, Event, ForeignStream};
+use ctx::{CudaContext, CudaDevice, Event, ForeignStream};
 
 use crate::Result;
 use crate::events::StreamEvents;

@@ -33,13 +33,13 @@ fn guarded<T>(name: &str, failed: T, call: impl FnOnce() -> T) -> T {
 /// # Safety
 ///
 /// `stream` is null, a special stream handle, or a live stream of the device's
-/// primary context, as `ctx::cuda::ForeignStream::from_raw` requires.
+/// primary context, as `ctx::ForeignStream::from_raw` requires.
 unsafe fn caller_stream(stream: *mut c_void) -> CallerStream {
     let id = StreamId(stream as usize as u64);
     #[cfg(feature = "cuda")]
     {
         // SAFETY: the caller's promise, passed on.
-        let cuda = unsafe { ctx::cuda::ForeignStream::from_raw(stream) };
+        let cuda = unsafe { ctx::ForeignStream::from_raw(stream) };
         CallerStream::new(id, cuda)
     }
     #[cfg(not(feature = "cuda"))]

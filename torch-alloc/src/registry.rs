@@ -21,13 +21,13 @@ const MAX_ERROR_MESSAGES: u64 = 32;
 pub struct CallerStream {
     id: StreamId,
     #[cfg(feature = "cuda")]
-    cuda: ctx::cuda::ForeignStream,
+    cuda: ctx::ForeignStream,
 }
 
 impl CallerStream {
     /// The stream of a C call: its handle as a number, and (feature `cuda`) as a
     /// driver handle its caller vouched for.
-    pub fn new(id: StreamId, #[cfg(feature = "cuda")] cuda: ctx::cuda::ForeignStream) -> Self {
+    pub fn new(id: StreamId, #[cfg(feature = "cuda")] cuda: ctx::ForeignStream) -> Self {
         Self {
             id,
             #[cfg(feature = "cuda")]
@@ -49,7 +49,7 @@ impl FromCaller for StreamId {
 }
 
 #[cfg(feature = "cuda")]
-impl FromCaller for ctx::cuda::ForeignStream {
+impl FromCaller for ctx::ForeignStream {
     fn from_caller(caller: CallerStream) -> Self {
         caller.cuda
     }
@@ -185,7 +185,7 @@ fn open(device: i32) -> Result<Box<dyn AnyDevice>> {
 
 #[cfg(feature = "cuda")]
 fn open_driver(device: i32, settings: &Settings) -> Result<Box<dyn AnyDevice>> {
-    use ctx::cuda::{CudaContext, CudaDevice};
+    use ctx::{CudaContext, CudaDevice};
     let ordinal = u32::try_from(device).map_err(|_| Error::BadDevice { device })?;
     let context = CudaContext::new(ordinal)?;
     let memory = CudaDevice::new(&context)?;

@@ -32,7 +32,7 @@ impl DeviceHeap {
     /// from `pool`, plus its descriptor.
     pub fn new(pool: Pool<CudaDevice>, bytes: u64) -> Result<Self> {
         let descriptor = pool.allocate(DESCRIPTOR_BYTES, REGION_ALIGN, None)?;
-        pool.pin(descriptor)?;
+        pool.pin(descriptor)?.hold_until_freed();
         pool.write(descriptor, 0, &vec![0u8; DESCRIPTOR_BYTES as usize])?;
         let mut heap = Self {
             pool,
@@ -78,7 +78,7 @@ impl DeviceHeap {
         let added = self
             .pool
             .pin(region)
-            .and_then(|()| self.pool.device_ptr(region))
+            .map(|guard| guard.hold_until_freed())
             .and_then(|base| {
                 self.table
                     .with_region(base, chunks)
@@ -89,7 +89,6 @@ impl DeviceHeap {
         let table = match added {
             Ok(table) => table,
             Err(e) => {
-                let _ = self.pool.unpin(region);
                 let _ = self.pool.free(region);
                 return Err(e);
             }

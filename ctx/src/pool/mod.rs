@@ -417,6 +417,18 @@ impl<D: DeviceMemory> PinGuard<'_, D> {
     pub fn handle(&self) -> Handle {
         self.handle
     }
+
+    /// Ends the guard but not the pin: the block stays where it is until it
+    /// is freed. For blocks whose address is handed to code that outlives
+    /// any guard (a device heap's regions, a kernel's descriptor). Returns
+    /// the block's device address.
+    pub fn hold_until_freed(self) -> u64 {
+        let ptr = self.ptr;
+        // The guard owns nothing but the duty to unpin, which is what this
+        // gives up.
+        std::mem::forget(self);
+        ptr
+    }
 }
 
 impl<D: DeviceMemory> Drop for PinGuard<'_, D> {

@@ -5,7 +5,7 @@
 //! is filled and checked on the device; launches are timed with events.
 
 use anyhow::{Context as _, Result};
-use ctx::cuda::{CudaContext, CudaDevice, DeviceHeap, LaunchConfig, Limit, Module};
+use ctx::{CudaContext, CudaDevice, DeviceHeap, LaunchConfig, Limit, Module};
 use ctx::{DeviceMemory as _, Pool, PoolConfig};
 use kernels::cm_heap::{self, CmCounters};
 use kernels::heap::{self, HeapCounters, HeapParams};
