@@ -14,7 +14,7 @@
 //! The host zeroes the descriptor, writes the [`RegionTable`] and sets one
 //! bit of the free map per chunk ([`free_map_words`]); after a launch it reads
 //! the [`CmCounters`] and, if requests failed for lack of room, adds a region
-//! of [`growth_chunks`] chunks. `ctx::cuda::DeviceHeap` does this.
+//! of [`growth_chunks`] chunks. `ctx::DeviceHeap` does this.
 //!
 //! The kernels take [`HeapParams`] and report into [`HeapCounters`] like
 //! CUDA's malloc kernels in [`crate::heap`]; they find the heap through the
