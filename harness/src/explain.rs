@@ -4,6 +4,7 @@
 //! Predicted from a built-in device profile, or measured on a GPU (feature
 //! `cuda`).
 
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow};
@@ -79,19 +80,21 @@ pub fn run(args: ExplainArgs) -> Result<()> {
             }
         }
     };
+    let mut out = crate::output::stdout();
     if args.json {
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::to_string(&to_json(&explained, &args.kernel_local_bytes))?
-        );
+        )?;
     } else {
-        print!("{}", explained.ledger);
+        write!(out, "{}", explained.ledger)?;
     }
     if let Some(path) = &args.report {
         std::fs::write(path, ledger_page(&explained)?)
             .with_context(|| format!("writing the report to {}", path.display()))?;
         if !args.json {
-            println!("report: {}", path.display());
+            writeln!(out, "report: {}", path.display())?;
         }
     }
     Ok(())

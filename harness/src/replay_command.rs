@@ -81,7 +81,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
 
     let record = report_path.is_some();
     let mut replayed: Vec<Replayed> = Vec::new();
-    let stdout = std::io::stdout();
+    let mut out = crate::output::stdout();
     for trace in traces {
         let progress = progress_bar(&trace, policies.len());
         let mut outcomes = Vec::new();
@@ -94,7 +94,6 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         }
         progress.finish_and_clear();
         let summary = TraceSummary::new(&trace, args.capacity, &outcomes);
-        let mut out = stdout.lock();
         if args.json {
             writeln!(out, "{}", serde_json::to_string(&summary)?)?;
         } else {
@@ -127,7 +126,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         std::fs::write(&path, html)
             .with_context(|| format!("writing the report to {}", path.display()))?;
         if !args.json {
-            println!("report: {}", path.display());
+            writeln!(crate::output::stdout(), "report: {}", path.display())?;
         }
     }
     Ok(())
