@@ -67,6 +67,7 @@ fn run(args: Vec<String>) -> Result<()> {
             println!("{USAGE}");
             Ok(())
         }
+        [] => bail!("no command given\n\n{USAGE}"),
         _ => bail!("unknown arguments {args:?}\n\n{USAGE}"),
     }
 }
@@ -77,4 +78,26 @@ fn workspace_root() -> PathBuf {
         .parent()
         .expect("xtask/ sits in the workspace root")
         .to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_arguments_is_an_error_that_lists_the_commands() {
+        let error = run(Vec::new()).unwrap_err().to_string();
+        assert!(error.starts_with("no command given"), "{error}");
+        assert!(!error.contains("unknown arguments"), "{error}");
+        for command in ["ci", "cuda-tools", "ptx", "stub", "gpu-test", "gpu-bundle DIR"] {
+            assert!(error.contains(&format!("\n  {command}")), "{command}: {error}");
+        }
+    }
+
+    #[test]
+    fn help_is_a_success() {
+        for flag in ["help", "--help", "-h"] {
+            assert!(run(vec![flag.to_owned()]).is_ok(), "{flag}");
+        }
+    }
 }
