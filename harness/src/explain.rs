@@ -13,7 +13,7 @@ use plotters::prelude::*;
 use serde_json::{Map, Value, json};
 
 use crate::byte_size::{self, human};
-use crate::report::{escape, page};
+use crate::report::{Swatch, escape, legend, page};
 
 /// Arguments of `cudamem explain`.
 #[derive(Debug, clap::Args)]
@@ -248,6 +248,7 @@ fn ledger_page(explained: &Explained) -> Result<String> {
     } else {
         &[Column::Predicted]
     };
+    let mut entries = Vec::new();
     let mut svg = String::new();
     {
         let height = 140 + 60 * rows.len() as u32;
@@ -270,7 +271,7 @@ fn ledger_page(explained: &Explained) -> Result<String> {
                 ),
                 ("sans-serif", 16),
             )
-            .build_cartesian_2d(0f64..span * 1.45, 0f64..rows.len() as f64)?;
+            .build_cartesian_2d(0f64..span * 1.05, 0f64..rows.len() as f64)?;
         chart
             .configure_mesh()
             .disable_y_mesh()
@@ -295,22 +296,17 @@ fn ledger_page(explained: &Explained) -> Result<String> {
                     ));
                 }
             }
-            chart
-                .draw_series(bars)?
-                .label(format!("{} ({})", item.name, human(item.predicted)))
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
-                });
+            chart.draw_series(bars)?;
+            entries.push((
+                format!("{} ({})", item.name, human(item.predicted)),
+                color,
+                Swatch::Box,
+            ));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()?;
         root.present()?;
     }
     let mut body = svg;
+    body += &legend(&entries);
     body += "<table><tr><th>item</th><th>predicted</th><th>measured</th><th>why</th></tr>\n";
     for item in &ledger.items {
         body += &format!(

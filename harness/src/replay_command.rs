@@ -120,6 +120,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                     .iter()
                     .map(|(outcome, placement)| (outcome, placement))
                     .collect(),
+                extra_curves: Vec::new(),
             })
             .collect();
         let html = report::replay_page(&reports)?;
