@@ -4,6 +4,7 @@
 //! Predicted from a built-in device profile, or measured on a GPU (feature
 //! `cuda`).
 
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow};
@@ -12,7 +13,7 @@ use plotters::prelude::*;
 use serde_json::{Map, Value, json};
 
 use crate::byte_size::{self, human};
-use crate::report::{escape, page};
+use crate::report::{Swatch, escape, legend, page};
 
 /// Arguments of `cudamem explain`.
 #[derive(Debug, clap::Args)]
@@ -87,19 +88,21 @@ pub fn run(args: ExplainArgs) -> Result<()> {
             }
         }
     };
+    let mut out = crate::output::stdout();
     if args.json {
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::to_string(&to_json(&explained, &args.kernel_local_bytes))?
-        );
+        )?;
     } else {
-        print!("{}", explained.ledger);
+        write!(out, "{}", explained.ledger)?;
     }
     if let Some(path) = &args.report {
         std::fs::write(path, ledger_page(&explained)?)
             .with_context(|| format!("writing the report to {}", path.display()))?;
         if !args.json {
-            println!("report: {}", path.display());
+            writeln!(out, "report: {}", path.display())?;
         }
     }
     Ok(())
@@ -253,6 +256,7 @@ fn ledger_page(explained: &Explained) -> Result<String> {
     } else {
         &[Column::Predicted]
     };
+    let mut entries = Vec::new();
     let mut svg = String::new();
     {
         let height = 140 + 60 * rows.len() as u32;
@@ -275,7 +279,7 @@ fn ledger_page(explained: &Explained) -> Result<String> {
                 ),
                 ("sans-serif", 16),
             )
-            .build_cartesian_2d(0f64..span * 1.45, 0f64..rows.len() as f64)?;
+            .build_cartesian_2d(0f64..span * 1.05, 0f64..rows.len() as f64)?;
         chart
             .configure_mesh()
             .disable_y_mesh()
@@ -300,22 +304,17 @@ fn ledger_page(explained: &Explained) -> Result<String> {
                     ));
                 }
             }
-            chart
-                .draw_series(bars)?
-                .label(format!("{} ({})", item.name, human(item.predicted)))
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
-                });
+            chart.draw_series(bars)?;
+            entries.push((
+                format!("{} ({})", item.name, human(item.predicted)),
+                color,
+                Swatch::Box,
+            ));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()?;
         root.present()?;
     }
     let mut body = svg;
+    body += &legend(&entries);
     body += "<table><tr><th>item</th><th>predicted</th><th>measured</th><th>why</th></tr>\n";
     for item in &ledger.items {
         body += &format!(

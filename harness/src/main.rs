@@ -20,6 +20,7 @@ mod explain;
 mod explain_snapshot;
 mod malloc_heap;
 mod memory_map;
+mod output;
 mod policy;
 mod pool_policy;
 mod replay;
@@ -32,14 +33,22 @@ mod summary;
 mod trace;
 mod trace_file;
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Where did my GPU memory go? Replays allocation traces through allocation
-/// policies, and explains what a CUDA context costs.
+/// What `cudamem --help` opens with: what the command is for, and what a
+/// bare `cudamem` does.
+const ABOUT: &str = "Where did my GPU memory go? cudamem replays recorded allocation traces \
+(RMM logs, PyTorch memory snapshots) through allocation policies to compare their footprint \
+and compaction cost, and explains what a CUDA context takes before the first allocation.
+
+With no command, cudamem replays its built-in ResNet-50 training trace, prints the table and \
+writes the HTML report cudamem-report.html in the current directory.";
+
 #[derive(Debug, Parser)]
-#[command(name = "cudamem", version, about)]
+#[command(name = "cudamem", version, about = ABOUT, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -64,8 +73,12 @@ fn main() -> ExitCode {
         Some(Command::Explain(args)) => explain::run(args),
         Some(Command::Heap(args)) => malloc_heap::run(args),
     };
+    // What is still buffered must reach the reader, or the failure be told.
+    let result = result.and_then(|()| Ok(output::stdout().flush()?));
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader has all it wanted (`cudamem explain | head -1`).
+        Err(err) if output::is_closed_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("cudamem: {err:#}");
             ExitCode::FAILURE

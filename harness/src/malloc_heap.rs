@@ -10,6 +10,8 @@
 //! feature it measures instead: it runs the pattern with the heap set to a
 //! size, and searches for the smallest size with no NULL.
 
+use std::io::Write as _;
+
 use anyhow::Result;
 use serde::Serialize;
 
@@ -118,6 +120,7 @@ pub fn run(args: HeapArgs) -> Result<()> {
         )?),
         None => None,
     };
+    let mut out = crate::output::stdout();
     if args.json {
         let value = serde_json::json!({
             "sizes": args.sizes,
@@ -128,10 +131,11 @@ pub fn run(args: HeapArgs) -> Result<()> {
             ),
             "measured": measured,
         });
-        println!("{value}");
+        writeln!(out, "{value}")?;
         return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "pattern: {} threads, each holding {} ({} requested bytes per thread)",
         args.threads,
         args.sizes
@@ -140,21 +144,24 @@ pub fn run(args: HeapArgs) -> Result<()> {
             .collect::<Vec<_>>()
             .join(" + "),
         prediction.requested_bytes_per_thread
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "prediction (no GPU measured): minimum heap {} ({} B), recommended cudaLimitMallocHeapSize {} ({} B)",
         human(prediction.minimum_heap_bytes),
         prediction.minimum_heap_bytes,
         human(prediction.recommended_heap_bytes),
         prediction.recommended_heap_bytes
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "model: each block takes its size rounded up to {BLOCK_GRANULE_BYTES} B plus a {BLOCK_HEADER_BYTES} B header \
          (an assumption; NVIDIA does not document the device heap); the recommendation adds \
          {HEADROOM_PERCENT}% because the H200's heap returned NULL early under a million concurrent callers"
-    );
+    )?;
     if let Some(measured) = measured {
-        println!(
+        writeln!(
+            out,
             "measured on the GPU: smallest heap with no NULL {}; tried {}",
             measured.smallest_sufficient_bytes.map_or_else(
                 || "not found".into(),
@@ -171,7 +178,7 @@ pub fn run(args: HeapArgs) -> Result<()> {
                 ))
                 .collect::<Vec<_>>()
                 .join(", ")
-        );
+        )?;
     }
     Ok(())
 }

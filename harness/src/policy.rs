@@ -64,6 +64,39 @@ impl PolicyName {
         PolicyName::PytorchExpandable,
     ];
 
+    /// What the policy does, in one line, for the report.
+    pub fn summary(self) -> &'static str {
+        match self {
+            PolicyName::FirstFit => {
+                "memcore's reference free list: each request takes the lowest free range that fits; never moves a block."
+            }
+            PolicyName::BestFit => {
+                "the same free list, taking the smallest free range that fits; never moves a block."
+            }
+            PolicyName::Tlsf => {
+                "memcore's two-level segregated fit: constant-time allocate and free over size classes; never moves a block."
+            }
+            PolicyName::TlsfCompact => {
+                "TLSF behind relocatable handles: when a request does not fit, it first moves the fewest blocks that make room, and grows only when no move can."
+            }
+            PolicyName::PoolVmm => {
+                "ctx's Pool on a simulated device, as it runs on a GPU: compacts before it grows, and grows by mapping 2 MiB VMM pages."
+            }
+            PolicyName::OffsetAllocator => {
+                "the offset-allocator crate (Sebastian Aaltonen's OffsetAllocator): constant-time, in one fixed arena; never moves a block."
+            }
+            PolicyName::RangeAlloc => {
+                "the range-alloc crate (wgpu's range allocator): best fit, grown at its end; never moves a block."
+            }
+            PolicyName::Stitch => {
+                "memcore's Stitch: best fit in a huge virtual range, each 2 MiB page backed by a physical handle only while a live block touches it (large handles inside large requests); never moves a block, footprint is physical bytes."
+            }
+            PolicyName::PytorchExpandable => {
+                "a model of PyTorch's expandable segments: 2 MiB pages for requests up to 1 MiB, 20 MiB pages above, mapped at the end and kept; for comparison."
+            }
+        }
+    }
+
     /// The name used on the command line and in reports.
     pub fn as_str(self) -> &'static str {
         match self {

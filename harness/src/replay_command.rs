@@ -128,7 +128,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
 
     let record = report_path.is_some();
     let mut replayed: Vec<Replayed> = Vec::new();
-    let stdout = std::io::stdout();
+    let mut out = crate::output::stdout();
     for trace in traces {
         let progress = progress_bar(&trace, policies.len());
         let mut outcomes = Vec::new();
@@ -141,7 +141,6 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         }
         progress.finish_and_clear();
         let summary = TraceSummary::new(&trace, args.capacity, &outcomes);
-        let mut out = stdout.lock();
         if args.json {
             writeln!(out, "{}", serde_json::to_string(&summary)?)?;
         } else {
@@ -168,13 +167,22 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                     .iter()
                     .map(|(outcome, placement)| (outcome, placement))
                     .collect(),
+                extra_curves: replayed
+                    .trace
+                    .recorded
+                    .iter()
+                    .map(|recorded| report::FootprintCurve {
+                        name: crate::summary::RECORDED_ROW,
+                        mapped: &recorded.reserved,
+                    })
+                    .collect(),
             })
             .collect();
         let html = report::replay_page(&reports)?;
         std::fs::write(&path, html)
             .with_context(|| format!("writing the report to {}", path.display()))?;
         if !args.json {
-            println!("report: {}", path.display());
+            writeln!(crate::output::stdout(), "report: {}", path.display())?;
         }
     }
     Ok(())

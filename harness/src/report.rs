@@ -20,16 +20,27 @@ const MAP_ROWS: usize = 120;
 /// Points of the live-bytes curve (each the peak of its stretch of events).
 const CURVE_POINTS: usize = 1000;
 
-/// One policy color per [`PolicyName::ALL`] entry, colorblind-safe (Okabe-Ito).
-const POLICY_COLORS: [RGBColor; 7] = [
+/// Curve colors, given in order to the footprint curves (policies in report
+/// order, then any extra curve such as a recorded allocator): Okabe-Ito's
+/// colorblind-safe set without its black, which is the live bytes', then a
+/// purple, an olive and a wine, all far from black.
+const CURVE_COLORS: [RGBColor; 9] = [
     RGBColor(230, 159, 0),
     RGBColor(86, 180, 233),
     RGBColor(0, 158, 115),
     RGBColor(213, 94, 0),
     RGBColor(0, 114, 178),
     RGBColor(204, 121, 167),
-    RGBColor(120, 120, 120),
+    RGBColor(117, 72, 166),
+    RGBColor(153, 153, 51),
+    RGBColor(136, 34, 85),
 ];
+
+/// The live bytes' curve.
+const LIVE_COLOR: RGBColor = BLACK;
+
+/// The memory maps' line of mapped bytes.
+const MAPPED_COLOR: RGBColor = RED;
 
 /// Occupancy shades of the memory map, from a sliver used to full.
 const OCCUPANCY_SHADES: [RGBColor; 4] = [
@@ -47,6 +58,19 @@ pub struct TraceReport<'a> {
     pub summary: &'a TraceSummary,
     /// Each policy's outcome and placement.
     pub policies: Vec<(&'a Outcome, &'a Placement)>,
+    /// More footprint curves drawn beside the policies' (e.g. what a
+    /// recorded allocator had reserved), in legend order after them.
+    pub extra_curves: Vec<FootprintCurve<'a>>,
+}
+
+/// A named curve of bytes mapped over a trace.
+#[derive(Debug, Clone, Copy)]
+pub struct FootprintCurve<'a> {
+    /// Its name in the legend.
+    pub name: &'a str,
+    /// Bytes mapped, as (event index from which it holds, bytes), in event
+    /// order, as [`Placement::mapped`].
+    pub mapped: &'a [(usize, u64)],
 }
 
 /// A whole HTML page around `body` (already HTML).
@@ -55,7 +79,10 @@ pub fn page(title: &str, body: &str) -> String {
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n\
          <style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}}\
          table{{border-collapse:collapse}}td,th{{padding:2px 10px;text-align:right;border-bottom:1px solid #ddd}}\
-         th:first-child,td:first-child{{text-align:left}}svg{{display:block;margin:1em 0}}</style>\n\
+         th:first-child,td:first-child{{text-align:left}}svg{{display:block;margin:1em 0 .3em}}\
+         .legend{{margin:0 0 1.5em 70px;line-height:1.8}}.legend span{{display:inline-block;margin-right:1.4em;white-space:nowrap}}\
+         .legend i{{display:inline-block;width:24px;height:3px;vertical-align:middle;margin-right:.4em}}\
+         .legend i.box{{width:14px;height:14px;border:1px solid #999}}</style>\n\
          </head><body>\n<h1>{title}</h1>\n{body}</body></html>\n",
         title = escape(title)
     )
@@ -69,9 +96,55 @@ pub fn escape(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// How a legend entry shows its color.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Swatch {
+    /// A line, for a curve.
+    Line,
+    /// A filled box, for an area.
+    Box,
+}
+
+/// A legend as HTML, laid out by the browser under its chart so it never
+/// covers the data or gets cut off by the chart's edge.
+pub fn legend(entries: &[(String, RGBColor, Swatch)]) -> String {
+    let mut html = String::from("<div class=\"legend\">");
+    for (name, RGBColor(r, g, b), swatch) in entries {
+        let class = match swatch {
+            Swatch::Line => "",
+            Swatch::Box => " class=\"box\"",
+        };
+        html += &format!(
+            "<span><i{class} style=\"background:rgb({r},{g},{b})\"></i>{}</span>",
+            escape(name)
+        );
+    }
+    html + "</div>\n"
+}
+
+/// What each policy is and what compaction costs, for the top of the page.
+fn policies_section() -> String {
+    let mut html = String::from("<h2>The policies</h2>\n<ul>\n");
+    for name in PolicyName::ALL {
+        html += &format!(
+            "<li><b>{}</b>: {}</li>\n",
+            name.as_str(),
+            escape(name.summary())
+        );
+    }
+    html += "</ul>\n<p><b>Moved bytes</b> (compaction moved): the bytes compaction copied, the sum of \
+             the sizes of the blocks it relocated to close gaps. Each moved byte is read and written \
+             once by a device-to-device copy, so a compaction costs time in proportion to its moved \
+             bytes (BENCHMARKS.md measures the copy kernels on an H200), and a block cannot be used \
+             while it moves. The policies that never move a block show 0 B and pay for their gaps in \
+             footprint instead.</p>\n";
+    html
+}
+
 /// The replay report for `traces`.
 pub fn replay_page(traces: &[TraceReport<'_>]) -> Result<String> {
     let mut body = format!("<p>{}</p>\n", escape(FOOTPRINT_RULE));
+    body += &policies_section();
     for report in traces {
         body += &trace_section(report)?;
     }
@@ -143,8 +216,47 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
                 .map_or(0, |recorded| recorded.peak_reserved_bytes),
         )
         .max(1);
+    let mut curves: Vec<FootprintCurve<'_>> = report
+        .policies
+        .iter()
+        .map(|(outcome, placement)| FootprintCurve {
+            name: outcome.policy.as_str(),
+            mapped: &placement.mapped,
+        })
+        .collect();
+    curves.extend(report.extra_curves.iter().copied());
+    let live = report.trace.live_bytes_curve();
+    let curve_legend = |live_name: &str| {
+        let mut entries: Vec<(String, RGBColor, Swatch)> = curves
+            .iter()
+            .enumerate()
+            .map(|(index, curve)| (curve.name.to_owned(), curve_color(index), Swatch::Line))
+            .collect();
+        entries.push((live_name.to_owned(), LIVE_COLOR, Swatch::Line));
+        legend(&entries)
+    };
     html += "<h3>Footprint and live bytes over the trace</h3>\n";
-    html += &footprint_chart(report, span)?;
+    html += &footprint_chart(&curves, &live, span)?;
+    html += &curve_legend("live bytes");
+    html += &format!(
+        "<h3>Overhead over the trace</h3>\n<p>What each policy had mapped above the highest live \
+         bytes so far, in percent of the trace's peak live bytes ({}): the memory its gaps cost. \
+         No allocator can map less than the live bytes, so 0% is the bound; where a curve ends is \
+         the table's footprint / live minus 1.</p>\n",
+        human(summary.peak_live_bytes)
+    );
+    html += &overhead_chart(&curves, &live, summary.peak_live_bytes)?;
+    html += &curve_legend("0%: the peak live bytes so far");
+    let same: Vec<String> = coinciding(&curves)
+        .iter()
+        .map(|names| names.join(" = "))
+        .collect();
+    if !same.is_empty() {
+        html += &format!(
+            "<p>Curves drawn over each other (the same footprint at every event): {}.</p>\n",
+            escape(&same.join("; "))
+        );
+    }
 
     let lifetimes = report.trace.lifetimes();
     let mut sizes = vec![0u64; report.trace.allocations as usize];
@@ -153,6 +265,10 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
             sizes[id as usize] = size;
         }
     }
+    html += &format!(
+        "<h3>Memory maps</h3>\n<p>{}</p>\n",
+        escape(MEMORY_MAP_INTRO)
+    );
     for (outcome, placement) in &report.policies {
         let raster = Raster::new(
             placement,
@@ -163,14 +279,61 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
             MAP_COLUMNS,
             MAP_ROWS,
         );
-        html += &format!(
-            "<h3>Memory map: {}</h3>\n<p>Address (y) over event index (x); darker is fuller. \
-             The red line is what the policy had mapped.</p>\n",
-            outcome.policy.as_str()
-        );
+        html += &format!("<h3>Memory map: {}</h3>\n", outcome.policy.as_str());
         html += &memory_map_chart(&raster, placement, report.trace.events.len(), span)?;
+        html += &memory_map_key();
     }
     Ok(html)
+}
+
+/// What the memory maps show and what to compare.
+const MEMORY_MAP_INTRO: &str = "Each map shows where a policy put the blocks: address upwards, event \
+index to the right, every cell shaded by how much of it live blocks filled; the red line is what the \
+policy had mapped. Compare across policies the room between the top of the dark area at its highest \
+and the red line: memory mapped but not usable when it mattered, which is what costs footprint. \
+Light cells above dense ones are holes left by freed blocks. A policy that compacts (tlsf-compact, \
+pool-vmm) packs its blocks low, so its red line sits just above the dark area.";
+
+/// The memory maps' colour key.
+fn memory_map_key() -> String {
+    let bands = OCCUPANCY_SHADES.len();
+    let mut entries: Vec<(String, RGBColor, Swatch)> = OCCUPANCY_SHADES
+        .iter()
+        .enumerate()
+        .map(|(band, &shade)| {
+            let low = if band == 0 { 1 } else { band * 100 / bands };
+            let high = (band + 1) * 100 / bands;
+            (format!("{low}-{high}% live"), shade, Swatch::Box)
+        })
+        .collect();
+    entries.push(("bytes mapped".to_owned(), MAPPED_COLOR, Swatch::Line));
+    legend(&entries)
+}
+
+/// Names of the curves that are the same as another, in groups, in legend
+/// order: in a chart the later hides the earlier.
+fn coinciding<'a>(curves: &[FootprintCurve<'a>]) -> Vec<Vec<&'a str>> {
+    // Each group: the index of its first curve, and the names.
+    let mut groups: Vec<(usize, Vec<&str>)> = Vec::new();
+    for (index, curve) in curves.iter().enumerate() {
+        match groups
+            .iter_mut()
+            .find(|(first, _)| curves[*first].mapped == curve.mapped)
+        {
+            Some((_, names)) => names.push(curve.name),
+            None => groups.push((index, vec![curve.name])),
+        }
+    }
+    groups
+        .into_iter()
+        .filter(|(_, names)| names.len() > 1)
+        .map(|(_, names)| names)
+        .collect()
+}
+
+/// The color of the footprint curve at `index` in legend order.
+fn curve_color(index: usize) -> RGBColor {
+    CURVE_COLORS[index % CURVE_COLORS.len()]
 }
 
 /// The unit an axis of `span` bytes reads best in.
@@ -183,12 +346,7 @@ fn axis_unit(span: u64) -> (f64, &'static str) {
 }
 
 /// A step curve of mapped bytes, ending at event `events`.
-fn mapped_steps(placement: &Placement, events: usize, unit: f64) -> Vec<(f64, f64)> {
-    steps(&placement.mapped, events, unit)
-}
-
-/// A step curve of (event from which it holds, bytes), ending at `events`.
-fn steps(mapped: &[(usize, u64)], events: usize, unit: f64) -> Vec<(f64, f64)> {
+fn mapped_steps(mapped: &[(usize, u64)], events: usize, unit: f64) -> Vec<(f64, f64)> {
     let mut points = Vec::with_capacity(mapped.len() * 2 + 1);
     let mut last = 0.0;
     for &(event, bytes) in mapped {
@@ -203,64 +361,95 @@ fn steps(mapped: &[(usize, u64)], events: usize, unit: f64) -> Vec<(f64, f64)> {
     points
 }
 
-fn footprint_chart(report: &TraceReport<'_>, span: u64) -> Result<String> {
-    let events = report.trace.events.len().max(1);
-    let (unit, unit_name) = axis_unit(span);
-    let live = report.trace.live_bytes_curve();
-    let stride = live.len().div_ceil(CURVE_POINTS).max(1);
-    let live_points: Vec<(f64, f64)> = live
+/// The peak of each stretch of `values`, at most [`CURVE_POINTS`] points,
+/// each at the event index its stretch starts.
+fn downsample(values: &[f64]) -> Vec<(f64, f64)> {
+    let stride = values.len().div_ceil(CURVE_POINTS).max(1);
+    values
         .chunks(stride)
         .enumerate()
         .map(|(chunk, values)| {
-            let peak = values.iter().copied().max().unwrap_or(0);
-            ((chunk * stride) as f64, peak as f64 / unit)
+            let peak = values.iter().copied().fold(f64::MIN, f64::max);
+            ((chunk * stride) as f64, peak)
         })
-        .collect();
+        .collect()
+}
 
+fn footprint_chart(curves: &[FootprintCurve<'_>], live: &[u64], span: u64) -> Result<String> {
+    let events = live.len().max(1);
+    let (unit, unit_name) = axis_unit(span);
+    let live: Vec<f64> = live.iter().map(|&bytes| bytes as f64 / unit).collect();
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (960, 420)).into_drawing_area();
         root.fill(&WHITE)?;
         let y_desc = format!("bytes ({unit_name})");
-        let mut chart = chart_on(&root, events, span as f64 * 1.05 / unit, &y_desc)?;
-        for (outcome, placement) in &report.policies {
-            let index = PolicyName::ALL
-                .iter()
-                .position(|&name| name == outcome.policy)
-                .unwrap_or(0);
-            let color = POLICY_COLORS[index % POLICY_COLORS.len()];
-            chart
-                .draw_series(LineSeries::new(
-                    mapped_steps(placement, events, unit),
-                    color.stroke_width(2),
-                ))?
-                .label(outcome.policy.as_str())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
+        let mut chart = chart_on(&root, events, 0.0, span as f64 * 1.05 / unit, &y_desc)?;
+        for (index, curve) in curves.iter().enumerate() {
+            chart.draw_series(LineSeries::new(
+                mapped_steps(curve.mapped, events, unit),
+                curve_color(index).stroke_width(2),
+            ))?;
         }
-        if let Some(recorded) = &report.trace.recorded {
-            let color = RGBColor(200, 30, 30);
-            chart
-                .draw_series(LineSeries::new(
-                    steps(&recorded.reserved, events, unit),
-                    color.stroke_width(2),
-                ))?
-                .label(crate::summary::RECORDED_ROW)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
+        chart.draw_series(LineSeries::new(
+            downsample(&live),
+            LIVE_COLOR.stroke_width(1),
+        ))?;
+        root.present()?;
+    }
+    Ok(svg)
+}
+
+/// For each event, bytes `mapped` above the highest live bytes up to it, in
+/// percent of `peak_live` bytes.
+fn overhead_percent(mapped: &[(usize, u64)], live: &[u64], peak_live: u64) -> Vec<f64> {
+    let mut steps = mapped.iter().peekable();
+    let mut mapped_now = 0u64;
+    let mut live_high = 0u64;
+    live.iter()
+        .enumerate()
+        .map(|(event, &bytes)| {
+            while let Some(&&(from, to)) = steps.peek() {
+                if from > event {
+                    break;
+                }
+                mapped_now = to;
+                steps.next();
+            }
+            live_high = live_high.max(bytes);
+            (mapped_now as f64 - live_high as f64) * 100.0 / peak_live.max(1) as f64
+        })
+        .collect()
+}
+
+fn overhead_chart(curves: &[FootprintCurve<'_>], live: &[u64], peak_live: u64) -> Result<String> {
+    let events = live.len().max(1);
+    let series: Vec<Vec<(f64, f64)>> = curves
+        .iter()
+        .map(|curve| downsample(&overhead_percent(curve.mapped, live, peak_live)))
+        .collect();
+    let values = || series.iter().flatten().map(|&(_, y)| y);
+    let high = values().fold(0.0f64, f64::max);
+    let low = values().fold(0.0f64, f64::min);
+    let margin = ((high - low) * 0.08).max(0.05);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (960, 360)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = chart_on(
+            &root,
+            events,
+            low - if low < 0.0 { margin } else { 0.0 },
+            high + margin,
+            "% of peak live bytes",
+        )?;
+        chart.draw_series(LineSeries::new(
+            [(0.0, 0.0), (events as f64, 0.0)],
+            LIVE_COLOR.stroke_width(1),
+        ))?;
+        for (index, points) in series.into_iter().enumerate() {
+            chart.draw_series(LineSeries::new(points, curve_color(index).stroke_width(2)))?;
         }
-        chart
-            .draw_series(LineSeries::new(live_points, BLACK.stroke_width(1)))?
-            .label("live bytes")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
         root.present()?;
     }
     Ok(svg)
@@ -275,6 +464,7 @@ type Chart<'a, 'b> = ChartContext<
 fn chart_on<'a, 'b>(
     root: &'a DrawingArea<SVGBackend<'b>, Shift>,
     events: usize,
+    y_min: f64,
     y_max: f64,
     y_desc: &str,
 ) -> Result<Chart<'a, 'b>> {
@@ -282,7 +472,7 @@ fn chart_on<'a, 'b>(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(0f64..events as f64, 0f64..y_max)?;
+        .build_cartesian_2d(0f64..events as f64, y_min..y_max)?;
     chart
         .configure_mesh()
         .disable_mesh()
@@ -305,7 +495,7 @@ fn memory_map_chart(
         let root = SVGBackend::with_string(&mut svg, (960, 380)).into_drawing_area();
         root.fill(&WHITE)?;
         let y_desc = format!("address ({unit_name})");
-        let mut chart = chart_on(&root, events.max(1), span as f64 / unit, &y_desc)?;
+        let mut chart = chart_on(&root, events.max(1), 0.0, span as f64 / unit, &y_desc)?;
         let mut cells = Vec::new();
         for (row, occupancy) in raster.cells.iter().enumerate() {
             let y0 = row as f64 * raster.bytes_per_row / unit;
@@ -329,8 +519,8 @@ fn memory_map_chart(
         }
         chart.draw_series(cells)?;
         chart.draw_series(LineSeries::new(
-            mapped_steps(placement, events, unit),
-            RED.stroke_width(2),
+            mapped_steps(&placement.mapped, events, unit),
+            MAPPED_COLOR.stroke_width(2),
         ))?;
         root.present()?;
     }
@@ -347,5 +537,134 @@ fn shade_of(occupancy: f64) -> Option<usize> {
                 .clamp(1, OCCUPANCY_SHADES.len())
                 - 1,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Arena;
+    use crate::replay;
+    use crate::trace_file;
+
+    #[test]
+    fn overhead_is_what_was_mapped_above_the_highest_live_bytes_so_far() {
+        let mapped = [(0, 100), (3, 200)];
+        let live = [50, 100, 80, 150, 100];
+        let percent = overhead_percent(&mapped, &live, 150);
+        let expected = [100.0 / 3.0, 0.0, 0.0, 100.0 / 3.0, 100.0 / 3.0];
+        assert_eq!(percent.len(), expected.len());
+        for (got, want) in percent.iter().zip(expected) {
+            assert!((got - want).abs() < 1e-9, "{percent:?}");
+        }
+    }
+
+    #[test]
+    fn curves_that_coincide_are_named_together() {
+        let one = [(0, 10), (5, 20)];
+        let other = [(0, 10)];
+        let curves = [
+            FootprintCurve {
+                name: "a",
+                mapped: &one,
+            },
+            FootprintCurve {
+                name: "b",
+                mapped: &other,
+            },
+            FootprintCurve {
+                name: "c",
+                mapped: &one,
+            },
+        ];
+        assert_eq!(coinciding(&curves), [vec!["a", "c"]]);
+        assert!(coinciding(&curves[..2]).is_empty());
+    }
+
+    /// A curve must not read as a grey beside the black live-bytes line.
+    #[test]
+    fn curve_colors_are_distinct_and_none_looks_like_the_live_line() {
+        let chroma = |RGBColor(r, g, b): RGBColor| r.max(g).max(b) - r.min(g).min(b);
+        assert_eq!(chroma(LIVE_COLOR), 0);
+        for (index, &color) in CURVE_COLORS.iter().enumerate() {
+            assert!(
+                chroma(color) >= 60,
+                "curve color {index} is greyish: {color:?}"
+            );
+            for &other in &CURVE_COLORS[index + 1..] {
+                assert_ne!(color, other);
+            }
+        }
+        assert_ne!(curve_color(0), curve_color(PolicyName::ALL.len()));
+    }
+
+    #[test]
+    fn the_page_explains_the_policies_keys_the_maps_and_takes_an_extra_curve() {
+        let trace = trace_file::load_embedded().unwrap().remove(0);
+        let names = [PolicyName::FirstFit, PolicyName::RangeAlloc];
+        let mut runs = Vec::new();
+        for name in names {
+            let (outcome, placement) = replay::run(
+                name,
+                &trace,
+                Arena::Growable,
+                &indicatif::ProgressBar::hidden(),
+                true,
+            )
+            .unwrap();
+            runs.push((outcome, placement.unwrap()));
+        }
+        let outcomes: Vec<Outcome> = runs.iter().map(|(outcome, _)| outcome.clone()).collect();
+        let summary = TraceSummary::new(&trace, None, &outcomes);
+        let recorded = [(0, summary.peak_live_bytes * 2)];
+        let report = TraceReport {
+            trace: &trace,
+            summary: &summary,
+            policies: runs.iter().map(|(o, p)| (o, p)).collect(),
+            extra_curves: vec![FootprintCurve {
+                name: "pytorch (recorded)",
+                mapped: &recorded,
+            }],
+        };
+        let html = replay_page(&[report]).unwrap();
+
+        for name in PolicyName::ALL {
+            assert!(html.contains(&escape(name.summary())), "{}", name.as_str());
+        }
+        assert!(html.contains("<b>Moved bytes</b>"));
+        assert!(html.contains("<h3>Overhead over the trace</h3>"));
+        assert!(html.contains(&escape(MEMORY_MAP_INTRO)));
+
+        let legends: Vec<&str> = html
+            .split("<div class=\"legend\">")
+            .skip(1)
+            .map(|rest| rest.split("</div>").next().unwrap())
+            .collect();
+        // Footprint and overhead, then one key per memory map.
+        assert_eq!(legends.len(), 2 + names.len(), "{legends:?}");
+        for curves in &legends[..2] {
+            for name in ["first-fit", "range-alloc", "pytorch (recorded)"] {
+                assert!(curves.contains(&format!("</i>{name}</span>")), "{curves}");
+            }
+        }
+        assert!(legends[0].contains("</i>live bytes</span>"));
+        // The extra curve is drawn in the next color after the policies'.
+        let RGBColor(r, g, b) = curve_color(names.len());
+        assert!(legends[0].contains(&format!("rgb({r},{g},{b})")));
+        assert!(
+            html.contains(&format!("#{r:02X}{g:02X}{b:02X}")),
+            "no path in the extra curve's color"
+        );
+        for key in &legends[2..] {
+            for band in [
+                "1-25% live",
+                "25-50% live",
+                "50-75% live",
+                "75-100% live",
+                "bytes mapped",
+            ] {
+                assert!(key.contains(band), "{key}");
+            }
+        }
     }
 }

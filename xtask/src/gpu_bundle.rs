@@ -9,7 +9,8 @@
 //! DIR/run.sh           runs them all; logs and summary.md to $1 or $OUT
 //! ```
 //!
-//! Binaries are stripped, and checked to carry no rpath to the stub: on the
+//! The builds go to `<target>/cuda`, so `target/release/cudamem` stays the
+//! CPU build. Binaries are stripped, and checked to carry no rpath to the stub: on the
 //! GPU machine the loader must find the real `libcuda.so.1`.
 
 use std::fs;
@@ -103,13 +104,51 @@ fn executables(json_lines: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-fn build(stub: &Path, root: &Path, args: &[&str]) -> Result<Vec<PathBuf>> {
-    let mut command = step::cargo();
+/// The hardware suite and `cudamem`, release, `cuda` feature.
+const SUITE_ARGS: &[&str] = &[
+    "build",
+    "--release",
+    "-p",
+    "harness",
+    "--features",
+    "cuda",
+    "--bin",
+    "gpusuite",
+    "--bin",
+    "cudamem",
+];
+
+/// ctx's test executables, release, `cuda` feature.
+const TEST_ARGS: &[&str] = &[
+    "test",
+    "--release",
+    "-p",
+    "ctx",
+    "--features",
+    "cuda",
+    "--no-run",
+];
+
+/// A build with the `cuda` feature against the stub, in `<target>/cuda`.
+fn cargo_command(stub: &Path, root: &Path, args: &[&str]) -> Command {
+    let mut command = step::cuda_cargo(root, Some(stub));
     command
-        .current_dir(root)
-        .env("CUDA_LIBRARY_PATH", stub)
         .args(args)
         .arg("--message-format=json-render-diagnostics");
+    command
+}
+
+/// The cargo commands this task runs, in order.
+#[cfg(test)]
+pub fn cargo_commands(root: &Path, stub: &Path) -> Vec<Command> {
+    vec![
+        cargo_command(stub, root, SUITE_ARGS),
+        cargo_command(stub, root, TEST_ARGS),
+    ]
+}
+
+fn build(stub: &Path, root: &Path, args: &[&str]) -> Result<Vec<PathBuf>> {
+    let mut command = cargo_command(stub, root, args);
     println!("==> cargo {}", args.join(" "));
     Ok(executables(&step::output(&mut command)?))
 }
@@ -181,22 +220,7 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
         std::env::current_dir()?.join(dir)
     };
     let stub = stub::generate(root)?;
-    let suite = build(
-        &stub,
-        root,
-        &[
-            "build",
-            "--release",
-            "-p",
-            "harness",
-            "--features",
-            "cuda",
-            "--bin",
-            "gpusuite",
-            "--bin",
-            "cudamem",
-        ],
-    )?;
+    let suite = build(&stub, root, SUITE_ARGS)?;
     let named = |name: &str| {
         suite
             .iter()
@@ -205,19 +229,7 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
     let (Some(suite), Some(cudamem)) = (named("gpusuite"), named("cudamem")) else {
         bail!("expected gpusuite and cudamem executables, cargo reported {suite:?}");
     };
-    let tests = build(
-        &stub,
-        root,
-        &[
-            "test",
-            "--release",
-            "-p",
-            "ctx",
-            "--features",
-            "cuda",
-            "--no-run",
-        ],
-    )?;
+    let tests = build(&stub, root, TEST_ARGS)?;
 
     ensure!(
         loads_driver(&dynamic_section(suite)?),

@@ -52,27 +52,37 @@ pub fn run(root: &Path) -> Result<()> {
     {
         bail!("CUDA_LIBRARY_PATH points at the stub libcuda; unset it to build against the driver");
     }
-    step::run(
-        "ctx tests with the cuda feature (real driver)",
-        step::cargo().current_dir(root).args([
-            "test",
-            "-p",
-            "ctx",
-            "--features",
-            "cuda",
-            "--",
-            "--test-threads=1",
-        ]),
-    )?;
-    let log = root.join("target").join("gpusuite.log");
-    step::run(
-        "GPU suite",
-        step::cargo()
-            .current_dir(root)
-            .args(["run", "--release", "-p", "harness", "--features", "cuda"])
-            .args(["--bin", "gpusuite", "--", "--log"])
-            .arg(&log),
-    )?;
-    println!("==> gpu-test passed; the suite's log is {}", log.display());
+    let [mut tests, mut suite] = cargo_commands(root);
+    step::run("ctx tests with the cuda feature (real driver)", &mut tests)?;
+    step::run("GPU suite", &mut suite)?;
+    println!(
+        "==> gpu-test passed; the suite's log is {}",
+        gpusuite_log(root).display()
+    );
     Ok(())
+}
+
+fn gpusuite_log(root: &Path) -> std::path::PathBuf {
+    step::target_dir(root).join("gpusuite.log")
+}
+
+/// ctx's tests and the hardware suite, built with the `cuda` feature in
+/// `<target>/cuda` against the real driver.
+pub fn cargo_commands(root: &Path) -> [Command; 2] {
+    let mut tests = step::cuda_cargo(root, None);
+    tests.args([
+        "test",
+        "-p",
+        "ctx",
+        "--features",
+        "cuda",
+        "--",
+        "--test-threads=1",
+    ]);
+    let mut suite = step::cuda_cargo(root, None);
+    suite
+        .args(["run", "--release", "-p", "harness", "--features", "cuda"])
+        .args(["--bin", "gpusuite", "--", "--log"])
+        .arg(gpusuite_log(root));
+    [tests, suite]
 }

@@ -6,12 +6,17 @@
 //!   `--nvcc` the whole compiler) into `target/cuda-tools`.
 //! - `ptx [--check]`: regenerate `kernels/ptx/` from `kernels/cuda/`, or check
 //!   that the committed PTX is what the sources produce.
-//! - `stub`: build the stub libcuda and print the folder to export as
-//!   `CUDA_LIBRARY_PATH` for a `cuda` build on a machine without a driver.
+//! - `stub [--empty-cargo-home]`: build the stub libcuda and print the folder
+//!   to export as `CUDA_LIBRARY_PATH` for a `cuda` build on a machine without
+//!   a driver; with the flag, find `cust_raw` through an empty `CARGO_HOME`,
+//!   as `ci` does.
 //! - `gpu-test`: on a machine with an NVIDIA GPU, build against the real driver
 //!   and run the hardware suite.
 //! - `gpu-bundle DIR`: build the hardware suite here (against a stub libcuda)
 //!   and put it, with a `run.sh`, in DIR for a GPU machine without Rust.
+//!
+//! Every build with the `cuda` feature goes to `<target>/cuda`, so the
+//! `cudamem` in `target/{debug,release}` is always the CPU build.
 //!
 //! Depends on anyhow and std only, so it builds in seconds.
 
@@ -36,7 +41,9 @@ commands:
   ci                  install tools, then fmt, PTX check, clippy (with and without `cuda`), tests, cuda build
   cuda-tools [--nvcc] install the pinned CUDA 13.0 wheels into target/cuda-tools (ptxas; --nvcc: nvcc too)
   ptx [--check]       regenerate kernels/ptx from kernels/cuda (--check: fail if they differ instead)
-  stub                build the stub libcuda; print the folder for CUDA_LIBRARY_PATH
+  stub [--empty-cargo-home]
+                      build the stub libcuda; print the folder for CUDA_LIBRARY_PATH
+                      (--empty-cargo-home: find cust_raw through a fresh registry, as ci does)
   gpu-test            on an NVIDIA GPU machine: build with the real driver and run the hardware suite
   gpu-bundle DIR      build the hardware suite here and put it in DIR with a run.sh for a GPU machine";
 
@@ -63,12 +70,17 @@ fn run(args: Vec<String>) -> Result<()> {
             println!("{}", stub::generate(&root)?.display());
             Ok(())
         }
+        ["stub", "--empty-cargo-home"] => {
+            println!("{}", stub::generate_from_empty_home(&root)?.display());
+            Ok(())
+        }
         ["gpu-test"] => gpu_test::run(&root),
         ["gpu-bundle", dir] => gpu_bundle::run(&root, Path::new(dir)),
         ["help" | "--help" | "-h"] => {
             println!("{USAGE}");
             Ok(())
         }
+        [] => bail!("no command given\n\n{USAGE}"),
         _ => bail!("unknown arguments {args:?}\n\n{USAGE}"),
     }
 }
@@ -79,4 +91,36 @@ fn workspace_root() -> PathBuf {
         .parent()
         .expect("xtask/ sits in the workspace root")
         .to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_arguments_is_an_error_that_lists_the_commands() {
+        let error = run(Vec::new()).unwrap_err().to_string();
+        assert!(error.starts_with("no command given"), "{error}");
+        assert!(!error.contains("unknown arguments"), "{error}");
+        for command in [
+            "ci",
+            "cuda-tools",
+            "ptx",
+            "stub",
+            "gpu-test",
+            "gpu-bundle DIR",
+        ] {
+            assert!(
+                error.contains(&format!("\n  {command}")),
+                "{command}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn help_is_a_success() {
+        for flag in ["help", "--help", "-h"] {
+            assert!(run(vec![flag.to_owned()]).is_ok(), "{flag}");
+        }
+    }
 }

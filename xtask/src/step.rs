@@ -2,6 +2,7 @@
 //! non-zero exit stops the task with an error that names the command.
 
 use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
@@ -9,6 +10,36 @@ use anyhow::{Context as _, Result, bail};
 /// A `cargo` command: the cargo that runs xtask (`$CARGO`), else `cargo`.
 pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+/// Where cargo puts build outputs for this workspace: `$CARGO_TARGET_DIR`
+/// (relative to the root), else `<root>/target`.
+pub fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root.join(dir),
+        None => root.join("target"),
+    }
+}
+
+/// The target folder of every build with the `cuda` feature: `<target>/cuda`,
+/// so `target/{debug,release}/cudamem` stay the CPU build, which starts
+/// without a driver (ARCHITECTURE.md, invariants).
+pub fn cuda_target_dir(root: &Path) -> PathBuf {
+    target_dir(root).join("cuda")
+}
+
+/// A `cargo` command in `root` for a build with the `cuda` feature: its
+/// outputs go to [`cuda_target_dir`]; with `stub`, it links against the stub
+/// libcuda in that folder (`CUDA_LIBRARY_PATH`).
+pub fn cuda_cargo(root: &Path, stub: Option<&Path>) -> Command {
+    let mut command = cargo();
+    command
+        .current_dir(root)
+        .env("CARGO_TARGET_DIR", cuda_target_dir(root));
+    if let Some(stub) = stub {
+        command.env("CUDA_LIBRARY_PATH", stub);
+    }
+    command
 }
 
 /// How a command reads in logs: program, arguments and any variables set.

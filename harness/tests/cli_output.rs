@@ -1,0 +1,138 @@
+//! What `cudamem` writes, and where: a reader that closes the pipe early
+//! (`cudamem explain | head -1`) ends the command quietly, a full disk is an
+//! error, `--help` says what the command is for, and the bare command's
+//! report lands where git ignores it.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The workspace root (the folder above harness/).
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+fn rmm_trace() -> String {
+    root()
+        .join("traces/rmm/resnet50_train.csv.gz")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Every subcommand's text and JSON output.
+fn invocations() -> Vec<Vec<String>> {
+    let trace = rmm_trace();
+    [
+        vec!["explain"],
+        vec!["explain", "--json"],
+        vec!["heap", "--size", "256"],
+        vec!["heap", "--size", "256", "--json"],
+        vec!["replay", "--policy", "tlsf", &trace],
+        vec!["replay", "--policy", "tlsf", &trace, "--json"],
+    ]
+    .into_iter()
+    .map(|args| args.into_iter().map(str::to_owned).collect())
+    .collect()
+}
+
+fn cudamem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cudamem"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    for args in invocations() {
+        let mut child = cudamem()
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before the command writes a byte.
+        drop(child.stdout.take());
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "cudamem {args:?}: {}",
+            text(&output.stderr)
+        );
+        assert!(
+            output.stderr.is_empty(),
+            "cudamem {args:?} wrote to stderr: {}",
+            text(&output.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_full_disk_is_an_error_with_a_message() {
+    for args in invocations() {
+        let full = File::options().write(true).open("/dev/full").unwrap();
+        let output = cudamem().args(&args).stdout(full).output().unwrap();
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "cudamem {args:?}: {stderr}");
+        assert!(
+            stderr.contains("writing to standard output") && stderr.contains("No space left"),
+            "cudamem {args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "cudamem {args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn help_says_what_cudamem_is_for_and_what_a_bare_run_does() {
+    for flag in ["--help", "-h"] {
+        let output = cudamem().arg(flag).output().unwrap();
+        assert!(output.status.success());
+        let help = text(&output.stdout);
+        let first = help.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with("Where did my GPU memory go?"),
+            "{flag}: {first}"
+        );
+        assert!(!help.contains("Property tests"), "{flag}: {help}");
+        assert!(
+            help.contains("With no command, cudamem replays its built-in")
+                && help.contains("cudamem-report.html"),
+            "{flag}: {help}"
+        );
+    }
+}
+
+#[test]
+fn the_bare_command_writes_its_report_where_git_ignores_it() {
+    let dir: PathBuf = std::env::temp_dir().join(format!("cudamem-bare-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let output: Output = cudamem().current_dir(&dir).output().unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let name = "cudamem-report.html";
+    assert!(
+        text(&output.stdout).contains(&format!("report: {name}")),
+        "{}",
+        text(&output.stdout)
+    );
+    assert!(dir.join(name).is_file());
+    let ignore = std::fs::read_to_string(root().join(".gitignore")).unwrap();
+    assert!(
+        ignore.lines().any(|line| line.trim() == format!("/{name}")),
+        ".gitignore does not ignore /{name}:\n{ignore}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_crate_description_names_the_command() {
+    let manifest = std::fs::read_to_string(root().join("harness/Cargo.toml")).unwrap();
+    let description = manifest
+        .lines()
+        .find_map(|line| line.strip_prefix("description = "))
+        .unwrap();
+    assert!(description.contains("cudamem"), "{description}");
+    assert!(!description.contains("benchmarks"), "{description}");
+}
