@@ -608,6 +608,7 @@ mod tests {
                 name,
                 &trace,
                 Arena::Growable,
+                memcore::StitchConfig::default(),
                 &indicatif::ProgressBar::hidden(),
                 true,
             )
