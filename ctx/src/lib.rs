@@ -6,6 +6,7 @@ mod address_space;
 mod call_tally;
 mod copy;
 mod device;
+mod device_heap;
 mod error;
 mod ledger;
 mod pool;
@@ -19,6 +20,7 @@ mod cuda;
 
 pub use call_tally::{CallTally, VmmCalls};
 pub use device::{DeviceMemory, MemInfo, StreamId};
+pub use device_heap::DeviceHeap;
 pub use error::{Error, Result};
 pub use kernels::moves::BlockMove;
 pub use ledger::{
@@ -38,6 +40,6 @@ pub use sim::{SimConfig, SimCounters, SimDevice};
 /// The CUDA backend (feature `cuda`): see the crate docs.
 #[cfg(feature = "cuda")]
 pub use cuda::{
-    CopyBandwidth, CopyCalls, CudaContext, CudaDevice, DeviceHeap, Event, ForeignStream, Function,
+    CopyBandwidth, CopyCalls, CudaContext, CudaDevice, Event, ForeignStream, Function,
     FunctionAttributes, LargestAllocation, LaunchConfig, Limit, MemoryDelta, Module, Stream,
 };

@@ -24,7 +24,7 @@ const CURVE_POINTS: usize = 1000;
 /// order, then any extra curve such as a recorded allocator): Okabe-Ito's
 /// colorblind-safe set without its black, which is the live bytes', then a
 /// purple, an olive and a wine, all far from black.
-const CURVE_COLORS: [RGBColor; 9] = [
+const CURVE_COLORS: [RGBColor; 11] = [
     RGBColor(230, 159, 0),
     RGBColor(86, 180, 233),
     RGBColor(0, 158, 115),
@@ -34,6 +34,8 @@ const CURVE_COLORS: [RGBColor; 9] = [
     RGBColor(117, 72, 166),
     RGBColor(153, 153, 51),
     RGBColor(136, 34, 85),
+    RGBColor(200, 30, 30),
+    RGBColor(68, 170, 153),
 ];
 
 /// The live bytes' curve.

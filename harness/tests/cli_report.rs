@@ -68,8 +68,8 @@ fn the_replay_report_has_legends_keys_and_the_overhead_chart() {
         &["replay", "traces/rmm/resnet50_train.csv.gz"],
     );
     let legends = legends(&html);
-    // Footprint, overhead, and a key under each of the seven memory maps.
-    assert_eq!(legends.len(), 2 + 7);
+    // Footprint, overhead, and a key under each of the nine memory maps.
+    assert_eq!(legends.len(), 2 + 9);
     for name in [
         "first-fit",
         "best-fit",
@@ -78,6 +78,8 @@ fn the_replay_report_has_legends_keys_and_the_overhead_chart() {
         "pool-vmm",
         "offset-allocator",
         "range-alloc",
+        "stitch",
+        "pytorch-expandable",
     ] {
         assert!(legends[0].contains(&format!("</i>{name}</span>")), "{name}");
         assert!(html.contains(&format!("<li><b>{name}</b>: ")), "{name}");

@@ -10,8 +10,6 @@
 //!   its driver calls counted and timed ([`crate::VmmCalls`], [`CopyCalls`]).
 //! - Measurements ([`CudaContext::measure`] and friends): what a step costs in device
 //!   memory, the largest block one allocation can get, copy bandwidth.
-//! - [`DeviceHeap`]: the host side of `cm_malloc` (kernels/cuda/cm_alloc.cuh): a
-//!   device heap taken from a [`crate::Pool`], bound to modules, grown between launches.
 //! - Events on streams other code made ([`Event`], [`ForeignStream`]): how an allocator
 //!   behind PyTorch tells when work queued before a free has completed.
 //! - Baselines ([`CudaContext::mem_alloc`], [`CudaContext::mem_alloc_async`]): the
@@ -39,7 +37,6 @@ mod baseline;
 mod context;
 mod copy_queue;
 mod device;
-mod device_heap;
 mod driver;
 mod event;
 mod measure;
@@ -49,7 +46,6 @@ mod stream;
 pub use context::{CudaContext, Limit};
 pub use copy_queue::CopyCalls;
 pub use device::CudaDevice;
-pub use device_heap::DeviceHeap;
 pub use event::{Event, ForeignStream};
 pub use measure::{CopyBandwidth, LargestAllocation, MemoryDelta};
 pub use module::{Function, FunctionAttributes, LaunchConfig, Module};

@@ -26,8 +26,8 @@ pub struct DriverCosts {
     pub set_access_ns: u64,
 }
 
-/// cuMemCreate on the H200 (driver 580): measured, the project's shared
-/// FACTS.md, section "VMM stitching".
+/// cuMemCreate, as measured with driver 580 (the project's shared FACTS.md,
+/// section "VMM stitching").
 const H200_CREATE: &[(u64, u64)] = &[(2 << 20, 9_600), (32 << 20, 11_900), (1 << 30, 32_000)];
 
 /// The H200's costs (driver 580), as measured by a small CUDA C program

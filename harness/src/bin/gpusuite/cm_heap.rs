@@ -102,7 +102,7 @@ impl Bench {
     }
 }
 
-fn new_heap(context: &CudaContext, bytes: u64, module: &Module) -> Result<DeviceHeap> {
+fn new_heap(context: &CudaContext, bytes: u64, module: &Module) -> Result<DeviceHeap<CudaDevice>> {
     let pool = Pool::new(CudaDevice::new(context)?, PoolConfig::vmm(POOL_RESERVE))?;
     let heap = DeviceHeap::new(pool, bytes)?;
     heap.bind(module)?;

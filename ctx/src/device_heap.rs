@@ -5,13 +5,10 @@
 //! The layout and the growth rule are the kernels crate's
 //! ([`kernels::cm_heap`]); this file only moves bytes.
 
-use kernels::cm_heap::{
-    self, CmCounters, DESCRIPTOR_BYTES, FREE_MAP_OFFSET, HEAP_VARIABLE, RegionTable,
-};
+use kernels::cm_heap::{self, CmCounters, DESCRIPTOR_BYTES, FREE_MAP_OFFSET, RegionTable};
 use memcore::Handle;
 
-use super::{CudaDevice, Module};
-use crate::{Error, Pool, Result};
+use crate::{DeviceMemory, Error, Pool, Result};
 
 /// Alignment of the descriptor and of each region, bytes: every block is
 /// then aligned to its class size up to this.
@@ -20,17 +17,17 @@ const REGION_ALIGN: u64 = 4096;
 /// A `cm_malloc` heap in device memory. Its blocks stay where they are for
 /// its whole life: the descriptor and regions are pinned in the pool.
 #[derive(Debug)]
-pub struct DeviceHeap {
-    pool: Pool<CudaDevice>,
+pub struct DeviceHeap<D: DeviceMemory> {
+    pool: Pool<D>,
     descriptor: Handle,
     regions: Vec<Handle>,
     table: RegionTable,
 }
 
-impl DeviceHeap {
+impl<D: DeviceMemory> DeviceHeap<D> {
     /// A heap of at most `bytes` bytes of regions (at least one chunk) taken
     /// from `pool`, plus its descriptor.
-    pub fn new(pool: Pool<CudaDevice>, bytes: u64) -> Result<Self> {
+    pub fn new(pool: Pool<D>, bytes: u64) -> Result<Self> {
         let descriptor = pool.allocate(DESCRIPTOR_BYTES, REGION_ALIGN, None)?;
         pool.pin(descriptor)?.hold_until_freed();
         pool.write(descriptor, 0, &vec![0u8; DESCRIPTOR_BYTES as usize])?;
@@ -48,13 +45,6 @@ impl DeviceHeap {
     /// `cm_heap_malloc` with it explicitly.
     pub fn descriptor_address(&self) -> Result<u64> {
         self.pool.device_ptr(self.descriptor)
-    }
-
-    /// Makes `cm_malloc`/`cm_free` in `module` use this heap (writes the
-    /// module's `cm_heap` variable). The module must outlive no launch that
-    /// runs after this heap is dropped.
-    pub fn bind(&self, module: &Module) -> Result<()> {
-        module.set_global(HEAP_VARIABLE, &self.descriptor_address()?.to_le_bytes())
     }
 
     /// The regions.
@@ -152,5 +142,84 @@ impl DeviceHeap {
         }
         self.grow(chunks)?;
         Ok(chunks)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl DeviceHeap<crate::CudaDevice> {
+    /// Makes `cm_malloc`/`cm_free` in `module` use this heap (writes the
+    /// module's `cm_heap` variable). The module must outlive no launch that
+    /// runs after this heap is dropped.
+    pub fn bind(&self, module: &crate::Module) -> Result<()> {
+        module.set_global(
+            cm_heap::HEAP_VARIABLE,
+            &self.descriptor_address()?.to_le_bytes(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kernels::cm_heap::{self, FREE_MAP_OFFSET, REGIONS_OFFSET, RegionTable};
+
+    use super::DeviceHeap;
+    use crate::{Pool, PoolConfig, SimConfig, SimDevice};
+
+    fn heap(chunks: u32) -> DeviceHeap<SimDevice> {
+        let device = SimDevice::new(SimConfig::small(256 << 20));
+        let pool = Pool::new(device, PoolConfig::vmm(256 << 20)).unwrap();
+        DeviceHeap::new(pool, cm_heap::region_bytes(chunks)).unwrap()
+    }
+
+    /// Whether the descriptor holds `table` where kernels read it.
+    fn descriptor_holds(heap: &DeviceHeap<SimDevice>, table: &RegionTable) -> bool {
+        let mut bytes = vec![0u8; table.as_bytes().len()];
+        heap.pool
+            .read(heap.descriptor, REGIONS_OFFSET, &mut bytes)
+            .unwrap();
+        bytes == table.as_bytes()
+    }
+
+    /// Bits of the free-chunk map the descriptor holds for chunks `0..chunks`.
+    fn free_map_bits(heap: &DeviceHeap<SimDevice>, chunks: u32) -> u32 {
+        (0..chunks.div_ceil(64))
+            .map(|word| {
+                let mut bytes = [0u8; 8];
+                heap.pool
+                    .read(
+                        heap.descriptor,
+                        FREE_MAP_OFFSET + word as u64 * 8,
+                        &mut bytes,
+                    )
+                    .unwrap();
+                u64::from_le_bytes(bytes).count_ones()
+            })
+            .sum()
+    }
+
+    #[test]
+    fn growth_appends_a_region_and_marks_its_chunks_free_keeping_the_old_ones() {
+        let mut heap = heap(3);
+        assert_eq!((heap.table().regions, heap.table().chunks), (1, 3));
+        assert!(descriptor_holds(&heap, heap.table()));
+        assert_eq!(free_map_bits(&heap, 3), 3);
+        let first_base = heap.table().region_base[0];
+
+        heap.grow(5).unwrap();
+        let table = *heap.table();
+        assert_eq!((table.regions, table.chunks), (2, 8));
+        assert_eq!((table.region_first[1], table.region_chunks[1]), (3, 5));
+        assert_eq!(table.region_base[0], first_base, "the first region stays");
+        assert!(descriptor_holds(&heap, &table));
+        assert_eq!(free_map_bits(&heap, 8), 8);
+        assert_eq!(heap.region_bytes(), cm_heap::region_bytes(8));
+    }
+
+    #[test]
+    fn a_heap_with_nothing_failed_does_not_grow_after_a_launch() {
+        let mut heap = heap(2);
+        assert_eq!(heap.grow_after_launch().unwrap(), 0);
+        assert_eq!(heap.table().chunks, 2);
+        assert_eq!(heap.counters().unwrap().failures, 0);
     }
 }
