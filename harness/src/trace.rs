@@ -10,6 +10,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+/// The most characters of a value (a field, a header) an error message
+/// quotes; see [`quote`].
+pub const QUOTE_CHARS: usize = 80;
+
 /// The largest request a trace may carry, in bytes (2^48 = 256 TiB): more
 /// than any GPU's virtual address space, and small enough that offset
 /// arithmetic on it can never overflow.
@@ -69,10 +73,10 @@ pub enum Problem {
     Malformed(String),
     /// An action that is neither an allocation, a free nor a known
     /// bookkeeping record.
-    #[error("unknown action {0:?}")]
+    #[error("unknown action {}", quote(.0))]
     UnknownAction(String),
     /// A size field that is not a usable byte count.
-    #[error("size {text:?} {why}")]
+    #[error("size {} {why}", quote(text))]
     BadSize {
         /// The field as written.
         text: String,
@@ -80,7 +84,7 @@ pub enum Problem {
         why: &'static str,
     },
     /// A pointer field that is not a number.
-    #[error("pointer {0:?} is not a hexadecimal address")]
+    #[error("pointer {} is not a hexadecimal address", quote(.0))]
     BadPointer(String),
     /// A free of a pointer that no live allocation holds.
     #[error("free of unknown pointer {0:#x} (never allocated, or already freed)")]
@@ -97,6 +101,82 @@ pub enum Problem {
     /// More allocations than dense ids can name.
     #[error("more than {} allocations", u32::MAX)]
     TooManyAllocations,
+    /// Live allocations that together exceed a 64-bit byte count.
+    #[error(
+        "live bytes overflow 64 bits: {live_bytes} bytes live, and this \
+         allocation adds {size} more"
+    )]
+    LiveBytesOverflow {
+        /// Bytes live before this allocation.
+        live_bytes: u64,
+        /// The allocation's size, bytes.
+        size: u64,
+    },
+    /// A line longer than a reader accepts (no real log comes near it).
+    #[error("line longer than {limit_bytes} bytes, the most a trace line may hold")]
+    LineTooLong {
+        /// The limit, bytes.
+        limit_bytes: u64,
+    },
+    /// A file whose (decompressed) contents exceed what cudamem reads.
+    #[error(
+        "more than {limit_bytes} bytes ({}) once decompressed, the most cudamem \
+         reads from one trace file",
+        crate::byte_size::human(*limit_bytes)
+    )]
+    TooLarge {
+        /// The limit, bytes.
+        limit_bytes: u64,
+    },
+}
+
+/// Why a reader passed over a record rather than replaying it or
+/// rejecting the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// RMM's record of a request its upstream refused (`allocate failure`,
+    /// written on out-of-memory): no block was handed out, so an allocator
+    /// under replay has nothing to place.
+    AllocateFailure,
+    /// The header line again inside the log (logs joined end to end, or a
+    /// logger that started over).
+    RepeatedHeader,
+    /// A last line that stops mid-record with no line end: the writing
+    /// process was killed.
+    CutLastLine,
+}
+
+impl SkipReason {
+    /// What the skipped records were, for a warning line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            SkipReason::AllocateFailure => {
+                "`allocate failure` rows (requests the recorded allocator refused; nothing to replay)"
+            }
+            SkipReason::RepeatedHeader => "repeated header lines",
+            SkipReason::CutLastLine => "cut-off last line (the writer stopped mid-record)",
+        }
+    }
+}
+
+/// Records of one kind that a reader skipped.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Skipped {
+    /// What they were.
+    pub reason: SkipReason,
+    /// How many.
+    pub count: u64,
+    /// Where the first one is.
+    #[serde(serialize_with = "location_text")]
+    pub first: Location,
+}
+
+fn location_text<S: serde::Serializer>(
+    location: &Location,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(location)
 }
 
 /// A trace that cannot be used, with the file and the record that says why.
@@ -128,6 +208,8 @@ pub struct Trace {
     pub peak_live_bytes: u64,
     /// Event index at which `peak_live_bytes` was first reached.
     pub peak_live_event: usize,
+    /// Records the reader passed over, by kind, in order of first sight.
+    pub skipped: Vec<Skipped>,
 }
 
 impl Trace {
@@ -176,6 +258,7 @@ pub struct TraceBuilder {
     live_bytes: u64,
     peak_live_bytes: u64,
     peak_live_event: usize,
+    skipped: Vec<Skipped>,
 }
 
 impl TraceBuilder {
@@ -190,6 +273,19 @@ impl TraceBuilder {
             live_bytes: 0,
             peak_live_bytes: 0,
             peak_live_event: 0,
+            skipped: Vec::new(),
+        }
+    }
+
+    /// Count a record at `at` passed over for `reason`.
+    pub fn skip(&mut self, reason: SkipReason, at: Location) {
+        match self.skipped.iter_mut().find(|kind| kind.reason == reason) {
+            Some(kind) => kind.count += 1,
+            None => self.skipped.push(Skipped {
+                reason,
+                count: 1,
+                first: at,
+            }),
         }
     }
 
@@ -211,12 +307,18 @@ impl TraceBuilder {
             return Err(Problem::LivePointer(pointer));
         }
         let id = self.allocations;
+        let live_bytes = self
+            .live_bytes
+            .checked_add(size)
+            .ok_or(Problem::LiveBytesOverflow {
+                live_bytes: self.live_bytes,
+                size,
+            })?;
         self.allocations = id.checked_add(1).ok_or(Problem::TooManyAllocations)?;
         self.live.insert(pointer, (id, size));
         self.events.push(Event::Alloc { id, size });
         self.locations.push(at);
-        // Cannot overflow: at most 2^32 allocations of at most 2^48 bytes.
-        self.live_bytes += size;
+        self.live_bytes = live_bytes;
         if self.live_bytes > self.peak_live_bytes {
             self.peak_live_bytes = self.live_bytes;
             self.peak_live_event = self.events.len() - 1;
@@ -245,6 +347,7 @@ impl TraceBuilder {
             allocations: self.allocations,
             peak_live_bytes: self.peak_live_bytes,
             peak_live_event: self.peak_live_event,
+            skipped: self.skipped,
         }
     }
 }
@@ -280,6 +383,17 @@ pub fn parse_pointer(text: &str) -> Result<u64, Problem> {
     u64::from_str_radix(digits, 16).map_err(|_| Problem::BadPointer(trimmed.to_string()))
 }
 
+/// `text` as an error message quotes it: in double quotes, escaped, and cut
+/// to [`QUOTE_CHARS`] characters, with its whole length in bytes said when it
+/// was cut. Every reader quotes values from a file through this, so a huge
+/// field never reaches a terminal whole.
+pub fn quote(text: &str) -> String {
+    match text.char_indices().nth(QUOTE_CHARS) {
+        None => format!("{text:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &text[..cut], text.len()),
+    }
+}
+
 /// The name a report shows for a trace file: its file name.
 pub fn display_name(path: &Path) -> String {
     path.file_name()
@@ -305,6 +419,47 @@ mod tests {
             why("99999999999999999999999"),
             "overflows a 64-bit byte count"
         );
+    }
+
+    #[test]
+    fn quotes_are_cut_to_80_characters() {
+        assert_eq!(quote("0x1f"), "\"0x1f\"");
+        let long = "9".repeat(100_000);
+        let quoted = quote(&long);
+        assert_eq!(quoted, format!("\"{}\"... (100000 bytes)", "9".repeat(80)));
+        // Cut on a character boundary, never inside one.
+        let wide = "é".repeat(81);
+        assert_eq!(
+            quote(&wide),
+            format!("\"{}\"... (162 bytes)", "é".repeat(80))
+        );
+        assert_eq!(quote(&"é".repeat(80)), format!("\"{}\"", "é".repeat(80)));
+        let problem = Problem::BadSize {
+            text: long,
+            why: "is not a number",
+        };
+        assert!(problem.to_string().len() < 130, "{problem}");
+    }
+
+    #[test]
+    fn live_bytes_past_64_bits_are_an_error_not_a_wrapped_peak() {
+        let mut trace = TraceBuilder::new("t".into());
+        // 65,536 allocations of 2^48 bytes make exactly 2^64: one too many.
+        for pointer in 0..65_535u64 {
+            trace
+                .allocate(pointer, MAX_REQUEST_BYTES, Location::Line(pointer + 2))
+                .unwrap();
+        }
+        assert_eq!(
+            trace.allocate(1 << 40, MAX_REQUEST_BYTES, Location::Line(65_537)),
+            Err(Problem::LiveBytesOverflow {
+                live_bytes: u64::MAX - MAX_REQUEST_BYTES + 1,
+                size: MAX_REQUEST_BYTES,
+            })
+        );
+        let trace = trace.finish();
+        assert_eq!(trace.peak_live_bytes, 65_535 * MAX_REQUEST_BYTES);
+        assert_eq!(trace.events.len(), 65_535);
     }
 
     #[test]
