@@ -69,7 +69,7 @@ impl fmt::Display for Location {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Problem {
     /// A row or record that lacks a field or has the wrong shape.
-    #[error("malformed record: {0}")]
+    #[error("malformed record: {}", plain(.0))]
     Malformed(String),
     /// An action that is neither an allocation, a free nor a known
     /// bookkeeping record.
@@ -93,10 +93,10 @@ pub enum Problem {
     #[error("second allocation at live pointer {0:#x} (its earlier allocation was never freed)")]
     LivePointer(u64),
     /// The file could not be read or decompressed.
-    #[error("{0}")]
+    #[error("{}", plain(.0))]
     Unreadable(String),
     /// A pickle that is not a PyTorch memory snapshot.
-    #[error("not a PyTorch memory snapshot: {0}")]
+    #[error("not a PyTorch memory snapshot: {}", plain(.0))]
     NotSnapshot(String),
     /// More allocations than dense ids can name.
     #[error("more than {} allocations", u32::MAX)]
@@ -394,6 +394,28 @@ pub fn quote(text: &str) -> String {
     }
 }
 
+/// The most characters of a composed message (which may carry a library's
+/// own quote of the input) a [`Problem`] shows.
+const MESSAGE_CHARS: usize = 3 * QUOTE_CHARS;
+
+/// A composed message as a [`Problem`] shows it: control characters
+/// escaped, cut to [`MESSAGE_CHARS`] characters. A parser's error may quote
+/// raw input (serde-pickle does), and raw input can be anything.
+fn plain(text: &str) -> String {
+    let mut shown = String::new();
+    for (count, c) in text.chars().enumerate() {
+        if count >= MESSAGE_CHARS {
+            return format!("{shown}... ({} bytes)", text.len());
+        }
+        if c.is_control() {
+            shown.extend(c.escape_debug());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
+}
+
 /// The name a report shows for a trace file: its file name.
 pub fn display_name(path: &Path) -> String {
     path.file_name()
@@ -439,6 +461,14 @@ mod tests {
             why: "is not a number",
         };
         assert!(problem.to_string().len() < 130, "{problem}");
+        // Composed messages (a parser quoting raw input) are cut and escaped.
+        let raw = format!("literal is invalid: \u{1b}[2J{}", "\u{fffd}".repeat(5000));
+        let shown = Problem::NotSnapshot(raw).to_string();
+        assert!(shown.chars().count() < 320, "{shown}");
+        assert!(
+            shown.contains("\\u{1b}[2J") && !shown.contains('\u{1b}'),
+            "{shown}"
+        );
     }
 
     #[test]
