@@ -37,6 +37,20 @@ pub enum Error {
         /// allocations).
         context_reserved_bytes: u64,
     },
+    /// A ledger whose context reservations (one item, or all together) are
+    /// larger than the device's memory: no context could be created so.
+    #[error(
+        "{what} would take {}, more than the device's {total_bytes} bytes of memory",
+        byte_count(*bytes)
+    )]
+    ExceedsDevice {
+        /// The ledger item, or "the items together".
+        what: &'static str,
+        /// What it would take, bytes.
+        bytes: u64,
+        /// The device's memory, bytes.
+        total_bytes: u64,
+    },
     /// A driver call (or its simulation) failed. For CUDA, `detail` holds the
     /// `CUresult` name.
     #[error("device call {op} failed: {detail}")]
@@ -67,6 +81,15 @@ pub enum Error {
     /// The operation needs something this device or configuration lacks.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
+}
+
+/// `bytes` for a message; `u64::MAX` is where a saturating sum stopped.
+fn byte_count(bytes: u64) -> String {
+    if bytes == u64::MAX {
+        "2^64 bytes or more".into()
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 /// The crate's result type.

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::error::{Error, Result};
 use crate::profile::DeviceProfile;
 
 /// Context limits that cost device memory (`cuCtxGetLimit`), bytes.
@@ -318,6 +319,51 @@ impl Ledger {
         self.items.iter().find(|item| item.kind == kind)
     }
 
+    /// Check the prediction could happen: fails with
+    /// [`Error::ExceedsDevice`] when an item the context takes (or all of
+    /// them together) is larger than the device's memory, as a huge stack
+    /// limit or kernel frame makes local memory. [`Ledger::predict`] itself
+    /// saturates rather than fails, so a caller decides.
+    ///
+    /// ```
+    /// use ctx::{DeviceProfile, Ledger, Limits};
+    ///
+    /// let h200 = DeviceProfile::builtin("h200").unwrap();
+    /// let fits = Ledger::predict(&h200, &Limits::cuda_default(), &[16 << 10], 0);
+    /// assert!(fits.check_fits().is_ok());
+    /// // 200 GiB of local memory per thread cannot be reserved for 270,336 threads.
+    /// let huge = Ledger::predict(&h200, &Limits::cuda_default(), &[200 << 30], 0);
+    /// assert!(huge.check_fits().is_err());
+    /// ```
+    pub fn check_fits(&self) -> Result<()> {
+        let Some(total) = self.item(LedgerItemKind::Total).map(|item| item.predicted) else {
+            return Ok(());
+        };
+        let taken = self
+            .items
+            .iter()
+            .filter(|item| !matches!(item.kind, LedgerItemKind::Total | LedgerItemKind::Free));
+        let mut sum = 0u64;
+        for item in taken {
+            if item.predicted > total {
+                return Err(Error::ExceedsDevice {
+                    what: item.name,
+                    bytes: item.predicted,
+                    total_bytes: total,
+                });
+            }
+            sum = sum.saturating_add(item.predicted);
+        }
+        if sum > total {
+            return Err(Error::ExceedsDevice {
+                what: "the items together",
+                bytes: sum,
+                total_bytes: total,
+            });
+        }
+        Ok(())
+    }
+
     /// Record what a real device showed for `kind`, bytes.
     pub fn set_measured(&mut self, kind: LedgerItemKind, bytes: u64) {
         if let Some(item) = self.items.iter_mut().find(|item| item.kind == kind) {
@@ -524,6 +570,58 @@ mod tests {
     fn a_tiny_device_saturates_free_at_zero() {
         let ledger = Ledger::predict(&profile("gtx280"), &Limits::cuda_default(), &[1 << 20], 0);
         assert_eq!(predicted(&ledger, LedgerItemKind::Free), 0);
+        // ... and the check says the reservation cannot happen.
+        assert_eq!(
+            ledger.check_fits(),
+            Err(Error::ExceedsDevice {
+                what: "local memory",
+                bytes: 30 * 1024 * (1 << 20),
+                total_bytes: profile("gtx280").total_bytes,
+            })
+        );
+    }
+
+    #[test]
+    fn reservations_larger_than_the_device_fail_the_check() {
+        let h200 = profile("h200");
+        let stack = |bytes| Limits {
+            stack_bytes: bytes,
+            ..Limits::cuda_default()
+        };
+        assert_eq!(
+            Ledger::predict(&h200, &stack(1024), &[], 0).check_fits(),
+            Ok(())
+        );
+        // A saturated reservation (a u64::MAX stack) is caught, not printed.
+        let err = Ledger::predict(&h200, &stack(u64::MAX), &[], 0)
+            .check_fits()
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::ExceedsDevice { what: "local memory", bytes: u64::MAX, total_bytes }
+                if total_bytes == h200.total_bytes),
+            "{err}"
+        );
+        // Items that fit one by one but not together: the context's own
+        // 552,402,944 bytes beside user allocations of all but 100 MiB.
+        let user = |bytes: u64| h200.total_bytes - bytes;
+        let err = Ledger::predict(&h200, &Limits::cuda_default(), &[], user(100 << 20))
+            .check_fits()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::ExceedsDevice {
+                    what: "the items together",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            Ledger::predict(&h200, &Limits::cuda_default(), &[], user(1 << 30))
+                .check_fits()
+                .is_ok()
+        );
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //! and the `range-alloc` crate (wgpu's best-fit range allocator), wrapped in
 //! the same [`Policy`] interface and growth rule as memcore's.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use memcore::{DEFAULT_ALIGN, DriverCalls, H200_DRIVER_COSTS};
 use range_alloc::RangeAllocator;
 
-use crate::policy::{Arena, ArenaState, GRANULE, Policy, granules, growth};
+use crate::policy::{
+    Arena, ArenaRefused, ArenaState, GRANULE, Policy, PolicyName, granules, growth,
+};
 
 /// offset-allocator counts in units; one unit is the alignment every request
 /// gets, so offsets come out aligned and u32 units reach 1 TiB.
@@ -36,10 +38,14 @@ impl OffsetAllocatorPolicy {
             Arena::Growable => (GROWABLE_UNITS, true),
             Arena::Fixed(bytes) => match u32::try_from(bytes / UNIT) {
                 Ok(units) if units < u32::MAX => (units, false),
-                _ => bail!(
-                    "offset-allocator manages at most {} bytes",
-                    u64::from(u32::MAX - 1) * UNIT
-                ),
+                _ => {
+                    return Err(ArenaRefused {
+                        policy: PolicyName::OffsetAllocator,
+                        arena_bytes: bytes,
+                        max_bytes: u64::from(u32::MAX - 1) * UNIT,
+                    }
+                    .into());
+                }
             },
         };
         let arena_bytes = u64::from(units) * UNIT;

@@ -1,12 +1,20 @@
 //! Byte counts on the command line and in tables: `4096`, `16KiB`, `2MiB`,
 //! `1.5GiB`, `8MB` in, `1.50 GiB` out.
 
+use crate::trace::quote;
+
 /// Parse a byte count: a number with an optional unit. Binary units (KiB,
-/// MiB, GiB, TiB, and K/M/G/T) are powers of 1024; decimal ones (kB, MB, GB,
-/// TB) powers of 1000. `B` alone is bytes. Fractions are allowed when the
-/// result is a whole number of bytes.
+/// MiB, GiB, TiB, PiB, and K/M/G/T/P) are powers of 1024; decimal ones (kB,
+/// MB, GB, TB, PB) powers of 1000. `B` alone is bytes. Fractions are allowed
+/// when the result is a whole number of bytes; a number needs a digit on
+/// both sides of its point.
 pub fn parse(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
+    let shown = quote(text);
+    let not_a_count = || format!("{shown} is not a byte count (e.g. 4096, 16KiB, 1.5GiB)");
+    if trimmed.starts_with('-') {
+        return Err(format!("{shown} is negative; a byte count is at least 0"));
+    }
     let split = trimmed
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
         .unwrap_or(trimmed.len());
@@ -18,40 +26,44 @@ pub fn parse(text: &str) -> Result<u64, String> {
         "M" | "MiB" | "Mi" => 1 << 20,
         "G" | "GiB" | "Gi" => 1 << 30,
         "T" | "TiB" | "Ti" => 1 << 40,
+        "P" | "PiB" | "Pi" => 1 << 50,
         "kB" | "KB" => 1_000,
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
         "TB" => 1_000_000_000_000,
+        "PB" => 1_000_000_000_000_000,
         other => {
             return Err(format!(
-                "{text:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)"
+                "{shown}: unknown unit {} (use B, KiB, MiB, GiB, TiB, PiB, kB, MB, GB, TB, PB)",
+                quote(other)
             ));
         }
     };
-    if number.is_empty() {
-        return Err(format!("{text:?} is not a byte count"));
-    }
-    let (whole, fraction) = number.split_once('.').unwrap_or((&number, ""));
-    let overflow = || format!("{text:?} overflows 64 bits");
-    let whole: u64 = if whole.is_empty() {
-        0
-    } else {
-        whole
-            .parse()
-            .map_err(|_| format!("{text:?} is not a byte count"))?
+    let (whole, fraction) = match number.split_once('.') {
+        Some((whole, fraction)) => (whole, Some(fraction)),
+        None => (number.as_str(), None),
     };
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || fraction.is_some_and(|fraction| !digits(fraction)) {
+        return Err(not_a_count());
+    }
+    let overflow = || {
+        format!(
+            "{shown} overflows a 64-bit byte count (at most {} bytes)",
+            u64::MAX
+        )
+    };
+    let whole: u64 = whole.parse().map_err(|_| overflow())?;
     let mut bytes = whole.checked_mul(scale).ok_or_else(overflow)?;
-    if !fraction.is_empty() {
-        if fraction.contains('.') || fraction.len() > 12 {
-            return Err(format!("{text:?} is not a byte count"));
+    if let Some(fraction) = fraction {
+        if fraction.len() > 18 {
+            return Err(format!("{shown}: too many digits after the point"));
         }
-        let digits: u64 = fraction
-            .parse()
-            .map_err(|_| format!("{text:?} is not a byte count"))?;
+        let digits: u64 = fraction.parse().map_err(|_| not_a_count())?;
         let denominator = 10u64.pow(fraction.len() as u32);
         let scaled = u128::from(digits) * u128::from(scale);
         if scaled % u128::from(denominator) != 0 {
-            return Err(format!("{text:?} is not a whole number of bytes"));
+            return Err(format!("{shown} is not a whole number of bytes"));
         }
         let part = u64::try_from(scaled / u128::from(denominator)).map_err(|_| overflow())?;
         bytes = bytes.checked_add(part).ok_or_else(overflow)?;
@@ -97,6 +109,31 @@ mod tests {
         assert!(parse("").is_err());
         assert!(parse("-4").is_err());
         assert!(parse("99999999999TiB").is_err());
+        assert_eq!(parse("0.5KiB"), Ok(512));
+        assert_eq!(parse("2PiB"), Ok(2 << 50));
+    }
+
+    #[test]
+    fn malformed_counts_are_errors_not_zero() {
+        let error = |text: &str| parse(text).unwrap_err();
+        for text in [
+            ".KiB", ".", "KiB", "", "  ", "_", "1.2.3MiB", "1.", ".5", "1..2", "0x10",
+        ] {
+            assert!(parse(text).is_err(), "{text:?} parsed as {:?}", parse(text));
+        }
+        assert!(error("-4").contains("negative"), "{}", error("-4"));
+        assert!(error("-1KiB").contains("negative"));
+        assert!(
+            error("20000000PiB").contains("overflows"),
+            "{}",
+            error("20000000PiB")
+        );
+        assert!(error("18446744073709551616").contains("overflows"));
+        assert!(error("16384PiB").contains("overflows"));
+        assert_eq!(parse("16383PiB"), Ok(16383 << 50));
+        // A huge argument is quoted cut.
+        let huge = format!("{}x", "1".repeat(10_000));
+        assert!(error(&huge).len() < 250, "{}", error(&huge));
     }
 
     #[test]

@@ -88,6 +88,12 @@ pub fn run(args: ExplainArgs) -> Result<()> {
             }
         }
     };
+    // A ledger no device could have is an error, not a table of saturated
+    // figures.
+    explained
+        .ledger
+        .check_fits()
+        .with_context(|| format!("the {} ledger", explained.profile.full_name))?;
     let mut out = crate::output::stdout();
     if args.json {
         writeln!(

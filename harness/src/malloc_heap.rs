@@ -61,39 +61,37 @@ pub struct HeapPrediction {
     pub recommended_heap_bytes: u64,
 }
 
-/// Heap bytes one block of `size` takes under the model; `None` past 2^64.
-pub fn block_bytes(size: u64) -> Option<u64> {
-    (size.div_ceil(BLOCK_GRANULE_BYTES))
-        .checked_mul(BLOCK_GRANULE_BYTES)?
-        .checked_add(BLOCK_HEADER_BYTES)
+/// Heap bytes one block of `size` takes under the model (128 bits: it can
+/// pass 2^64).
+pub fn block_bytes(size: u64) -> u128 {
+    u128::from(size.div_ceil(BLOCK_GRANULE_BYTES)) * u128::from(BLOCK_GRANULE_BYTES)
+        + u128::from(BLOCK_HEADER_BYTES)
 }
 
 /// Predict the heap `threads` threads need to each hold one block of every
-/// size in `sizes`.
+/// size in `sizes`. Figures are worked out in 128 bits, so the error, when
+/// one is past 2^64 bytes, says which and by how much.
 pub fn predict(sizes: &[u64], threads: u32) -> Result<HeapPrediction> {
-    let overflow = || anyhow::anyhow!("the pattern needs more than 2^64 bytes");
-    let requested = sizes
-        .iter()
-        .try_fold(0u64, |sum, &size| sum.checked_add(size))
-        .ok_or_else(overflow)?;
-    let per_thread = sizes
-        .iter()
-        .try_fold(0u64, |sum, &size| sum.checked_add(block_bytes(size)?))
-        .ok_or_else(overflow)?;
-    let minimum = per_thread
-        .checked_mul(u64::from(threads))
-        .ok_or_else(overflow)?;
-    let recommended = minimum
-        .checked_mul(100 + HEADROOM_PERCENT)
-        .map(|bytes| bytes / 100)
-        .ok_or_else(overflow)?;
-    let mib = |bytes: u64| bytes.div_ceil(1 << 20) * (1 << 20);
+    let requested: u128 = sizes.iter().map(|&size| u128::from(size)).sum();
+    let per_thread: u128 = sizes.iter().map(|&size| block_bytes(size)).sum();
+    let minimum = per_thread * u128::from(threads);
+    let recommended = minimum * u128::from(100 + HEADROOM_PERCENT) / 100;
+    let mib = |bytes: u128| bytes.div_ceil(1 << 20) * (1 << 20);
+    // The figure as worked out goes in the message; the rounded one in the result.
+    let fit = |what: &str, bytes: u128, shown: u128| {
+        u64::try_from(shown).map_err(|_| {
+            anyhow::anyhow!(
+                "{what} would be {bytes} bytes, past the 2^64-byte limit a heap size can have \
+                 (and far past any GPU's memory)"
+            )
+        })
+    };
     Ok(HeapPrediction {
         threads,
-        requested_bytes_per_thread: requested,
-        heap_bytes_per_thread: per_thread,
-        minimum_heap_bytes: mib(minimum),
-        recommended_heap_bytes: mib(recommended),
+        requested_bytes_per_thread: fit("the requested bytes per thread", requested, requested)?,
+        heap_bytes_per_thread: fit("the heap bytes per thread", per_thread, per_thread)?,
+        minimum_heap_bytes: fit("the minimum heap", minimum, mib(minimum))?,
+        recommended_heap_bytes: fit("the recommended heap", recommended, mib(recommended))?,
     })
 }
 
@@ -340,14 +338,46 @@ mod tests {
 
     #[test]
     fn the_model_rounds_adds_headers_and_headroom() {
-        assert_eq!(block_bytes(1), Some(32));
-        assert_eq!(block_bytes(256), Some(272));
-        assert_eq!(block_bytes(u64::MAX), None);
+        assert_eq!(block_bytes(1), 32);
+        assert_eq!(block_bytes(256), 272);
+        assert_eq!(block_bytes(u64::MAX), (1 << 64) + 16);
         let prediction = predict(&[256, 16], 1 << 20).unwrap();
         assert_eq!(prediction.requested_bytes_per_thread, 272);
         assert_eq!(prediction.heap_bytes_per_thread, 272 + 32);
         assert_eq!(prediction.minimum_heap_bytes, 304 << 20);
         assert_eq!(prediction.recommended_heap_bytes, 456 << 20);
         assert!(predict(&[u64::MAX], 2).is_err());
+    }
+
+    #[test]
+    fn a_terabyte_per_thread_is_worked_out_not_called_an_overflow() {
+        // 1 TiB + 16 B for each of 270,336 threads: past 2^58, short of 2^64.
+        let threads = 132 * 2048;
+        let prediction = predict(&[1 << 40], threads).unwrap();
+        let per_thread = (1u64 << 40) + 16;
+        assert_eq!(prediction.heap_bytes_per_thread, per_thread);
+        let minimum = per_thread * u64::from(threads);
+        assert_eq!(
+            prediction.minimum_heap_bytes,
+            minimum.div_ceil(1 << 20) << 20
+        );
+        let recommended = (u128::from(minimum) * 3 / 2) as u64;
+        assert_eq!(
+            prediction.recommended_heap_bytes,
+            recommended.div_ceil(1 << 20) << 20
+        );
+        // 64 TiB per thread is past 2^64 bytes: the message says which figure.
+        let message = predict(&[64 << 40], threads).unwrap_err().to_string();
+        assert!(
+            message.starts_with("the minimum heap would be "),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!(
+                "{}",
+                u128::from((64u64 << 40) + 16) * u128::from(threads)
+            )),
+            "{message}"
+        );
     }
 }

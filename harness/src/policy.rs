@@ -129,6 +129,39 @@ pub enum Arena {
     Fixed(u64),
 }
 
+impl Arena {
+    /// A fixed arena of `bytes`: a whole, non-zero number of [`GRANULE`]s,
+    /// since every policy maps in granules (a VMM pool could map no less, and
+    /// others would be measured against a capacity it cannot have).
+    pub fn fixed(bytes: u64) -> Result<Arena> {
+        if bytes == 0 || bytes % GRANULE != 0 {
+            anyhow::bail!(
+                "--capacity {bytes} bytes is not a whole number of the {} B (2 MiB) granules \
+                 every policy maps in; use a multiple of 2 MiB, e.g. {} B",
+                GRANULE,
+                bytes.div_ceil(GRANULE).max(1).saturating_mul(GRANULE)
+            );
+        }
+        Ok(Arena::Fixed(bytes))
+    }
+}
+
+/// A policy that cannot manage an arena as large as the one asked for: the
+/// replay skips it and says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{} manages at most {max_bytes} bytes, less than the {arena_bytes}-byte arena",
+    policy.as_str()
+)]
+pub struct ArenaRefused {
+    /// The policy.
+    pub policy: PolicyName,
+    /// The arena asked for, bytes.
+    pub arena_bytes: u64,
+    /// The most it can manage, bytes.
+    pub max_bytes: u64,
+}
+
 /// A policy's address space at one moment, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct ArenaState {
@@ -461,6 +494,15 @@ impl Policy for CompactingTlsf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fixed_arena_is_whole_granules() {
+        assert_eq!(Arena::fixed(4 << 20).unwrap(), Arena::Fixed(4 << 20));
+        for bytes in [0, 1, 3 << 20, (2 << 20) + 256, u64::MAX] {
+            let message = Arena::fixed(bytes).unwrap_err().to_string();
+            assert!(message.contains("2 MiB"), "{message}");
+        }
+    }
 
     #[test]
     fn growth_maps_only_what_the_tail_lacks() {

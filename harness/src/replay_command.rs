@@ -1,17 +1,18 @@
 //! `cudamem replay`: load traces, replay each through the chosen policies,
 //! print a table or JSON lines, and write the HTML report.
 
+use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::byte_size;
-use crate::policy::{Arena, PolicyName};
+use crate::policy::{Arena, ArenaRefused, PolicyName};
 use crate::replay::{self, Outcome, Placement};
 use crate::report::{self, TraceReport};
-use crate::summary::TraceSummary;
+use crate::summary::{SkippedPolicy, TraceSummary};
 use crate::trace::Trace;
 use crate::trace_file;
 
@@ -65,8 +66,7 @@ pub struct ReplayArgs {
 /// Run `cudamem replay`.
 pub fn run(args: ReplayArgs) -> Result<()> {
     let arena = match args.capacity {
-        Some(0) => bail!("--capacity must be at least one byte"),
-        Some(bytes) => Arena::Fixed(bytes),
+        Some(bytes) => Arena::fixed(bytes)?,
         None => Arena::Growable,
     };
     let page = memcore::PAGE_BYTES;
@@ -93,12 +93,18 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         }
         chosen
     };
-    let (traces, report_path) = if args.traces.is_empty() {
-        let traces = trace_file::load_embedded()?;
-        (
-            traces,
-            Some(args.report.unwrap_or_else(|| PathBuf::from(DEFAULT_REPORT))),
-        )
+    let report_path = if args.traces.is_empty() {
+        Some(args.report.unwrap_or_else(|| PathBuf::from(DEFAULT_REPORT)))
+    } else {
+        args.report
+    };
+    // Before any replay: a report that cannot be written fails now, not
+    // after minutes of work.
+    let report_file = report_path
+        .map(|path| ReportFile::open(path, &args.traces))
+        .transpose()?;
+    let traces = if args.traces.is_empty() {
+        trace_file::load_embedded()?
     } else {
         let mut traces = Vec::new();
         for path in &args.traces {
@@ -123,24 +129,45 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             }
             traces.extend(loaded);
         }
-        (traces, args.report)
+        traces
     };
 
-    let record = report_path.is_some();
+    let record = report_file.is_some();
     let mut replayed: Vec<Replayed> = Vec::new();
     let mut out = crate::output::stdout();
     for trace in traces {
         let progress = progress_bar(&trace, policies.len());
         let mut outcomes = Vec::new();
         let mut placements = Vec::new();
+        let mut skipped = Vec::new();
         for &name in &policies {
             progress.set_message(name.as_str());
-            let (outcome, placement) = replay::run(name, &trace, arena, stitch, &progress, record)?;
-            outcomes.push(outcome);
-            placements.extend(placement);
+            match replay::run(name, &trace, arena, stitch, &progress, record) {
+                Ok((outcome, placement)) => {
+                    outcomes.push(outcome);
+                    placements.extend(placement);
+                }
+                Err(err) => match err.downcast_ref::<ArenaRefused>() {
+                    Some(refused) => skipped.push(SkippedPolicy {
+                        name: name.as_str(),
+                        reason: refused.to_string(),
+                    }),
+                    None => return Err(err),
+                },
+            }
         }
         progress.finish_and_clear();
-        let summary = TraceSummary::new(&trace, args.capacity, &outcomes);
+        if outcomes.is_empty() && !skipped.is_empty() {
+            bail!(
+                "no chosen policy can take the arena: {}",
+                skipped
+                    .iter()
+                    .map(|policy| policy.reason.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+        let summary = TraceSummary::new(&trace, args.capacity, &outcomes, skipped);
         if args.json {
             writeln!(out, "{}", serde_json::to_string(&summary)?)?;
         } else {
@@ -156,7 +183,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         }
     }
 
-    if let Some(path) = report_path {
+    if let Some(file) = report_file {
         let reports: Vec<TraceReport<'_>> = replayed
             .iter()
             .map(|replayed| TraceReport {
@@ -179,13 +206,78 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             })
             .collect();
         let html = report::replay_page(&reports)?;
-        std::fs::write(&path, html)
-            .with_context(|| format!("writing the report to {}", path.display()))?;
+        let path = file.write(html.as_bytes())?;
         if !args.json {
             writeln!(crate::output::stdout(), "report: {}", path.display())?;
         }
     }
     Ok(())
+}
+
+/// The report file, opened before the replay. Dropped unwritten (the
+/// replay failed), a file it created is removed again; an existing one is
+/// left as it was.
+struct ReportFile {
+    path: PathBuf,
+    file: Option<File>,
+    created: bool,
+}
+
+impl ReportFile {
+    /// Open `path` for the report, refusing a path that is one of `inputs`.
+    fn open(path: PathBuf, inputs: &[PathBuf]) -> Result<Self> {
+        if let Ok(report) = path.canonicalize() {
+            let input = inputs
+                .iter()
+                .find(|input| input.canonicalize().is_ok_and(|input| input == report));
+            if let Some(input) = input {
+                bail!(
+                    "--report {} is the input trace {}; refusing to overwrite it \
+                     (name another file for the report)",
+                    path.display(),
+                    input.display()
+                );
+            }
+        }
+        let context = || format!("cannot write the report to {}", path.display());
+        let (file, created) = match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(file) => (file, true),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => (
+                OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .with_context(context)?,
+                false,
+            ),
+            Err(err) => return Err(err).with_context(context),
+        };
+        Ok(Self {
+            path,
+            file: Some(file),
+            created,
+        })
+    }
+
+    /// Replace the file's contents with `bytes`; the path written.
+    fn write(mut self, bytes: &[u8]) -> Result<PathBuf> {
+        let context = || format!("writing the report to {}", self.path.display());
+        if let Some(mut file) = self.file.take() {
+            if file.metadata().with_context(context)?.is_file() {
+                file.set_len(0).with_context(context)?;
+            }
+            file.write_all(bytes).with_context(context)?;
+            file.flush().with_context(context)?;
+        }
+        Ok(std::mem::take(&mut self.path))
+    }
+}
+
+impl Drop for ReportFile {
+    fn drop(&mut self) {
+        if self.file.take().is_some() && self.created {
+            let _ = std::fs::remove_file(Path::new(&self.path));
+        }
+    }
 }
 
 /// A bar over every event of every policy's replay of `trace`, on stderr

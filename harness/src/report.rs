@@ -618,7 +618,7 @@ mod tests {
             runs.push((outcome, placement.unwrap()));
         }
         let outcomes: Vec<Outcome> = runs.iter().map(|(outcome, _)| outcome.clone()).collect();
-        let summary = TraceSummary::new(&trace, None, &outcomes);
+        let summary = TraceSummary::new(&trace, None, &outcomes, Vec::new());
         let recorded = [(0, summary.peak_live_bytes * 2)];
         let report = TraceReport {
             trace: &trace,

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::byte_size::human;
 use crate::replay::{Failure, Outcome};
-use crate::trace::Trace;
+use crate::trace::{Skipped, Trace};
 
 /// How footprint is defined, said the same way in the table, the JSON and
 /// the report.
@@ -95,6 +95,15 @@ pub struct RecordedSummary {
 /// The row name of PyTorch's own figures.
 pub const RECORDED_ROW: &str = "pytorch (recorded)";
 
+/// A policy left out of a replay, and why (it cannot take the arena).
+#[derive(Debug, Clone, Serialize)]
+pub struct SkippedPolicy {
+    /// Policy name as on the command line.
+    pub name: &'static str,
+    /// Why it was left out.
+    pub reason: String,
+}
+
 /// One trace's figures, one JSON line of `--json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct TraceSummary {
@@ -123,11 +132,20 @@ pub struct TraceSummary {
     pub footprint_rule: &'static str,
     /// Per policy.
     pub policies: Vec<PolicySummary>,
+    /// Policies left out because they cannot take the fixed arena.
+    pub skipped_policies: Vec<SkippedPolicy>,
+    /// Records of the trace file passed over rather than replayed.
+    pub skipped_records: Vec<Skipped>,
 }
 
 impl TraceSummary {
     /// Summarize `outcomes` of `trace`.
-    pub fn new(trace: &Trace, capacity_bytes: Option<u64>, outcomes: &[Outcome]) -> Self {
+    pub fn new(
+        trace: &Trace,
+        capacity_bytes: Option<u64>,
+        outcomes: &[Outcome],
+        skipped_policies: Vec<SkippedPolicy>,
+    ) -> Self {
         let policies = outcomes
             .iter()
             .map(|outcome| {
@@ -173,6 +191,8 @@ impl TraceSummary {
             capacity_bytes,
             footprint_rule: FOOTPRINT_RULE,
             policies,
+            skipped_policies,
+            skipped_records: trace.skipped.clone(),
         }
     }
 
@@ -260,6 +280,18 @@ impl TraceSummary {
                     human(state.largest_free_bytes)
                 );
             }
+        }
+        for policy in &self.skipped_policies {
+            let _ = writeln!(out, "  note: {} skipped: {}", policy.name, policy.reason);
+        }
+        for skipped in &self.skipped_records {
+            let _ = writeln!(
+                out,
+                "  warning: skipped {} {} (first at {})",
+                skipped.count,
+                skipped.reason.describe(),
+                skipped.first
+            );
         }
         out
     }

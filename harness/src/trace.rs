@@ -10,6 +10,10 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+/// The most characters of a value (a field, a header) an error message
+/// quotes; see [`quote`].
+pub const QUOTE_CHARS: usize = 80;
+
 /// The largest request a trace may carry, in bytes (2^48 = 256 TiB): more
 /// than any GPU's virtual address space, and small enough that offset
 /// arithmetic on it can never overflow.
@@ -72,14 +76,14 @@ impl fmt::Display for Location {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Problem {
     /// A row or record that lacks a field or has the wrong shape.
-    #[error("malformed record: {0}")]
+    #[error("malformed record: {}", plain(.0))]
     Malformed(String),
     /// An action that is neither an allocation, a free nor a known
     /// bookkeeping record.
-    #[error("unknown action {0:?}")]
+    #[error("unknown action {}", quote(.0))]
     UnknownAction(String),
     /// A size field that is not a usable byte count.
-    #[error("size {text:?} {why}")]
+    #[error("size {} {why}", quote(text))]
     BadSize {
         /// The field as written.
         text: String,
@@ -87,7 +91,7 @@ pub enum Problem {
         why: &'static str,
     },
     /// A pointer field that is not a number.
-    #[error("pointer {0:?} is not a hexadecimal address")]
+    #[error("pointer {} is not a hexadecimal address", quote(.0))]
     BadPointer(String),
     /// A free of a pointer that no live allocation holds.
     #[error("free of unknown pointer {0:#x} (never allocated, or already freed)")]
@@ -96,14 +100,90 @@ pub enum Problem {
     #[error("second allocation at live pointer {0:#x} (its earlier allocation was never freed)")]
     LivePointer(u64),
     /// The file could not be read or decompressed.
-    #[error("{0}")]
+    #[error("{}", plain(.0))]
     Unreadable(String),
     /// A pickle that is not a PyTorch memory snapshot.
-    #[error("not a PyTorch memory snapshot: {0}")]
+    #[error("not a PyTorch memory snapshot: {}", plain(.0))]
     NotSnapshot(String),
     /// More allocations than dense ids can name.
     #[error("more than {} allocations", u32::MAX)]
     TooManyAllocations,
+    /// Live allocations that together exceed a 64-bit byte count.
+    #[error(
+        "live bytes overflow 64 bits: {live_bytes} bytes live, and this \
+         allocation adds {size} more"
+    )]
+    LiveBytesOverflow {
+        /// Bytes live before this allocation.
+        live_bytes: u64,
+        /// The allocation's size, bytes.
+        size: u64,
+    },
+    /// A line longer than a reader accepts (no real log comes near it).
+    #[error("line longer than {limit_bytes} bytes, the most a trace line may hold")]
+    LineTooLong {
+        /// The limit, bytes.
+        limit_bytes: u64,
+    },
+    /// A file whose (decompressed) contents exceed what cudamem reads.
+    #[error(
+        "more than {limit_bytes} bytes ({}) once decompressed, the most cudamem \
+         reads from one trace file",
+        crate::byte_size::human(*limit_bytes)
+    )]
+    TooLarge {
+        /// The limit, bytes.
+        limit_bytes: u64,
+    },
+}
+
+/// Why a reader passed over a record rather than replaying it or
+/// rejecting the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// RMM's record of a request its upstream refused (`allocate failure`,
+    /// written on out-of-memory): no block was handed out, so an allocator
+    /// under replay has nothing to place.
+    AllocateFailure,
+    /// The header line again inside the log (logs joined end to end, or a
+    /// logger that started over).
+    RepeatedHeader,
+    /// A last line that stops mid-record with no line end: the writing
+    /// process was killed.
+    CutLastLine,
+}
+
+impl SkipReason {
+    /// What the skipped records were, for a warning line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            SkipReason::AllocateFailure => {
+                "`allocate failure` rows (requests the recorded allocator refused; nothing to replay)"
+            }
+            SkipReason::RepeatedHeader => "repeated header lines",
+            SkipReason::CutLastLine => "cut-off last line (the writer stopped mid-record)",
+        }
+    }
+}
+
+/// Records of one kind that a reader skipped.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Skipped {
+    /// What they were.
+    pub reason: SkipReason,
+    /// How many.
+    pub count: u64,
+    /// Where the first one is.
+    #[serde(serialize_with = "location_text")]
+    pub first: Location,
+}
+
+fn location_text<S: serde::Serializer>(
+    location: &Location,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(location)
 }
 
 /// A trace that cannot be used, with the file and the record that says why.
@@ -146,6 +226,8 @@ pub struct Trace {
     /// Time from the first to the last record, nanoseconds, where the
     /// format records time.
     pub duration_ns: Option<u64>,
+    /// Records the reader passed over, by kind, in order of first sight.
+    pub skipped: Vec<Skipped>,
 }
 
 /// The recording allocator's own figures over a trace (PyTorch's caching
@@ -214,6 +296,7 @@ pub struct TraceBuilder {
     peak_live_event: usize,
     /// First and last time seen, nanoseconds.
     times: Option<(u64, u64)>,
+    skipped: Vec<Skipped>,
 }
 
 impl TraceBuilder {
@@ -231,6 +314,19 @@ impl TraceBuilder {
             peak_live_bytes: 0,
             peak_live_event: 0,
             times: None,
+            skipped: Vec::new(),
+        }
+    }
+
+    /// Count a record at `at` passed over for `reason`.
+    pub fn skip(&mut self, reason: SkipReason, at: Location) {
+        match self.skipped.iter_mut().find(|kind| kind.reason == reason) {
+            Some(kind) => kind.count += 1,
+            None => self.skipped.push(Skipped {
+                reason,
+                count: 1,
+                first: at,
+            }),
         }
     }
 
@@ -260,13 +356,19 @@ impl TraceBuilder {
             return Err(Problem::LivePointer(pointer));
         }
         let id = self.allocations;
+        let live_bytes = self
+            .live_bytes
+            .checked_add(size)
+            .ok_or(Problem::LiveBytesOverflow {
+                live_bytes: self.live_bytes,
+                size,
+            })?;
         self.allocations = id.checked_add(1).ok_or(Problem::TooManyAllocations)?;
         self.live.insert(pointer, (id, size));
         self.seen.insert(pointer);
         self.events.push(Event::Alloc { id, size });
         self.locations.push(at);
-        // Cannot overflow: at most 2^32 allocations of at most 2^48 bytes.
-        self.live_bytes += size;
+        self.live_bytes = live_bytes;
         if self.live_bytes > self.peak_live_bytes {
             self.peak_live_bytes = self.live_bytes;
             self.peak_live_event = self.events.len() - 1;
@@ -319,6 +421,7 @@ impl TraceBuilder {
             device: None,
             recorded: None,
             duration_ns: self.times.map(|(first, last)| last - first),
+            skipped: self.skipped,
         };
         if !self.assumed.is_empty() {
             trace.prepend_assumed(&self.assumed);
@@ -442,6 +545,39 @@ pub fn parse_pointer(text: &str) -> Result<u64, Problem> {
     u64::from_str_radix(digits, 16).map_err(|_| Problem::BadPointer(trimmed.to_string()))
 }
 
+/// `text` as an error message quotes it: in double quotes, escaped, and cut
+/// to [`QUOTE_CHARS`] characters, with its whole length in bytes said when it
+/// was cut. Every reader quotes values from a file through this, so a huge
+/// field never reaches a terminal whole.
+pub fn quote(text: &str) -> String {
+    match text.char_indices().nth(QUOTE_CHARS) {
+        None => format!("{text:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &text[..cut], text.len()),
+    }
+}
+
+/// The most characters of a composed message (which may carry a library's
+/// own quote of the input) a [`Problem`] shows.
+const MESSAGE_CHARS: usize = 3 * QUOTE_CHARS;
+
+/// A composed message as a [`Problem`] shows it: control characters
+/// escaped, cut to [`MESSAGE_CHARS`] characters. A parser's error may quote
+/// raw input (serde-pickle does), and raw input can be anything.
+fn plain(text: &str) -> String {
+    let mut shown = String::new();
+    for (count, c) in text.chars().enumerate() {
+        if count >= MESSAGE_CHARS {
+            return format!("{shown}... ({} bytes)", text.len());
+        }
+        if c.is_control() {
+            shown.extend(c.escape_debug());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
+}
+
 /// The name a report shows for a trace file: its file name.
 pub fn display_name(path: &Path) -> String {
     path.file_name()
@@ -509,6 +645,55 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn quotes_are_cut_to_80_characters() {
+        assert_eq!(quote("0x1f"), "\"0x1f\"");
+        let long = "9".repeat(100_000);
+        let quoted = quote(&long);
+        assert_eq!(quoted, format!("\"{}\"... (100000 bytes)", "9".repeat(80)));
+        // Cut on a character boundary, never inside one.
+        let wide = "é".repeat(81);
+        assert_eq!(
+            quote(&wide),
+            format!("\"{}\"... (162 bytes)", "é".repeat(80))
+        );
+        assert_eq!(quote(&"é".repeat(80)), format!("\"{}\"", "é".repeat(80)));
+        let problem = Problem::BadSize {
+            text: long,
+            why: "is not a number",
+        };
+        assert!(problem.to_string().len() < 130, "{problem}");
+        // Composed messages (a parser quoting raw input) are cut and escaped.
+        let raw = format!("literal is invalid: \u{1b}[2J{}", "\u{fffd}".repeat(5000));
+        let shown = Problem::NotSnapshot(raw).to_string();
+        assert!(shown.chars().count() < 320, "{shown}");
+        assert!(
+            shown.contains("\\u{1b}[2J") && !shown.contains('\u{1b}'),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn live_bytes_past_64_bits_are_an_error_not_a_wrapped_peak() {
+        let mut trace = TraceBuilder::new("t".into());
+        // 65,536 allocations of 2^48 bytes make exactly 2^64: one too many.
+        for pointer in 0..65_535u64 {
+            trace
+                .allocate(pointer, MAX_REQUEST_BYTES, Location::Line(pointer + 2))
+                .unwrap();
+        }
+        assert_eq!(
+            trace.allocate(1 << 40, MAX_REQUEST_BYTES, Location::Line(65_537)),
+            Err(Problem::LiveBytesOverflow {
+                live_bytes: u64::MAX - MAX_REQUEST_BYTES + 1,
+                size: MAX_REQUEST_BYTES,
+            })
+        );
+        let trace = trace.finish();
+        assert_eq!(trace.peak_live_bytes, 65_535 * MAX_REQUEST_BYTES);
+        assert_eq!(trace.events.len(), 65_535);
     }
 
     #[test]

@@ -28,7 +28,8 @@ use crate::trace::{Location, Problem, Recorded, Trace, TraceBuilder, TraceError}
 /// Actions that neither allocate, free nor change what is reserved.
 const BOOKKEEPING: [&str; 3] = ["snapshot", "oom", "user_defined"];
 
-/// Cut a quoted value for a message to 80 characters.
+/// A frame's file or function name as tables show it: at most 80
+/// characters. (Values quoted in errors go through [`crate::trace::quote`].)
 fn cut(text: &str) -> String {
     if text.chars().count() <= 80 {
         text.to_string()
@@ -217,7 +218,7 @@ fn parse_device(
                 curve.push((pushed, reserved));
             }
             other if BOOKKEEPING.contains(&other) => {}
-            other => return Err(fail(Problem::UnknownAction(cut(other)))),
+            other => return Err(fail(Problem::UnknownAction(other.to_string()))),
         }
     }
     let mut trace = trace.finish();

@@ -272,8 +272,8 @@ fn segment(pickle: &Pickle, value: Value) -> Result<Segment, Problem> {
             Some("inactive") => BlockState::Free,
             Some(other) => {
                 return Err(in_block(Problem::Malformed(format!(
-                    "unknown \"state\" {:?}",
-                    cut(other)
+                    "unknown \"state\" {}",
+                    crate::trace::quote(other)
                 ))));
             }
             None => {
