@@ -252,7 +252,9 @@ fn a_policy_that_cannot_take_the_arena_is_skipped_with_a_note() {
             "tlsf",
             "tlsf-compact",
             "pool-vmm",
-            "range-alloc"
+            "range-alloc",
+            "stitch",
+            "pytorch-expandable"
         ]
     );
     let skipped = &json["skipped_policies"];
