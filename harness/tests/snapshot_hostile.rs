@@ -357,7 +357,10 @@ fn malformed_snapshots_name_the_file_and_entry() {
     let bytes = snapshot(vec![vec![entry(&long_action, 0, 0)]]);
     let stderr = failure_of(&replay_json(&write_file("action.pickle", &bytes), &[]));
     assert!(
-        stderr.contains(&format!("unknown action \"{}...\"", "x".repeat(77))),
+        stderr.contains(&format!(
+            "unknown action \"{}\"... (500 bytes)",
+            "x".repeat(80)
+        )),
         "{stderr}"
     );
     assert!(!stderr.contains(&"x".repeat(81)), "{stderr}");
