@@ -31,6 +31,10 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "torch-alloc/tests/c_abi.rs",
         "tests that call the C ABI as C code does",
     ),
+    (
+        "torch-alloc/tests/policy_env.rs",
+        "a test that calls the C ABI as C code does, under an environment variable",
+    ),
 ];
 
 /// Files under `ctx/src/cuda/` that need no `unsafe`, each with why.
