@@ -2,15 +2,11 @@
 //! rule they all share.
 //!
 //! # Footprint
-//! Every policy manages one address space starting at 0 that it *maps* in
-//! [`GRANULE`]-sized (2 MiB) steps at its end, the way a VMM-backed pool
-//! grows. A policy first tries to place a request inside what it has mapped;
-//! only when that fails does it map more, the least whole number of granules
-//! that lets the request fit at the end (the free tail counts). Its
-//! footprint is the most it ever had mapped. The one exception in mechanics,
-//! not in definition, is `offset-allocator`, whose arena cannot grow: it gets
-//! one 1 TiB arena, and it maps (counts) up to the granule above the end of
-//! any block it places, which is the same rule applied after the fact.
+//! [`FOOTPRINT_RULE`] states how a policy's footprint is measured; it is
+//! written once, here, and the table, the JSON (`footprint_rule`), the HTML
+//! report and the READMEs repeat or point to it. [`GRANULE`] is the mapping
+//! step and [`ARENA_BYTES`] the address space of a policy that cannot grow
+//! at its end (offset-allocator) or must reserve it up front (pool-vmm).
 //!
 //! With `--capacity` the arena is fixed at that size from the start, nothing
 //! grows, and a request that does not fit is a failed allocation.
@@ -26,6 +22,23 @@ use serde::Serialize;
 /// The step in which address space is mapped, in bytes: the H200's VMM
 /// granularity (2 MiB).
 pub const GRANULE: u64 = 2 << 20;
+
+/// The address space, in bytes (512 GiB), of a policy that must take it all
+/// at once: offset-allocator's one arena (its u32 units of 256 B reach just
+/// short of 1 TiB) and the reservation of ctx's VMM pool. Nothing is mapped
+/// until used, and no trace comes near it.
+pub const ARENA_BYTES: u64 = 512 << 30;
+
+/// How footprint is defined, said the same way in the table, the JSON and
+/// the report. The sizes in it are [`GRANULE`], [`ARENA_BYTES`] and
+/// [`DEFAULT_ALIGN`]; a test holds the text to them.
+pub const FOOTPRINT_RULE: &str = "Footprint: every policy owns one address space that it maps in 2 MiB \
+granules at its end, like a VMM pool; it maps more only when a request does not fit in what it has, \
+and then the fewest granules that let the request fit at the end (its free tail counts). Peak \
+footprint is the most it ever had mapped. offset-allocator cannot grow, so it gets one 512 GiB arena \
+and counts as mapped everything up to the granule above the highest byte it ever placed; pool-vmm \
+reserves 512 GiB and counts the pages it mapped; stitch and pytorch-expandable count physical pages. \
+Every request is aligned to 256 bytes.";
 
 /// The policies `cudamem replay` knows, in report order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
@@ -494,6 +507,22 @@ impl Policy for CompactingTlsf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_footprint_rule_states_the_sizes_the_code_uses() {
+        let granule = format!("{} MiB granules", GRANULE >> 20);
+        let arena = format!("{} GiB", ARENA_BYTES >> 30);
+        assert!(FOOTPRINT_RULE.contains(&granule), "{granule}");
+        assert!(
+            FOOTPRINT_RULE.contains(&format!("one {arena} arena")),
+            "{arena}"
+        );
+        assert!(
+            FOOTPRINT_RULE.contains(&format!("reserves {arena}")),
+            "{arena}"
+        );
+        assert!(FOOTPRINT_RULE.contains(&format!("aligned to {DEFAULT_ALIGN} bytes")));
+    }
 
     #[test]
     fn a_fixed_arena_is_whole_granules() {

@@ -8,16 +8,12 @@ use ctx::{CompactionPolicy, Growth, Pool, PoolConfig, PoolGuard, SimConfig, SimD
 use ctx::{DEFAULT_ALIGN, Handle};
 use memcore::{DriverCalls, H200_DRIVER_COSTS};
 
-use crate::policy::{Arena, ArenaState, GRANULE, Policy};
-
-/// Address space a growable pool reserves, bytes (1 TiB): nothing is mapped
-/// until used, and no trace comes near it.
-const GROWABLE_RESERVE: u64 = 1 << 40;
+use crate::policy::{ARENA_BYTES, Arena, ArenaState, GRANULE, Policy};
 
 /// A pool on a simulated device whose only limit is `arena`.
 pub fn pool(arena: Arena) -> Result<Pool<SimDevice>> {
     let bytes = match arena {
-        Arena::Growable => GROWABLE_RESERVE,
+        Arena::Growable => ARENA_BYTES,
         Arena::Fixed(bytes) => bytes,
     };
     let device = SimDevice::new(SimConfig {

@@ -8,9 +8,10 @@ use plotters::prelude::*;
 
 use crate::byte_size::human;
 use crate::memory_map::Raster;
+use crate::policy::FOOTPRINT_RULE;
 use crate::policy::PolicyName;
 use crate::replay::{Outcome, Placement};
-use crate::summary::{FOOTPRINT_RULE, TraceSummary};
+use crate::summary::TraceSummary;
 use crate::trace::Trace;
 
 /// Memory-map raster: time buckets by address buckets. 240 x 120 cells at
