@@ -14,8 +14,8 @@
 use anyhow::Result;
 use clap::ValueEnum;
 use memcore::{
-    Allocation, Allocator, BlockFlags, DEFAULT_ALIGN, DriverCalls, Error, FreeList,
-    H200_DRIVER_COSTS, Handle, Heap, NewRegion, Tlsf,
+    Allocation, Allocator, DEFAULT_ALIGN, DriverCalls, Error, FreeList, H200_DRIVER_COSTS,
+    NewRegion, Tlsf,
 };
 use serde::Serialize;
 
@@ -49,9 +49,11 @@ pub enum PolicyName {
     BestFit,
     /// memcore::Tlsf.
     Tlsf,
-    /// memcore::Heap<Tlsf> that compacts before it grows.
+    /// ctx::Pool over an unbacked SimDevice with VMM growth and
+    /// `CompactionPolicy::SlideBeforeGrow`.
     TlsfCompact,
-    /// ctx::Pool over an unbacked SimDevice with VMM growth.
+    /// ctx::Pool over an unbacked SimDevice with VMM growth and
+    /// `CompactionPolicy::BeforeGrow`.
     PoolVmm,
     /// The offset-allocator crate (Sebastian Aaltonen's OffsetAllocator).
     OffsetAllocator,
@@ -90,7 +92,7 @@ impl PolicyName {
                 "memcore's two-level segregated fit: constant-time allocate and free over size classes; never moves a block."
             }
             PolicyName::TlsfCompact => {
-                "TLSF behind relocatable handles: when a request does not fit, it first moves the fewest blocks that make room, and grows only when no move can."
+                "ctx's Pool (TLSF behind relocatable handles) on a simulated device, set to grow the least: when a request does not fit, it first moves the fewest blocks that make room; when no move can, it slides every block down and grows by what is still missing."
             }
             PolicyName::PoolVmm => {
                 "ctx's Pool on a simulated device, as it runs on a GPU: compacts before it grows, and grows by mapping 2 MiB VMM pages."
@@ -378,130 +380,6 @@ pub fn free_list(fit: memcore::Fit, arena: Arena) -> Result<Grown<FreeList>> {
 /// `memcore::Tlsf`.
 pub fn tlsf(arena: Arena) -> Result<Grown<Tlsf>> {
     Grown::new(Tlsf::new(), arena)
-}
-
-/// A relocatable heap over TLSF that compacts before it grows: first the
-/// fewest moves that make room for the request, and only when no such plan
-/// exists a full slide, so the arena grows by the least.
-#[derive(Debug)]
-pub struct CompactingTlsf {
-    heap: Heap<Tlsf>,
-    mapped: u64,
-    growable: bool,
-    bytes_moved: u64,
-    relocations: u64,
-    calls: DriverCalls,
-}
-
-impl CompactingTlsf {
-    /// A heap given `arena`'s initial space.
-    pub fn new(arena: Arena) -> Result<Self> {
-        let mut heap = Heap::new(Tlsf::new());
-        let (mapped, growable) = match arena {
-            Arena::Growable => (0, true),
-            Arena::Fixed(bytes) => {
-                heap.add_region(0, bytes)?;
-                (bytes, false)
-            }
-        };
-        Ok(Self {
-            heap,
-            mapped,
-            growable,
-            bytes_moved: 0,
-            relocations: 0,
-            calls: DriverCalls::default(),
-        })
-    }
-
-    fn try_allocate(&mut self, size: u64) -> Result<Option<Handle>> {
-        match self.heap.allocate(size, DEFAULT_ALIGN, BlockFlags::empty()) {
-            Ok(handle) => Ok(Some(handle)),
-            Err(err) if is_refusal(&err) => Ok(None),
-            Err(err) => Err(err.into()),
-        }
-    }
-
-    /// Apply a plan: the replay holds no bytes, so executing it is only
-    /// counting what a device would copy.
-    /// An empty plan is committed too: making room can mean giving back
-    /// padding, with nothing to move.
-    fn commit(&mut self, plan: memcore::CompactionPlan) -> Result<()> {
-        if !plan.is_empty() {
-            self.bytes_moved += plan.bytes_moved();
-            self.relocations += 1;
-        }
-        self.heap.commit(plan)?;
-        Ok(())
-    }
-}
-
-impl Policy for CompactingTlsf {
-    type Block = Handle;
-
-    fn allocate(&mut self, size: u64) -> Result<Option<Handle>> {
-        if let Some(handle) = self.try_allocate(size)? {
-            return Ok(Some(handle));
-        }
-        // plan_room counts padding as free, so it is asked even when the
-        // free blocks alone look too small.
-        match self.heap.plan_room(size, DEFAULT_ALIGN) {
-            Ok(plan) => {
-                self.commit(plan)?;
-                if let Some(handle) = self.try_allocate(size)? {
-                    return Ok(Some(handle));
-                }
-            }
-            Err(err) if is_refusal(&err) => {}
-            Err(err) => return Err(err.into()),
-        }
-        if !self.growable {
-            return Ok(None);
-        }
-        // A full plan brings free space down to the tail, so the growth is
-        // the least; it is empty without a walk when there is none to bring.
-        let plan = self.heap.plan_full();
-        self.commit(plan)?;
-        let Some(grow) = granules_to_fit(self.heap.allocator(), self.mapped, size)? else {
-            return Ok(None);
-        };
-        self.heap.add_region(self.mapped, grow)?;
-        self.mapped += grow;
-        self.calls.grow(grow, &H200_DRIVER_COSTS);
-        match self.try_allocate(size)? {
-            Some(handle) => Ok(Some(handle)),
-            None => Err(refused_after_growth(size)),
-        }
-    }
-
-    fn free(&mut self, block: Handle) -> Result<()> {
-        self.heap.free(block)?;
-        Ok(())
-    }
-
-    fn offset(&self, block: Handle) -> Result<u64> {
-        Ok(self.heap.offset(block)?)
-    }
-
-    fn mapped_bytes(&self) -> Result<u64> {
-        Ok(self.mapped)
-    }
-
-    fn bytes_moved(&self) -> Result<u64> {
-        Ok(self.bytes_moved)
-    }
-
-    fn relocations(&self) -> Result<u64> {
-        Ok(self.relocations)
-    }
-
-    fn driver_calls(&self) -> Result<DriverCalls> {
-        Ok(self.calls)
-    }
-
-    fn state(&self) -> Result<ArenaState> {
-        Ok(arena_state(self.mapped, &self.heap.stats()))
-    }
 }
 
 #[cfg(test)]

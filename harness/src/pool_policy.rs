@@ -1,4 +1,5 @@
-//! ctx's compacting pool as a replay policy: a VMM pool (2 MiB pages,
+//! ctx's compacting pool as a replay policy (`pool-vmm` and `tlsf-compact`,
+//! which differ only in their `CompactionPolicy`): a VMM pool (2 MiB pages,
 //! compaction before growth) over an unbacked simulated device, so replays
 //! exercise the real allocation path (heap, planner, grow, map) without
 //! holding the trace's gigabytes.
@@ -10,8 +11,9 @@ use memcore::{DriverCalls, H200_DRIVER_COSTS};
 
 use crate::policy::{ARENA_BYTES, Arena, ArenaState, GRANULE, Policy};
 
-/// A pool on a simulated device whose only limit is `arena`.
-pub fn pool(arena: Arena) -> Result<Pool<SimDevice>> {
+/// A pool on a simulated device whose only limit is `arena`, moving blocks
+/// as `compaction` says.
+pub fn pool(arena: Arena, compaction: CompactionPolicy) -> Result<Pool<SimDevice>> {
     let bytes = match arena {
         Arena::Growable => ARENA_BYTES,
         Arena::Fixed(bytes) => bytes,
@@ -26,7 +28,7 @@ pub fn pool(arena: Arena) -> Result<Pool<SimDevice>> {
     });
     let config = PoolConfig {
         growth: Growth::Vmm,
-        compaction: CompactionPolicy::BeforeGrow,
+        compaction,
         reserve_bytes: bytes,
         max_bytes: bytes,
         min_growth_bytes: 0,

@@ -8,10 +8,11 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use crate::baseline::{OffsetAllocatorPolicy, RangeAllocPolicy};
-use crate::policy::{self, Arena, ArenaState, CompactingTlsf, Policy, PolicyName};
+use crate::policy::{self, Arena, ArenaState, Policy, PolicyName};
 use crate::pool_policy::{self, PoolPolicy};
 use crate::stitch_policy::{ExpandablePolicy, StitchPolicy};
 use crate::trace::{Event, Location, Trace};
+use ctx::CompactionPolicy;
 use memcore::StitchConfig;
 
 /// Events between two progress-bar updates: rare enough to cost nothing in
@@ -134,9 +135,12 @@ fn with_policy<T>(
         PolicyName::FirstFit => body.run(&mut policy::free_list(memcore::Fit::First, arena)?),
         PolicyName::BestFit => body.run(&mut policy::free_list(memcore::Fit::Best, arena)?),
         PolicyName::Tlsf => body.run(&mut policy::tlsf(arena)?),
-        PolicyName::TlsfCompact => body.run(&mut CompactingTlsf::new(arena)?),
+        PolicyName::TlsfCompact => {
+            let pool = pool_policy::pool(arena, CompactionPolicy::SlideBeforeGrow)?;
+            body.run(&mut PoolPolicy::new(&pool, arena))
+        }
         PolicyName::PoolVmm => {
-            let pool = pool_policy::pool(arena)?;
+            let pool = pool_policy::pool(arena, CompactionPolicy::BeforeGrow)?;
             body.run(&mut PoolPolicy::new(&pool, arena))
         }
         PolicyName::OffsetAllocator => body.run(&mut OffsetAllocatorPolicy::new(arena)?),

@@ -108,17 +108,21 @@ impl<D: DeviceMemory> PoolState<D> {
     /// The request did not fit: compact and/or grow, as the policy says.
     #[cold]
     fn allocate_slow(&mut self, size: u64, align: u64) -> Result<Handle> {
-        use CompactionPolicy::{BeforeGrow, Never, WhenGrowFails};
+        use CompactionPolicy::{BeforeGrow, Never, SlideBeforeGrow, WhenGrowFails};
         let policy = self.config.compaction;
         let mut found = match policy {
             Never | WhenGrowFails => self.grow_and_fit(size, align)?,
-            BeforeGrow => self.make_room_and_fit(size, align)?,
+            BeforeGrow | SlideBeforeGrow => self.make_room_and_fit(size, align)?,
         };
+        if found.is_none() && policy == SlideBeforeGrow {
+            // Free space brought down to the top leaves the least to grow.
+            self.compact()?;
+        }
         if found.is_none() {
             found = match policy {
                 Never => None,
                 WhenGrowFails => self.make_room_and_fit(size, align)?,
-                BeforeGrow => self.grow_and_fit(size, align)?,
+                BeforeGrow | SlideBeforeGrow => self.grow_and_fit(size, align)?,
             };
         }
         if found.is_none() && policy != Never {
