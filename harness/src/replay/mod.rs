@@ -1,16 +1,21 @@
 //! Replaying a parsed trace through one policy: the timed loop, and a
 //! second, recording pass that keeps where every block lay for the report.
 
+pub mod baseline;
+pub mod policy;
+pub mod pool_policy;
+pub mod stitch_policy;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::baseline::{OffsetAllocatorPolicy, RangeAllocPolicy};
-use crate::policy::{self, Arena, ArenaState, Policy, PolicyName};
-use crate::pool_policy::{self, PoolPolicy};
-use crate::stitch_policy::{ExpandablePolicy, StitchPolicy};
+use crate::replay::baseline::{OffsetAllocatorPolicy, RangeAllocPolicy};
+use crate::replay::policy::{Arena, ArenaState, Policy, PolicyName};
+use crate::replay::pool_policy::PoolPolicy;
+use crate::replay::stitch_policy::{ExpandablePolicy, StitchPolicy};
 use crate::trace::{Event, Location, Trace};
 use ctx::CompactionPolicy;
 use memcore::StitchConfig;
@@ -45,7 +50,7 @@ fn location_text<S: serde::Serializer>(
 pub struct Outcome {
     /// The policy.
     pub policy: PolicyName,
-    /// Most bytes mapped at once (see [`crate::policy`] for the rule).
+    /// Most bytes mapped at once (see [`crate::replay::policy`] for the rule).
     pub peak_footprint_bytes: u64,
     /// Bytes copied by compaction.
     pub bytes_moved: u64,
@@ -385,7 +390,7 @@ mod tests {
 
     #[test]
     fn every_policy_places_the_embedded_trace_soundly() {
-        let trace = &crate::trace_file::load_embedded().unwrap()[0];
+        let trace = &crate::trace::file::load_embedded().unwrap()[0];
         for name in PolicyName::ALL {
             let (outcome, placement) = run(
                 name,

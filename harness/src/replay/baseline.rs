@@ -7,7 +7,7 @@ use anyhow::Result;
 use memcore::{DEFAULT_ALIGN, DriverCalls, H200_DRIVER_COSTS};
 use range_alloc::RangeAllocator;
 
-use crate::policy::{
+use crate::replay::policy::{
     ARENA_BYTES, Arena, ArenaRefused, ArenaState, GRANULE, Policy, PolicyName, granules, growth,
 };
 
@@ -22,7 +22,7 @@ const _: () = assert!(ARENA_BYTES / UNIT < u32::MAX as u64);
 
 /// The `offset-allocator` crate. Its arena cannot grow, so it gets one
 /// [`ARENA_BYTES`] arena, and what it has mapped is the granule above the end
-/// of the highest block it ever placed ([`crate::policy::FOOTPRINT_RULE`]).
+/// of the highest block it ever placed ([`crate::replay::policy::FOOTPRINT_RULE`]).
 pub struct OffsetAllocatorPolicy {
     allocator: offset_allocator::Allocator,
     arena_bytes: u64,

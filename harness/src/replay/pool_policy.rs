@@ -9,7 +9,7 @@ use ctx::{CompactionPolicy, Growth, Pool, PoolConfig, PoolGuard, SimConfig, SimD
 use ctx::{DEFAULT_ALIGN, Handle};
 use memcore::{DriverCalls, H200_DRIVER_COSTS};
 
-use crate::policy::{ARENA_BYTES, Arena, ArenaState, GRANULE, Policy};
+use crate::replay::policy::{ARENA_BYTES, Arena, ArenaState, GRANULE, Policy};
 
 /// A pool on a simulated device whose only limit is `arena`, moving blocks
 /// as `compaction` says.

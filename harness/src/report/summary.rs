@@ -4,8 +4,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::byte_size::human;
-use crate::policy::FOOTPRINT_RULE;
+use crate::cli::byte_size::human;
+use crate::replay::policy::FOOTPRINT_RULE;
 use crate::replay::{Failure, Outcome};
 use crate::trace::{Skipped, Trace};
 
