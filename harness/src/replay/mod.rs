@@ -109,7 +109,7 @@ pub fn run(
         name,
         arena,
         stitch,
-        Timed {
+        MeasuredPass {
             name,
             trace,
             progress,
@@ -117,7 +117,7 @@ pub fn run(
     )
     .with_context(context)?;
     let placement = if record {
-        Some(with_policy(name, arena, stitch, Placed { trace }).with_context(context)?)
+        Some(with_policy(name, arena, stitch, RecordingPass { trace }).with_context(context)?)
     } else {
         None
     };
@@ -125,7 +125,7 @@ pub fn run(
 }
 
 /// Work to do with a freshly built policy, whatever its concrete type.
-trait PolicyBody<T> {
+trait ReplayPass<T> {
     fn run<P: Policy>(self, policy: &mut P) -> Result<T>;
 }
 
@@ -134,7 +134,7 @@ fn with_policy<T>(
     name: PolicyName,
     arena: Arena,
     stitch: StitchConfig,
-    body: impl PolicyBody<T>,
+    body: impl ReplayPass<T>,
 ) -> Result<T> {
     match name {
         PolicyName::FirstFit => body.run(&mut policy::free_list(memcore::Fit::First, arena)?),
@@ -157,13 +157,13 @@ fn with_policy<T>(
 
 /// The measured replay: nothing in the loop allocates (block slots are
 /// preallocated by dense id) and nothing but the policy's calls is timed.
-struct Timed<'a> {
+struct MeasuredPass<'a> {
     name: PolicyName,
     trace: &'a Trace,
     progress: &'a ProgressBar,
 }
 
-impl PolicyBody<Outcome> for Timed<'_> {
+impl ReplayPass<Outcome> for MeasuredPass<'_> {
     fn run<P: Policy>(self, policy: &mut P) -> Result<Outcome> {
         let trace = self.trace;
         let mut slots: Vec<Option<P::Block>> = vec![None; trace.allocations as usize];
@@ -219,11 +219,11 @@ impl PolicyBody<Outcome> for Timed<'_> {
 
 /// The recording replay: the same calls, then where the block landed, what
 /// compaction moved and how much is mapped.
-struct Placed<'a> {
+struct RecordingPass<'a> {
     trace: &'a Trace,
 }
 
-impl PolicyBody<Placement> for Placed<'_> {
+impl ReplayPass<Placement> for RecordingPass<'_> {
     fn run<P: Policy>(self, policy: &mut P) -> Result<Placement> {
         let trace = self.trace;
         let count = trace.allocations as usize;

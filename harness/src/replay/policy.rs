@@ -254,14 +254,14 @@ pub fn growth(mapped: u64, top: u64, size: u64, attempt: u32) -> u64 {
 
 /// A memcore allocator over a growable (or fixed) arena.
 #[derive(Debug)]
-pub struct Grown<A: Allocator> {
+pub struct GrowingArena<A: Allocator> {
     allocator: A,
     mapped: u64,
     growable: bool,
     calls: DriverCalls,
 }
 
-impl<A: Allocator> Grown<A> {
+impl<A: Allocator> GrowingArena<A> {
     /// `allocator`, given `arena`'s initial space.
     pub fn new(mut allocator: A, arena: Arena) -> Result<Self> {
         let (mapped, growable) = match arena {
@@ -301,7 +301,7 @@ fn refused_after_growth(size: u64) -> anyhow::Error {
     anyhow::anyhow!("{size} bytes refused after growing by what the allocator asked for")
 }
 
-impl<A: Allocator> Grown<A> {
+impl<A: Allocator> GrowingArena<A> {
     /// Map more and retry, after `size` bytes did not fit.
     #[cold]
     fn grow_and_allocate(&mut self, size: u64) -> Result<Option<Allocation>> {
@@ -327,7 +327,7 @@ fn is_refusal(err: &Error) -> bool {
     matches!(err, Error::OutOfMemory { .. } | Error::Overflow { .. })
 }
 
-impl<A: Allocator> Policy for Grown<A> {
+impl<A: Allocator> Policy for GrowingArena<A> {
     type Block = Allocation;
 
     // The replay loop times these calls: inline them, and keep growth out
@@ -373,13 +373,13 @@ fn arena_state(mapped: u64, stats: &memcore::Stats) -> ArenaState {
 }
 
 /// `memcore::FreeList` with first or best fit.
-pub fn free_list(fit: memcore::Fit, arena: Arena) -> Result<Grown<FreeList>> {
-    Grown::new(FreeList::new(fit), arena)
+pub fn free_list(fit: memcore::Fit, arena: Arena) -> Result<GrowingArena<FreeList>> {
+    GrowingArena::new(FreeList::new(fit), arena)
 }
 
 /// `memcore::Tlsf`.
-pub fn tlsf(arena: Arena) -> Result<Grown<Tlsf>> {
-    Grown::new(Tlsf::new(), arena)
+pub fn tlsf(arena: Arena) -> Result<GrowingArena<Tlsf>> {
+    GrowingArena::new(Tlsf::new(), arena)
 }
 
 #[cfg(test)]
