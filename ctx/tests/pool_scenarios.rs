@@ -526,3 +526,28 @@ fn an_unbacked_h200_replays_gigabytes_without_host_memory() {
     pool.read(blocks[1], 0, &mut out).unwrap();
     assert_eq!(out, [0; 8], "unbacked reads are zeros");
 }
+
+/// A hole below a live block that no move can turn into room for the
+/// request: `SlideBeforeGrow` slides the block into the hole and grows by
+/// what is still missing, `BeforeGrow` grows by the whole request.
+#[test]
+fn slide_before_grow_grows_the_least() {
+    let mut figures = Vec::new();
+    for compaction in [
+        CompactionPolicy::BeforeGrow,
+        CompactionPolicy::SlideBeforeGrow,
+    ] {
+        let pool = pool(Growth::Vmm, compaction, 64 * PAGE);
+        let hole = pool.allocate(BLOCK, 256, None).unwrap();
+        let kept = pool.allocate(BLOCK, 256, None).unwrap();
+        pool.write(kept, 0, &[7; 64]).unwrap();
+        pool.free(hole).unwrap();
+        pool.allocate(2 * BLOCK, 256, None).unwrap();
+        let mut marker = [0; 64];
+        pool.read(kept, 0, &mut marker).unwrap();
+        assert_eq!(marker, [7; 64], "{compaction:?}");
+        let stats = pool.stats();
+        figures.push((stats.peak_mapped_bytes, stats.bytes_moved));
+    }
+    assert_eq!(figures, [(4 * BLOCK, 0), (3 * BLOCK, BLOCK)]);
+}

@@ -14,29 +14,17 @@
 //! It is not a profiler: it does not attach to a running program. Run
 //! `cudamem --help` for usage, and see `harness/README.md`.
 
-mod baseline;
-mod byte_size;
-mod explain;
-mod explain_snapshot;
-mod malloc_heap;
-mod memory_map;
-mod output;
-mod policy;
-mod pool_policy;
+mod cli;
 mod replay;
-mod replay_command;
 mod report;
-mod rmm_csv;
-mod snapshot;
-mod stitch_policy;
-mod summary;
 mod trace;
-mod trace_file;
 
 use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use cli::{explain, malloc_heap, output, replay_command};
 
 /// What `cudamem --help` opens with: what the command is for, and what a
 /// bare `cudamem` does.

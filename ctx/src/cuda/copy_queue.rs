@@ -115,10 +115,20 @@ pub(crate) struct CopyQueue {
     /// The slide kernel's counter and marks, once allocated: address and `u32`
     /// words.
     slide_sync: Option<(CUdeviceptr, u64)>,
-    /// Events timing each batch: `None` before first use, `Some(None)` if the driver
-    /// refused them (batches are then waited for without timing).
-    timer: Option<Option<EventTimer>>,
+    /// Events timing each batch, made at the first.
+    timer: BatchTimer,
     calls: CopyCalls,
+}
+
+/// The events that time a copy batch on the device.
+#[derive(Debug)]
+enum BatchTimer {
+    /// No batch yet: the events are made at the first.
+    Unmade,
+    /// The driver refused them: batches are waited for without timing.
+    Refused,
+    /// Made; each batch is timed.
+    Ready(EventTimer),
 }
 
 fn nanos(time: Duration) -> u64 {
@@ -139,7 +149,7 @@ impl CopyQueue {
             kernel: MoveKernel::NotLoaded,
             scratch: None,
             slide_sync: None,
-            timer: None,
+            timer: BatchTimer::Unmade,
             calls: CopyCalls::default(),
         }
     }
@@ -223,11 +233,15 @@ impl CopyQueue {
         self.calls.batches += 1;
         self.calls.moves += moves.len() as u64;
         self.calls.bytes += moves.iter().map(|m| m.len).sum::<u64>();
-        if self.timer.is_none() {
-            self.timer = Some(EventTimer::new(&self.context).ok());
+        if matches!(self.timer, BatchTimer::Unmade) {
+            self.timer =
+                EventTimer::new(&self.context).map_or(BatchTimer::Refused, BatchTimer::Ready);
         }
         // Out of `self` while the copies are queued, back in before returning.
-        let timer = self.timer.take().flatten();
+        let timer = match std::mem::replace(&mut self.timer, BatchTimer::Refused) {
+            BatchTimer::Ready(timer) => Some(timer),
+            BatchTimer::Unmade | BatchTimer::Refused => None,
+        };
         let timed = timer
             .as_ref()
             .is_some_and(|t| t.start(std::ptr::null_mut()).is_ok());
@@ -244,7 +258,7 @@ impl CopyQueue {
                 driver::cuStreamSynchronize(std::ptr::null_mut())
             }),
         };
-        self.timer = Some(timer);
+        self.timer = timer.map_or(BatchTimer::Refused, BatchTimer::Ready);
         self.calls.host_nanos += nanos(started.elapsed());
         waited
     }

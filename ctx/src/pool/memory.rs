@@ -46,7 +46,7 @@ impl PoolMemory {
     }
 
     /// Device memory held, bytes: mapped, or allocated as chunks.
-    pub(super) fn held_bytes(&self) -> u64 {
+    pub(super) fn mapped_bytes(&self) -> u64 {
         match self {
             Self::Vmm { mapped, .. } => *mapped,
             Self::Chunks { held, .. } => *held,

@@ -38,6 +38,11 @@ pub enum CompactionPolicy {
     /// (fewest bytes moved), grow only if compaction cannot make room: the
     /// smallest footprint.
     BeforeGrow,
+    /// As [`BeforeGrow`](Self::BeforeGrow), but when no plan can make room,
+    /// first slide every block down ([`Pool::compact`]) and then grow by what
+    /// is still missing: the least growth, at the cost of copying every block
+    /// above the first hole.
+    SlideBeforeGrow,
     /// When a request does not fit, grow; compact only when growth is capped
     /// by `max_bytes` or the device is full.
     WhenGrowFails,

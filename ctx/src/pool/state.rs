@@ -24,7 +24,7 @@ pub(super) struct PoolState<D: DeviceMemory> {
     /// Stream of each live block that was allocated with one, indexed by
     /// handle slot; `None` for the rest.
     streams: Vec<Option<StreamId>>,
-    peak_held_bytes: u64,
+    peak_mapped_bytes: u64,
     bytes_moved: u64,
     compactions: u64,
     grows: u64,
@@ -73,7 +73,7 @@ impl<D: DeviceMemory> PoolState<D> {
             memory,
             granularity,
             streams: Vec::new(),
-            peak_held_bytes: 0,
+            peak_mapped_bytes: 0,
             bytes_moved: 0,
             compactions: 0,
             grows: 0,
@@ -108,17 +108,21 @@ impl<D: DeviceMemory> PoolState<D> {
     /// The request did not fit: compact and/or grow, as the policy says.
     #[cold]
     fn allocate_slow(&mut self, size: u64, align: u64) -> Result<Handle> {
-        use CompactionPolicy::{BeforeGrow, Never, WhenGrowFails};
+        use CompactionPolicy::{BeforeGrow, Never, SlideBeforeGrow, WhenGrowFails};
         let policy = self.config.compaction;
         let mut found = match policy {
             Never | WhenGrowFails => self.grow_and_fit(size, align)?,
-            BeforeGrow => self.make_room_and_fit(size, align)?,
+            BeforeGrow | SlideBeforeGrow => self.make_room_and_fit(size, align)?,
         };
+        if found.is_none() && policy == SlideBeforeGrow {
+            // Free space brought down to the top leaves the least to grow.
+            self.compact()?;
+        }
         if found.is_none() {
             found = match policy {
                 Never => None,
                 WhenGrowFails => self.make_room_and_fit(size, align)?,
-                BeforeGrow => self.grow_and_fit(size, align)?,
+                BeforeGrow | SlideBeforeGrow => self.grow_and_fit(size, align)?,
             };
         }
         if found.is_none() && policy != Never {
@@ -229,7 +233,7 @@ impl<D: DeviceMemory> PoolState<D> {
             };
         }
         self.grows += 1;
-        self.peak_held_bytes = self.peak_held_bytes.max(self.memory.held_bytes());
+        self.peak_mapped_bytes = self.peak_mapped_bytes.max(self.memory.mapped_bytes());
         Ok(true)
     }
 
@@ -275,7 +279,7 @@ impl<D: DeviceMemory> PoolState<D> {
 
     fn out_of_memory(&self, size: u64, align: u64) -> Error {
         let stats = self.heap.stats();
-        let pool_bytes = self.memory.held_bytes();
+        let pool_bytes = self.memory.mapped_bytes();
         // The error is the news; a failing memory query only blanks a figure.
         let context_reserved_bytes = self.device.mem_info().map_or(0, |info| {
             info.total
@@ -387,8 +391,8 @@ impl<D: DeviceMemory> PoolState<D> {
     pub(super) fn stats(&self) -> PoolStats {
         PoolStats {
             heap: self.heap.stats(),
-            mapped_bytes: self.memory.held_bytes(),
-            peak_mapped_bytes: self.peak_held_bytes,
+            mapped_bytes: self.memory.mapped_bytes(),
+            peak_mapped_bytes: self.peak_mapped_bytes,
             reserved_va_bytes: self.memory.reserved_bytes(),
             bytes_moved: self.bytes_moved,
             compactions: self.compactions,

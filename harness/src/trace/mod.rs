@@ -6,6 +6,10 @@
 //! second allocation at a live pointer) while it builds, so a replay never
 //! meets a bad event.
 
+pub mod file;
+pub mod rmm_csv;
+pub mod snapshot;
+
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -129,7 +133,7 @@ pub enum Problem {
     #[error(
         "more than {limit_bytes} bytes ({}) once decompressed, the most cudamem \
          reads from one trace file",
-        crate::byte_size::human(*limit_bytes)
+        crate::cli::byte_size::human(*limit_bytes)
     )]
     TooLarge {
         /// The limit, bytes.

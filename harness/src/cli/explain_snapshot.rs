@@ -10,11 +10,11 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use crate::byte_size::human;
+use crate::cli::byte_size::human;
 use crate::report::{escape, page};
-use crate::snapshot::state::{self, Segment, State};
+use crate::trace;
 use crate::trace::display_name;
-use crate::trace_file;
+use crate::trace::snapshot::state::{self, Segment, State};
 
 /// Pinned segments the text lists before it says how many more there are.
 const LISTED_SEGMENTS: usize = 10;
@@ -28,7 +28,7 @@ bytes of segments that hold a live block; empty_cache() returns only segments wi
 
 /// Run `cudamem explain --snapshot FILE`.
 pub fn run(path: &Path, json: bool, report: Option<&Path>) -> Result<()> {
-    let pickle = trace_file::load_pickle(path)?;
+    let pickle = trace::file::load_pickle(path)?;
     let state = state::read(path, &pickle)?;
     drop(pickle);
     let name = display_name(path);

@@ -7,21 +7,22 @@ use anyhow::Result;
 use memcore::{DEFAULT_ALIGN, DriverCalls, H200_DRIVER_COSTS};
 use range_alloc::RangeAllocator;
 
-use crate::policy::{
-    Arena, ArenaRefused, ArenaState, GRANULE, Policy, PolicyName, granules, growth,
+use crate::replay::policy::{
+    ARENA_BYTES, Arena, ArenaRefused, ArenaState, GRANULE, Policy, PolicyName, granules, growth,
 };
 
 /// offset-allocator counts in units; one unit is the alignment every request
-/// gets, so offsets come out aligned and u32 units reach 1 TiB.
+/// gets, so offsets come out aligned and u32 units reach just short of 1 TiB.
 const UNIT: u64 = DEFAULT_ALIGN;
 
-/// The units a growable offset-allocator arena spans: 2^31 units = 512 GiB,
-/// far beyond any trace and clear of the crate's u32 arithmetic limits.
-const GROWABLE_UNITS: u32 = 1 << 31;
+/// The units a growable offset-allocator arena spans: [`ARENA_BYTES`], clear
+/// of the crate's u32 arithmetic limits.
+const GROWABLE_UNITS: u32 = (ARENA_BYTES / UNIT) as u32;
+const _: () = assert!(ARENA_BYTES / UNIT < u32::MAX as u64);
 
-/// The `offset-allocator` crate. Its arena cannot grow, so it gets one large
-/// arena, and what it has mapped is the granule above the end of the highest
-/// block it ever placed.
+/// The `offset-allocator` crate. Its arena cannot grow, so it gets one
+/// [`ARENA_BYTES`] arena, and what it has mapped is the granule above the end
+/// of the highest block it ever placed ([`crate::replay::policy::FOOTPRINT_RULE`]).
 pub struct OffsetAllocatorPolicy {
     allocator: offset_allocator::Allocator,
     arena_bytes: u64,

@@ -9,7 +9,7 @@ use memcore::{
     StitchBlock, StitchConfig,
 };
 
-use crate::policy::{Arena, ArenaState, Policy};
+use crate::replay::policy::{Arena, ArenaState, Policy};
 
 /// memcore's stitching allocator as a replay policy. Offsets are virtual
 /// addresses, which may lie above the physical footprint: holes between

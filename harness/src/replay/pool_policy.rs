@@ -1,4 +1,5 @@
-//! ctx's compacting pool as a replay policy: a VMM pool (2 MiB pages,
+//! ctx's compacting pool as a replay policy (`pool-vmm` and `tlsf-compact`,
+//! which differ only in their `CompactionPolicy`): a VMM pool (2 MiB pages,
 //! compaction before growth) over an unbacked simulated device, so replays
 //! exercise the real allocation path (heap, planner, grow, map) without
 //! holding the trace's gigabytes.
@@ -8,16 +9,13 @@ use ctx::{CompactionPolicy, Growth, Pool, PoolConfig, PoolGuard, SimConfig, SimD
 use ctx::{DEFAULT_ALIGN, Handle};
 use memcore::{DriverCalls, H200_DRIVER_COSTS};
 
-use crate::policy::{Arena, ArenaState, GRANULE, Policy};
+use crate::replay::policy::{ARENA_BYTES, Arena, ArenaState, GRANULE, Policy};
 
-/// Address space a growable pool reserves, bytes (1 TiB): nothing is mapped
-/// until used, and no trace comes near it.
-const GROWABLE_RESERVE: u64 = 1 << 40;
-
-/// A pool on a simulated device whose only limit is `arena`.
-pub fn pool(arena: Arena) -> Result<Pool<SimDevice>> {
+/// A pool on a simulated device whose only limit is `arena`, moving blocks
+/// as `compaction` says.
+pub fn pool(arena: Arena, compaction: CompactionPolicy) -> Result<Pool<SimDevice>> {
     let bytes = match arena {
-        Arena::Growable => GROWABLE_RESERVE,
+        Arena::Growable => ARENA_BYTES,
         Arena::Fixed(bytes) => bytes,
     };
     let device = SimDevice::new(SimConfig {
@@ -30,7 +28,7 @@ pub fn pool(arena: Arena) -> Result<Pool<SimDevice>> {
     });
     let config = PoolConfig {
         growth: Growth::Vmm,
-        compaction: CompactionPolicy::BeforeGrow,
+        compaction,
         reserve_bytes: bytes,
         max_bytes: bytes,
         min_growth_bytes: 0,

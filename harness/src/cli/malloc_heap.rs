@@ -15,7 +15,7 @@ use std::io::Write as _;
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::byte_size::{self, human};
+use crate::cli::byte_size::{self, human};
 
 /// Assumed header of every device-heap block, bytes.
 pub const BLOCK_HEADER_BYTES: u64 = 16;
@@ -118,7 +118,7 @@ pub fn run(args: HeapArgs) -> Result<()> {
         )?),
         None => None,
     };
-    let mut out = crate::output::stdout();
+    let mut out = crate::cli::output::stdout();
     if args.json {
         let value = serde_json::json!({
             "sizes": args.sizes,

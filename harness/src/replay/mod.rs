@@ -1,17 +1,23 @@
 //! Replaying a parsed trace through one policy: the timed loop, and a
 //! second, recording pass that keeps where every block lay for the report.
 
+pub mod baseline;
+pub mod policy;
+pub mod pool_policy;
+pub mod stitch_policy;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::baseline::{OffsetAllocatorPolicy, RangeAllocPolicy};
-use crate::policy::{self, Arena, ArenaState, CompactingTlsf, Policy, PolicyName};
-use crate::pool_policy::{self, PoolPolicy};
-use crate::stitch_policy::{ExpandablePolicy, StitchPolicy};
+use crate::replay::baseline::{OffsetAllocatorPolicy, RangeAllocPolicy};
+use crate::replay::policy::{Arena, ArenaState, Policy, PolicyName};
+use crate::replay::pool_policy::PoolPolicy;
+use crate::replay::stitch_policy::{ExpandablePolicy, StitchPolicy};
 use crate::trace::{Event, Location, Trace};
+use ctx::CompactionPolicy;
 use memcore::StitchConfig;
 
 /// Events between two progress-bar updates: rare enough to cost nothing in
@@ -44,7 +50,7 @@ fn location_text<S: serde::Serializer>(
 pub struct Outcome {
     /// The policy.
     pub policy: PolicyName,
-    /// Most bytes mapped at once (see [`crate::policy`] for the rule).
+    /// Most bytes mapped at once (see [`crate::replay::policy`] for the rule).
     pub peak_footprint_bytes: u64,
     /// Bytes copied by compaction.
     pub bytes_moved: u64,
@@ -103,7 +109,7 @@ pub fn run(
         name,
         arena,
         stitch,
-        Timed {
+        MeasuredPass {
             name,
             trace,
             progress,
@@ -111,7 +117,7 @@ pub fn run(
     )
     .with_context(context)?;
     let placement = if record {
-        Some(with_policy(name, arena, stitch, Placed { trace }).with_context(context)?)
+        Some(with_policy(name, arena, stitch, RecordingPass { trace }).with_context(context)?)
     } else {
         None
     };
@@ -119,7 +125,7 @@ pub fn run(
 }
 
 /// Work to do with a freshly built policy, whatever its concrete type.
-trait PolicyBody<T> {
+trait ReplayPass<T> {
     fn run<P: Policy>(self, policy: &mut P) -> Result<T>;
 }
 
@@ -128,15 +134,18 @@ fn with_policy<T>(
     name: PolicyName,
     arena: Arena,
     stitch: StitchConfig,
-    body: impl PolicyBody<T>,
+    body: impl ReplayPass<T>,
 ) -> Result<T> {
     match name {
         PolicyName::FirstFit => body.run(&mut policy::free_list(memcore::Fit::First, arena)?),
         PolicyName::BestFit => body.run(&mut policy::free_list(memcore::Fit::Best, arena)?),
         PolicyName::Tlsf => body.run(&mut policy::tlsf(arena)?),
-        PolicyName::TlsfCompact => body.run(&mut CompactingTlsf::new(arena)?),
+        PolicyName::TlsfCompact => {
+            let pool = pool_policy::pool(arena, CompactionPolicy::SlideBeforeGrow)?;
+            body.run(&mut PoolPolicy::new(&pool, arena))
+        }
         PolicyName::PoolVmm => {
-            let pool = pool_policy::pool(arena)?;
+            let pool = pool_policy::pool(arena, CompactionPolicy::BeforeGrow)?;
             body.run(&mut PoolPolicy::new(&pool, arena))
         }
         PolicyName::OffsetAllocator => body.run(&mut OffsetAllocatorPolicy::new(arena)?),
@@ -148,13 +157,13 @@ fn with_policy<T>(
 
 /// The measured replay: nothing in the loop allocates (block slots are
 /// preallocated by dense id) and nothing but the policy's calls is timed.
-struct Timed<'a> {
+struct MeasuredPass<'a> {
     name: PolicyName,
     trace: &'a Trace,
     progress: &'a ProgressBar,
 }
 
-impl PolicyBody<Outcome> for Timed<'_> {
+impl ReplayPass<Outcome> for MeasuredPass<'_> {
     fn run<P: Policy>(self, policy: &mut P) -> Result<Outcome> {
         let trace = self.trace;
         let mut slots: Vec<Option<P::Block>> = vec![None; trace.allocations as usize];
@@ -210,11 +219,11 @@ impl PolicyBody<Outcome> for Timed<'_> {
 
 /// The recording replay: the same calls, then where the block landed, what
 /// compaction moved and how much is mapped.
-struct Placed<'a> {
+struct RecordingPass<'a> {
     trace: &'a Trace,
 }
 
-impl PolicyBody<Placement> for Placed<'_> {
+impl ReplayPass<Placement> for RecordingPass<'_> {
     fn run<P: Policy>(self, policy: &mut P) -> Result<Placement> {
         let trace = self.trace;
         let count = trace.allocations as usize;
@@ -381,7 +390,7 @@ mod tests {
 
     #[test]
     fn every_policy_places_the_embedded_trace_soundly() {
-        let trace = &crate::trace_file::load_embedded().unwrap()[0];
+        let trace = &crate::trace::file::load_embedded().unwrap()[0];
         for name in PolicyName::ALL {
             let (outcome, placement) = run(
                 name,

@@ -4,11 +4,11 @@
 use std::io::{self, Read};
 use std::path::Path;
 
+use crate::trace::file::read_problem;
 use crate::trace::{
     Location, Problem, SkipReason, Trace, TraceBuilder, TraceError, parse_pointer, parse_size,
     parse_time, quote,
 };
-use crate::trace_file::read_problem;
 
 /// Columns a log must have; the others (thread, time, stream) do not change
 /// what an allocator sees. Time, where present, gives the trace's duration.

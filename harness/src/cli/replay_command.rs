@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::byte_size;
-use crate::policy::{Arena, ArenaRefused, PolicyName};
+use crate::cli::byte_size;
+use crate::replay::policy::{Arena, ArenaRefused, PolicyName};
 use crate::replay::{self, Outcome, Placement};
+use crate::report::summary::{SkippedPolicy, TraceSummary};
 use crate::report::{self, TraceReport};
-use crate::summary::{SkippedPolicy, TraceSummary};
+use crate::trace;
 use crate::trace::Trace;
-use crate::trace_file;
 
 /// Where the report goes when `cudamem` runs on the built-in trace.
 const DEFAULT_REPORT: &str = "cudamem-report.html";
@@ -104,11 +104,11 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         .map(|path| ReportFile::open(path, &args.traces))
         .transpose()?;
     let traces = if args.traces.is_empty() {
-        trace_file::load_embedded()?
+        trace::file::load_embedded()?
     } else {
         let mut traces = Vec::new();
         for path in &args.traces {
-            let mut loaded = trace_file::load(path)?;
+            let mut loaded = trace::file::load(path)?;
             if let Some(device) = args.device {
                 let present: Vec<String> = loaded
                     .iter()
@@ -134,7 +134,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
 
     let record = report_file.is_some();
     let mut replayed: Vec<Replayed> = Vec::new();
-    let mut out = crate::output::stdout();
+    let mut out = crate::cli::output::stdout();
     for trace in traces {
         let progress = progress_bar(&trace, policies.len());
         let mut outcomes = Vec::new();
@@ -199,7 +199,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                     .recorded
                     .iter()
                     .map(|recorded| report::FootprintCurve {
-                        name: crate::summary::RECORDED_ROW,
+                        name: crate::report::summary::RECORDED_ROW,
                         mapped: &recorded.reserved,
                     })
                     .collect(),
@@ -208,7 +208,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         let html = report::replay_page(&reports)?;
         let path = file.write(html.as_bytes())?;
         if !args.json {
-            writeln!(crate::output::stdout(), "report: {}", path.display())?;
+            writeln!(crate::cli::output::stdout(), "report: {}", path.display())?;
         }
     }
     Ok(())

@@ -2,15 +2,11 @@
 //! rule they all share.
 //!
 //! # Footprint
-//! Every policy manages one address space starting at 0 that it *maps* in
-//! [`GRANULE`]-sized (2 MiB) steps at its end, the way a VMM-backed pool
-//! grows. A policy first tries to place a request inside what it has mapped;
-//! only when that fails does it map more, the least whole number of granules
-//! that lets the request fit at the end (the free tail counts). Its
-//! footprint is the most it ever had mapped. The one exception in mechanics,
-//! not in definition, is `offset-allocator`, whose arena cannot grow: it gets
-//! one 1 TiB arena, and it maps (counts) up to the granule above the end of
-//! any block it places, which is the same rule applied after the fact.
+//! [`FOOTPRINT_RULE`] states how a policy's footprint is measured; it is
+//! written once, here, and the table, the JSON (`footprint_rule`), the HTML
+//! report and the READMEs repeat or point to it. [`GRANULE`] is the mapping
+//! step and [`ARENA_BYTES`] the address space of a policy that cannot grow
+//! at its end (offset-allocator) or must reserve it up front (pool-vmm).
 //!
 //! With `--capacity` the arena is fixed at that size from the start, nothing
 //! grows, and a request that does not fit is a failed allocation.
@@ -18,14 +14,31 @@
 use anyhow::Result;
 use clap::ValueEnum;
 use memcore::{
-    Allocation, Allocator, BlockFlags, DEFAULT_ALIGN, DriverCalls, Error, FreeList,
-    H200_DRIVER_COSTS, Handle, Heap, NewRegion, Tlsf,
+    Allocation, Allocator, DEFAULT_ALIGN, DriverCalls, Error, FreeList, H200_DRIVER_COSTS,
+    NewRegion, Tlsf,
 };
 use serde::Serialize;
 
 /// The step in which address space is mapped, in bytes: the H200's VMM
 /// granularity (2 MiB).
 pub const GRANULE: u64 = 2 << 20;
+
+/// The address space, in bytes (512 GiB), of a policy that must take it all
+/// at once: offset-allocator's one arena (its u32 units of 256 B reach just
+/// short of 1 TiB) and the reservation of ctx's VMM pool. Nothing is mapped
+/// until used, and no trace comes near it.
+pub const ARENA_BYTES: u64 = 512 << 30;
+
+/// How footprint is defined, said the same way in the table, the JSON and
+/// the report. The sizes in it are [`GRANULE`], [`ARENA_BYTES`] and
+/// [`DEFAULT_ALIGN`]; a test holds the text to them.
+pub const FOOTPRINT_RULE: &str = "Footprint: every policy owns one address space that it maps in 2 MiB \
+granules at its end, like a VMM pool; it maps more only when a request does not fit in what it has, \
+and then the fewest granules that let the request fit at the end (its free tail counts). Peak \
+footprint is the most it ever had mapped. offset-allocator cannot grow, so it gets one 512 GiB arena \
+and counts as mapped everything up to the granule above the highest byte it ever placed; pool-vmm \
+reserves 512 GiB and counts the pages it mapped; stitch and pytorch-expandable count physical pages. \
+Every request is aligned to 256 bytes.";
 
 /// The policies `cudamem replay` knows, in report order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
@@ -36,9 +49,11 @@ pub enum PolicyName {
     BestFit,
     /// memcore::Tlsf.
     Tlsf,
-    /// memcore::Heap<Tlsf> that compacts before it grows.
+    /// ctx::Pool over an unbacked SimDevice with VMM growth and
+    /// `CompactionPolicy::SlideBeforeGrow`.
     TlsfCompact,
-    /// ctx::Pool over an unbacked SimDevice with VMM growth.
+    /// ctx::Pool over an unbacked SimDevice with VMM growth and
+    /// `CompactionPolicy::BeforeGrow`.
     PoolVmm,
     /// The offset-allocator crate (Sebastian Aaltonen's OffsetAllocator).
     OffsetAllocator,
@@ -77,7 +92,7 @@ impl PolicyName {
                 "memcore's two-level segregated fit: constant-time allocate and free over size classes; never moves a block."
             }
             PolicyName::TlsfCompact => {
-                "TLSF behind relocatable handles: when a request does not fit, it first moves the fewest blocks that make room, and grows only when no move can."
+                "ctx's Pool (TLSF behind relocatable handles) on a simulated device, set to grow the least: when a request does not fit, it first moves the fewest blocks that make room; when no move can, it slides every block down and grows by what is still missing."
             }
             PolicyName::PoolVmm => {
                 "ctx's Pool on a simulated device, as it runs on a GPU: compacts before it grows, and grows by mapping 2 MiB VMM pages."
@@ -239,14 +254,14 @@ pub fn growth(mapped: u64, top: u64, size: u64, attempt: u32) -> u64 {
 
 /// A memcore allocator over a growable (or fixed) arena.
 #[derive(Debug)]
-pub struct Grown<A: Allocator> {
+pub struct GrowingArena<A: Allocator> {
     allocator: A,
     mapped: u64,
     growable: bool,
     calls: DriverCalls,
 }
 
-impl<A: Allocator> Grown<A> {
+impl<A: Allocator> GrowingArena<A> {
     /// `allocator`, given `arena`'s initial space.
     pub fn new(mut allocator: A, arena: Arena) -> Result<Self> {
         let (mapped, growable) = match arena {
@@ -286,7 +301,7 @@ fn refused_after_growth(size: u64) -> anyhow::Error {
     anyhow::anyhow!("{size} bytes refused after growing by what the allocator asked for")
 }
 
-impl<A: Allocator> Grown<A> {
+impl<A: Allocator> GrowingArena<A> {
     /// Map more and retry, after `size` bytes did not fit.
     #[cold]
     fn grow_and_allocate(&mut self, size: u64) -> Result<Option<Allocation>> {
@@ -312,7 +327,7 @@ fn is_refusal(err: &Error) -> bool {
     matches!(err, Error::OutOfMemory { .. } | Error::Overflow { .. })
 }
 
-impl<A: Allocator> Policy for Grown<A> {
+impl<A: Allocator> Policy for GrowingArena<A> {
     type Block = Allocation;
 
     // The replay loop times these calls: inline them, and keep growth out
@@ -358,142 +373,34 @@ fn arena_state(mapped: u64, stats: &memcore::Stats) -> ArenaState {
 }
 
 /// `memcore::FreeList` with first or best fit.
-pub fn free_list(fit: memcore::Fit, arena: Arena) -> Result<Grown<FreeList>> {
-    Grown::new(FreeList::new(fit), arena)
+pub fn free_list(fit: memcore::Fit, arena: Arena) -> Result<GrowingArena<FreeList>> {
+    GrowingArena::new(FreeList::new(fit), arena)
 }
 
 /// `memcore::Tlsf`.
-pub fn tlsf(arena: Arena) -> Result<Grown<Tlsf>> {
-    Grown::new(Tlsf::new(), arena)
-}
-
-/// A relocatable heap over TLSF that compacts before it grows: first the
-/// fewest moves that make room for the request, and only when no such plan
-/// exists a full slide, so the arena grows by the least.
-#[derive(Debug)]
-pub struct CompactingTlsf {
-    heap: Heap<Tlsf>,
-    mapped: u64,
-    growable: bool,
-    bytes_moved: u64,
-    relocations: u64,
-    calls: DriverCalls,
-}
-
-impl CompactingTlsf {
-    /// A heap given `arena`'s initial space.
-    pub fn new(arena: Arena) -> Result<Self> {
-        let mut heap = Heap::new(Tlsf::new());
-        let (mapped, growable) = match arena {
-            Arena::Growable => (0, true),
-            Arena::Fixed(bytes) => {
-                heap.add_region(0, bytes)?;
-                (bytes, false)
-            }
-        };
-        Ok(Self {
-            heap,
-            mapped,
-            growable,
-            bytes_moved: 0,
-            relocations: 0,
-            calls: DriverCalls::default(),
-        })
-    }
-
-    fn try_allocate(&mut self, size: u64) -> Result<Option<Handle>> {
-        match self.heap.allocate(size, DEFAULT_ALIGN, BlockFlags::empty()) {
-            Ok(handle) => Ok(Some(handle)),
-            Err(err) if is_refusal(&err) => Ok(None),
-            Err(err) => Err(err.into()),
-        }
-    }
-
-    /// Apply a plan: the replay holds no bytes, so executing it is only
-    /// counting what a device would copy.
-    /// An empty plan is committed too: making room can mean giving back
-    /// padding, with nothing to move.
-    fn commit(&mut self, plan: memcore::CompactionPlan) -> Result<()> {
-        if !plan.is_empty() {
-            self.bytes_moved += plan.bytes_moved();
-            self.relocations += 1;
-        }
-        self.heap.commit(plan)?;
-        Ok(())
-    }
-}
-
-impl Policy for CompactingTlsf {
-    type Block = Handle;
-
-    fn allocate(&mut self, size: u64) -> Result<Option<Handle>> {
-        if let Some(handle) = self.try_allocate(size)? {
-            return Ok(Some(handle));
-        }
-        // plan_room counts padding as free, so it is asked even when the
-        // free blocks alone look too small.
-        match self.heap.plan_room(size, DEFAULT_ALIGN) {
-            Ok(plan) => {
-                self.commit(plan)?;
-                if let Some(handle) = self.try_allocate(size)? {
-                    return Ok(Some(handle));
-                }
-            }
-            Err(err) if is_refusal(&err) => {}
-            Err(err) => return Err(err.into()),
-        }
-        if !self.growable {
-            return Ok(None);
-        }
-        // A full plan brings free space down to the tail, so the growth is
-        // the least; it is empty without a walk when there is none to bring.
-        let plan = self.heap.plan_full();
-        self.commit(plan)?;
-        let Some(grow) = granules_to_fit(self.heap.allocator(), self.mapped, size)? else {
-            return Ok(None);
-        };
-        self.heap.add_region(self.mapped, grow)?;
-        self.mapped += grow;
-        self.calls.grow(grow, &H200_DRIVER_COSTS);
-        match self.try_allocate(size)? {
-            Some(handle) => Ok(Some(handle)),
-            None => Err(refused_after_growth(size)),
-        }
-    }
-
-    fn free(&mut self, block: Handle) -> Result<()> {
-        self.heap.free(block)?;
-        Ok(())
-    }
-
-    fn offset(&self, block: Handle) -> Result<u64> {
-        Ok(self.heap.offset(block)?)
-    }
-
-    fn mapped_bytes(&self) -> Result<u64> {
-        Ok(self.mapped)
-    }
-
-    fn bytes_moved(&self) -> Result<u64> {
-        Ok(self.bytes_moved)
-    }
-
-    fn relocations(&self) -> Result<u64> {
-        Ok(self.relocations)
-    }
-
-    fn driver_calls(&self) -> Result<DriverCalls> {
-        Ok(self.calls)
-    }
-
-    fn state(&self) -> Result<ArenaState> {
-        Ok(arena_state(self.mapped, &self.heap.stats()))
-    }
+pub fn tlsf(arena: Arena) -> Result<GrowingArena<Tlsf>> {
+    GrowingArena::new(Tlsf::new(), arena)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_footprint_rule_states_the_sizes_the_code_uses() {
+        let granule = format!("{} MiB granules", GRANULE >> 20);
+        let arena = format!("{} GiB", ARENA_BYTES >> 30);
+        assert!(FOOTPRINT_RULE.contains(&granule), "{granule}");
+        assert!(
+            FOOTPRINT_RULE.contains(&format!("one {arena} arena")),
+            "{arena}"
+        );
+        assert!(
+            FOOTPRINT_RULE.contains(&format!("reserves {arena}")),
+            "{arena}"
+        );
+        assert!(FOOTPRINT_RULE.contains(&format!("aligned to {DEFAULT_ALIGN} bytes")));
+    }
 
     #[test]
     fn a_fixed_arena_is_whole_granules() {

@@ -12,7 +12,7 @@ use ctx::{DeviceProfile, Ledger, LedgerItemKind, Limits};
 use plotters::prelude::*;
 use serde_json::{Map, Value, json};
 
-use crate::byte_size::{self, human};
+use crate::cli::byte_size::{self, human};
 use crate::report::{Swatch, escape, legend, page};
 
 /// Arguments of `cudamem explain`.
@@ -61,7 +61,7 @@ struct Explained {
 /// Run `cudamem explain`.
 pub fn run(args: ExplainArgs) -> Result<()> {
     if let Some(snapshot) = &args.snapshot {
-        return crate::explain_snapshot::run(snapshot, args.json, args.report.as_deref());
+        return crate::cli::explain_snapshot::run(snapshot, args.json, args.report.as_deref());
     }
     let defaults = Limits::cuda_default();
     let limits = Limits {
@@ -94,7 +94,7 @@ pub fn run(args: ExplainArgs) -> Result<()> {
         .ledger
         .check_fits()
         .with_context(|| format!("the {} ledger", explained.profile.full_name))?;
-    let mut out = crate::output::stdout();
+    let mut out = crate::cli::output::stdout();
     if args.json {
         writeln!(
             out,

@@ -2,15 +2,19 @@
 //! live bytes over time, and each policy's memory map, all as inline SVG
 //! drawn with plotters.
 
+pub mod memory_map;
+pub mod summary;
+
 use anyhow::Result;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::byte_size::human;
-use crate::memory_map::Raster;
-use crate::policy::PolicyName;
+use crate::cli::byte_size::human;
+use crate::replay::policy::FOOTPRINT_RULE;
+use crate::replay::policy::PolicyName;
 use crate::replay::{Outcome, Placement};
-use crate::summary::{FOOTPRINT_RULE, TraceSummary};
+use crate::report::memory_map::Raster;
+use crate::report::summary::TraceSummary;
 use crate::trace::Trace;
 
 /// Memory-map raster: time buckets by address buckets. 240 x 120 cells at
@@ -545,9 +549,9 @@ fn shade_of(occupancy: f64) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Arena;
     use crate::replay;
-    use crate::trace_file;
+    use crate::replay::policy::Arena;
+    use crate::trace;
 
     #[test]
     fn overhead_is_what_was_mapped_above_the_highest_live_bytes_so_far() {
@@ -602,7 +606,7 @@ mod tests {
 
     #[test]
     fn the_page_explains_the_policies_keys_the_maps_and_takes_an_extra_curve() {
-        let trace = trace_file::load_embedded().unwrap().remove(0);
+        let trace = trace::file::load_embedded().unwrap().remove(0);
         let names = [PolicyName::FirstFit, PolicyName::RangeAlloc];
         let mut runs = Vec::new();
         for name in names {

@@ -4,17 +4,10 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::byte_size::human;
+use crate::cli::byte_size::human;
+use crate::replay::policy::FOOTPRINT_RULE;
 use crate::replay::{Failure, Outcome};
 use crate::trace::{Skipped, Trace};
-
-/// How footprint is defined, said the same way in the table, the JSON and
-/// the report.
-pub const FOOTPRINT_RULE: &str = "Footprint: every policy owns one address space that it maps in 2 MiB \
-granules at its end, like a VMM pool; it maps more only when a request does not fit in what it has, \
-and then the fewest granules that let the request fit at the end. Peak footprint is the most it ever \
-had mapped. offset-allocator cannot grow, so it gets one 512 GiB arena and counts as mapped everything \
-up to the granule above the highest byte it ever placed. Every request is aligned to 256 bytes.";
 
 /// One policy's figures for one trace.
 #[derive(Debug, Clone, Serialize)]

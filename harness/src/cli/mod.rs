@@ -1,0 +1,9 @@
+//! The `cudamem` subcommands: their arguments, how they read and print, and
+//! the byte counts they accept.
+
+pub mod byte_size;
+pub mod explain;
+pub mod explain_snapshot;
+pub mod malloc_heap;
+pub mod output;
+pub mod replay_command;
