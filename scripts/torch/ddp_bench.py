@@ -1,0 +1,439 @@
+"""PyTorch DistributedDataParallel on two GPUs: PyTorch's allocators against cudamem's.
+
+Run on a machine with 2 GPUs, PyTorch, transformers and nvidia-ml-py, with
+libcudamem_torch.so built for it (README, "Use it from PyTorch"):
+
+    python3 scripts/torch/ddp_bench.py --lib path/to/libcudamem_torch.so --out OUTDIR
+
+Each mode is a fresh `torchrun --standalone --nproc_per_node 2` launch of this file
+(NCCL, one GPU per rank, rank r on cuda:r) training a GPT-2 (transformers config, no
+weights downloaded) with AdamW on random tokens: fixed seeds, sequence lengths and
+batches that vary per step (the same on both ranks), different tokens per rank.
+
+Modes: `default` (PyTorch's caching allocator), `default_again` (the same launch a
+second time: PyTorch's own run-to-run spread), `expandable`
+(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and `cudamem` (each rank calls
+cudamem_torch.install(lib) before its first CUDA tensor; the library serves that
+rank's device from its own pool). Deterministic algorithms are on in every mode
+(torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8) unless
+--nondeterministic.
+
+Per mode: rank 0's loss at every step; peak memory per GPU (NVML used bytes of each
+device sampled every ~1 ms by this launcher, minus the used bytes before the launch;
+the GPUs must not be shared); the median step time (rank 0, after a
+torch.cuda.synchronize per step, first step left out); PyTorch's max_memory_reserved /
+max_memory_allocated per rank (its own allocators) or cudamem_stats per rank (ours).
+
+Loss comparison: `max_rel` is the largest |loss - default loss| / |default loss| over
+all steps. A mode is `identical` when every loss is bit-equal to the default's,
+`within spread` when its max_rel is at most PyTorch's own spread (the larger of
+default_again's and expandable's max_rel, or 1e-6 when both are 0), else `DIFFERS`.
+
+Also the mode `twogpu`: one plain process (no torchrun) with cudamem serving both GPUs
+(CUDAMEM_PEERS=all): tensors on cuda:0 and cuda:1, a copy between them both ways, a
+matmul on each, checksums compared with the same work on the CPU, cudamem_stats of
+both devices (each must show its own allocations).
+
+Every environment started here keeps NVLink multicast off: NCCL_NVLS_ENABLE=0,
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1. A launch past --timeout
+seconds (150) is killed with its process group and reported; the others go on.
+Prints a table; writes OUTDIR/MODE.rankR.json, OUTDIR/twogpu.json and OUTDIR/summary.json.
+--dry-run exercises the launcher's comparison and reporting on made-up results
+(no GPU, no torch): it checks this script, not the allocator.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+DDP_MODES = ("default", "default_again", "expandable", "cudamem")
+ALL_MODES = DDP_MODES + ("twogpu",)
+NO_MULTICAST = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+WORLD = 2
+
+
+# ---------------------------------------------------------------- launcher side
+
+
+class PeakSampler:
+    """NVML used bytes of every device in `devices`, sampled every `period` seconds;
+    keeps each device's maximum."""
+
+    def __init__(self, devices, period=0.001):
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in devices]
+        self.period = period
+        self.peaks = [0] * len(devices)
+        self.samples = 0
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def used(self):
+        return [int(self.nvml.nvmlDeviceGetMemoryInfo(h).used) for h in self.handles]
+
+    def _sample(self):
+        for i, used in enumerate(self.used()):
+            self.peaks[i] = max(self.peaks[i], used)
+
+    def _run(self):
+        while not self.stop_flag.is_set():
+            self._sample()
+            self.samples += 1
+            time.sleep(self.period)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        self.stop_flag.set()
+        self.thread.join()
+        self._sample()
+        return list(self.peaks)
+
+
+def environment(mode, args):
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.update(NO_MULTICAST)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's device r is NVML's device r
+    if mode == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if not args.nondeterministic:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    if mode == "twogpu":
+        env["CUDAMEM_PEERS"] = "all"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [HERE, os.path.join(REPO, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def worker_args(args):
+    extra = ["--lib", args.lib or "", "--steps", str(args.steps), "--out", os.path.abspath(args.out)]
+    if args.nondeterministic:
+        extra.append("--nondeterministic")
+    return extra
+
+
+def launch(mode, args):
+    """One fresh launch of `mode`; returns its result dict (or one with "error")."""
+    outs = ([os.path.join(args.out, "twogpu.json")] if mode == "twogpu" else
+            [os.path.join(args.out, "%s.rank%d.json" % (mode, r)) for r in range(WORLD)])
+    for out in outs:
+        if os.path.exists(out):
+            os.remove(out)
+    if mode == "twogpu":
+        command = [sys.executable, os.path.abspath(__file__), "--twogpu-worker"] + worker_args(args)
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc_per_node", str(WORLD), os.path.abspath(__file__),
+                   "--worker", mode] + worker_args(args)
+    sampler = PeakSampler(range(WORLD))
+    before = sampler.used()
+    sampler.start()
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, env=environment(mode, args), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks
+        output, _ = proc.communicate()
+        sampler.stop()
+        return {"mode": mode, "error": "timed out after %d s: %s" % (args.timeout, output[-1500:])}
+    peaks = sampler.stop()
+    wall = time.perf_counter() - started
+    with open(os.path.join(args.out, "%s.log" % mode), "w") as f:
+        f.write(output)
+    missing = [o for o in outs if not os.path.exists(o)]
+    if proc.returncode != 0 or missing:
+        return {"mode": mode, "error": "exit %d after %.1f s, missing %s: %s" % (
+            proc.returncode, wall, [os.path.basename(m) for m in missing], output[-1500:])}
+    ranks = []
+    for out in outs:
+        with open(out) as f:
+            ranks.append(json.load(f))
+    return {
+        "mode": mode,
+        "wall_s": wall,
+        "used_before": before,
+        "peak_used": peaks,
+        "peak_bytes_per_gpu": [p - b for p, b in zip(peaks, before)],
+        "samples": sampler.samples,
+        "ranks": ranks,
+    }
+
+
+def max_rel(losses, base):
+    if len(losses) != len(base):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(losses, base):
+        if a != b:
+            worst = max(worst, abs(a - b) / max(abs(b), 1e-30))
+    return worst
+
+
+def compare(results):
+    """Adds to each DDP result its loss comparison with the default run (in place);
+    returns PyTorch's own spread."""
+    by_mode = {r["mode"]: r for r in results if "error" not in r and r["mode"] in DDP_MODES}
+    base = by_mode.get("default")
+    if base is None:
+        return None
+    base_losses = base["ranks"][0]["losses"]
+    for r in by_mode.values():
+        r["max_rel"] = max_rel(r["ranks"][0]["losses"], base_losses)
+        r["identical"] = r["ranks"][0]["losses"] == base_losses
+    own = [by_mode[m]["max_rel"] for m in ("default_again", "expandable") if m in by_mode]
+    spread = max(own) if own else 0.0
+    limit = spread if spread > 0 else 1e-6
+    for r in by_mode.values():
+        if r["mode"] == "default":
+            r["verdict"] = "base"
+        elif r["identical"]:
+            r["verdict"] = "identical"
+        elif r["max_rel"] <= limit:
+            r["verdict"] = "within spread"
+        else:
+            r["verdict"] = "DIFFERS"
+    return spread
+
+
+def mib(value):
+    return "-" if value is None else "%.0f" % (value / 2**20)
+
+
+def table(results, spread):
+    lines = ["%-14s %10s %10s %10s %10s %10s %10s %9s %9s %s" % (
+        "mode", "peak0 MiB", "peak1 MiB", "reserved0", "alloc0", "pool0", "pool1",
+        "step ms", "x default", "losses (max_rel)")]
+    base = next((r for r in results if r["mode"] == "default" and "error" not in r), None)
+    for r in results:
+        if r["mode"] == "twogpu":
+            continue
+        if "error" in r:
+            lines.append("%-14s FAILED: %s" % (r["mode"], (r["error"].strip().splitlines() or [""])[-1]))
+            continue
+        r0 = r["ranks"][0]
+        pools = [rank.get("cudamem", {}).get("peak_mapped_bytes") for rank in r["ranks"]]
+        step = r0["median_step_s"]
+        ratio = step / base["ranks"][0]["median_step_s"] if base else None
+        lines.append("%-14s %10s %10s %10s %10s %10s %10s %9.2f %9s %s (%.2e)" % (
+            r["mode"], mib(r["peak_bytes_per_gpu"][0]), mib(r["peak_bytes_per_gpu"][1]),
+            mib(r0.get("max_memory_reserved")),
+            mib(r0.get("max_memory_allocated", r0.get("cudamem", {}).get("peak_live_bytes"))),
+            mib(pools[0]), mib(pools[1] if len(pools) > 1 else None), step * 1e3,
+            "-" if ratio is None else "%.3f" % ratio, r.get("verdict", "?"), r.get("max_rel", 0.0)))
+    if spread is not None:
+        lines.append("PyTorch's own spread (max_rel of default_again, expandable): %.2e" % spread)
+    for r in results:
+        if r["mode"] != "twogpu":
+            continue
+        if "error" in r:
+            lines.append("twogpu FAILED: %s" % (r["error"].strip().splitlines() or [""])[-1])
+        else:
+            t = r["ranks"][0]
+            lines.append("twogpu: checks %s; pool allocations per device %s; peak per GPU %s MiB" % (
+                "passed" if t["ok"] else "FAILED: " + "; ".join(t["failures"]),
+                [s["allocations"] for s in t["cudamem"]],
+                [mib(b) for b in r["peak_bytes_per_gpu"]]))
+    return "\n".join(lines)
+
+
+def fake_results(args):
+    """Made-up results in the workers' format, for --dry-run."""
+    results = []
+    for i, mode in enumerate(DDP_MODES):
+        losses = [10.0 - 0.1 * s for s in range(args.steps)]
+        if mode == "expandable":
+            losses[-1] += 1e-6
+        if mode == "default_again":
+            losses[-1] += 2e-6
+        ranks = []
+        for rank in range(WORLD):
+            r = {"rank": rank, "losses": losses, "median_step_s": 0.020 + 0.001 * i, "steps": args.steps}
+            if mode == "cudamem":
+                r["cudamem"] = {"peak_live_bytes": 5 << 30, "peak_mapped_bytes": 5 << 30, "allocations": 100}
+            else:
+                r["max_memory_reserved"], r["max_memory_allocated"] = 6 << 30, 5 << 30
+            ranks.append(r)
+        results.append({"mode": mode, "peak_bytes_per_gpu": [6 << 30, 6 << 30], "ranks": ranks})
+    results.append({"mode": "twogpu", "peak_bytes_per_gpu": [1 << 30, 1 << 30], "ranks": [
+        {"ok": True, "failures": [], "cudamem": [{"allocations": 5}, {"allocations": 4}]}]})
+    return results
+
+
+# ---------------------------------------------------------------- worker side
+
+
+def ddp_worker(mode, args):
+    rank = int(os.environ["LOCAL_RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    lib_stats = None
+    if mode == "cudamem":
+        import cudamem_torch
+
+        cudamem_torch.install(args.lib or None)  # before the first CUDA tensor
+        lib_stats = cudamem_torch.stats
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if not args.nondeterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    config = GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=1024)
+    torch.manual_seed(4)  # the same weights on every rank (DDP broadcasts rank 0's anyway)
+    model = DistributedDataParallel(GPT2LMHeadModel(config).to(device), device_ids=[rank])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    shapes = torch.Generator().manual_seed(4)  # the same lengths on every rank
+    tokens = torch.Generator().manual_seed(100 + rank)  # different data per rank
+    lengths = [int(x) for x in torch.randint(32, 1024 + 1, (args.steps,), generator=shapes)]
+    batches = [int(x) for x in torch.randint(2, 8 + 1, (args.steps,), generator=shapes)]
+    losses, times = [], []
+    torch.cuda.synchronize()
+    dist.barrier()
+    for length, batch in zip(lengths, batches):
+        start = time.perf_counter()
+        ids = torch.randint(0, config.vocab_size, (batch, length), generator=tokens).to(device)
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach().item()))  # synchronizes
+        times.append(time.perf_counter() - start)
+    dist.barrier()
+    steady = sorted(times[1:] or times)
+    result = {
+        "mode": mode,
+        "rank": rank,
+        "world": world,
+        "losses": losses,
+        "lengths": lengths,
+        "batches": batches,
+        "median_step_s": steady[len(steady) // 2],
+        "step_s": times,
+        "steps": len(times),
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device),
+    }
+    if lib_stats:
+        result["cudamem"] = lib_stats(rank)
+    else:
+        result["max_memory_reserved"] = torch.cuda.max_memory_reserved(device)
+        result["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
+    with open(os.path.join(args.out, "%s.rank%d.json" % (mode, rank)), "w") as f:
+        json.dump(result, f, indent=1)
+    dist.destroy_process_group()
+
+
+def twogpu_worker(args):
+    import cudamem_torch
+
+    cudamem_torch.install(args.lib or None)
+    import torch
+
+    failures = []
+    gen = torch.Generator().manual_seed(7)
+    host = torch.randn(1 << 22, generator=gen)  # 16 MiB of float32
+    a_host = torch.randn(512, 512, generator=gen, dtype=torch.float64)
+    x0 = host.to("cuda:0")
+    x1 = x0.to("cuda:1")  # device to device: GPU 0's pool -> GPU 1's pool
+    x1.mul_(2)
+    back = x1.to("cuda:0")  # and back
+    checks = {
+        "to_gpu1": float(x1.double().sum().item()),
+        "back_on_gpu0": float(back.double().sum().item()),
+        "host": float(host.double().sum().item()) * 2,
+    }
+    if not torch.equal(back.cpu(), host * 2):
+        failures.append("cuda:0 -> cuda:1 -> cuda:0 copy differs from the host's")
+    for d in (0, 1):
+        a = a_host.to("cuda:%d" % d)
+        got = (a @ a).cpu()
+        if not torch.allclose(got, a_host @ a_host, rtol=1e-9, atol=1e-9):
+            failures.append("matmul on cuda:%d differs from the host's" % d)
+        checks["matmul_gpu%d" % d] = float(got.sum().item())
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    stats = [cudamem_torch.stats(d) for d in (0, 1)]
+    for d, s in enumerate(stats):
+        if s["allocations"] == 0:
+            failures.append("device %d's pool served nothing" % d)
+    pointers = {"x0": x0.data_ptr(), "x1": x1.data_ptr()}
+    result = {"mode": "twogpu", "ok": not failures, "failures": failures, "checks": checks,
+              "cudamem": stats, "pointers": pointers, "torch": torch.__version__}
+    with open(os.path.join(args.out, "twogpu.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    if failures:
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------- main
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", help="libcudamem_torch.so (default: cudamem_torch.find_library)")
+    parser.add_argument("--out", default="ddp-bench", help="output folder")
+    parser.add_argument("--modes", nargs="*", default=list(ALL_MODES), choices=ALL_MODES)
+    parser.add_argument("--steps", type=int, default=30, help="training steps per launch")
+    parser.add_argument("--timeout", type=int, default=150, help="seconds per launch")
+    parser.add_argument("--nondeterministic", action="store_true",
+                        help="leave PyTorch's nondeterministic algorithms on")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="report on made-up results (checks this script only)")
+    parser.add_argument("--worker", choices=DDP_MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--twogpu-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2 (the first step is left out of the median), got %d" % args.steps)
+    if args.timeout < 1:
+        parser.error("--timeout must be at least 1 s, got %d" % args.timeout)
+    if args.worker:
+        ddp_worker(args.worker, args)
+        return 0
+    if args.twogpu_worker:
+        twogpu_worker(args)
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    if args.dry_run:
+        results = fake_results(args)
+    else:
+        for key, value in NO_MULTICAST.items():
+            os.environ[key] = value  # this process too (NVML only, but no exceptions)
+        results = []
+        for mode in args.modes:
+            r = launch(mode, args)
+            print("%s: %s" % (mode, ("FAILED: " + r["error"]) if "error" in r else
+                              "peak per GPU %s MiB" % [mib(b) for b in r["peak_bytes_per_gpu"]]),
+                  file=sys.stderr, flush=True)
+            results.append(r)
+    spread = compare(results)
+    print(table(results, spread))
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"spread": spread, "results": results}, f, indent=1)
+    failed = any("error" in r or r.get("verdict") == "DIFFERS" or
+                 (r["mode"] == "twogpu" and not r["ranks"][0]["ok"]) for r in results)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
