@@ -11,8 +11,8 @@ use super::{rmm_csv, snapshot};
 use crate::trace::{Location, Problem, Trace, TraceError, display_name};
 
 /// The trace compiled into the binary: ResNet-50 training and inference on
-/// an H200, as recorded in `shared/traces/resnet50_train.csv.gz`.
-pub const EMBEDDED_RESNET50: &[u8] = include_bytes!("../../data/resnet50_train.csv.gz");
+/// an H200, the repository's `traces/rmm/resnet50_train.csv.gz`.
+pub const EMBEDDED_RESNET50: &[u8] = include_bytes!("../../../traces/rmm/resnet50_train.csv.gz");
 
 /// The name reports give the embedded trace.
 pub const EMBEDDED_NAME: &str = "resnet50_train.csv.gz (embedded)";
