@@ -6,10 +6,14 @@
 //! mapped; no two live blocks share a physical byte (virtual byte ->
 //! handle and offset through the mapping table); no two mapped handles
 //! overlap in virtual space; the physical bytes counted are the bytes in
-//! created handles; the allocator's own walk finds nothing wrong. At the end,
+//! created handles; the allocator's own walk finds nothing wrong; the logged
+//! driver operations, carried out on a strict mirror of the driver, leave
+//! exactly the handles and mappings the allocator reports. At the end,
 //! freeing everything and trimming leaves no handle.
 
-use memcore::{PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock, StitchConfig};
+use std::collections::BTreeMap;
+
+use memcore::{DriverOp, Extent, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock, StitchConfig};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -47,6 +51,7 @@ fn config() -> impl Strategy<Value = StitchConfig> {
                 align_large,
                 keep_idle_bytes,
                 max_idle_bytes,
+                log_ops: true,
                 ..StitchConfig::default()
             },
         )
@@ -131,6 +136,65 @@ fn assert_sound(pool: &Stitch, live: &[StitchBlock], step: usize) {
     }
 }
 
+/// What the driver holds after the logged operations: handle number ->
+/// (bytes, where mapped). Refuses what the real driver would: a second
+/// create of a live number, mapping a mapped handle or over a mapped byte,
+/// unmapping from the wrong place, releasing a mapped handle.
+#[derive(Default)]
+struct DriverMirror {
+    handles: BTreeMap<u32, (u64, Option<Extent>)>,
+}
+
+impl DriverMirror {
+    fn apply(&mut self, ops: &[DriverOp], step: usize) {
+        for &op in ops {
+            match op {
+                DriverOp::Create { handle, bytes } => {
+                    let fresh = self.handles.insert(handle, (bytes, None)).is_none();
+                    assert!(fresh, "step {step}: {op:?} of a live handle");
+                }
+                DriverOp::Map { handle, at, bytes } => {
+                    let range = Extent::new(at, bytes);
+                    assert!(
+                        self.handles
+                            .values()
+                            .filter_map(|(_, mapped)| *mapped)
+                            .all(|other| !other.overlaps(&range)),
+                        "step {step}: {op:?} over mapped bytes"
+                    );
+                    let entry = self.handles.get_mut(&handle);
+                    let (size, mapped) =
+                        entry.unwrap_or_else(|| panic!("step {step}: {op:?} of no handle"));
+                    assert_eq!((*size, *mapped), (bytes, None), "step {step}: {op:?}");
+                    *mapped = Some(range);
+                }
+                DriverOp::Unmap { handle, at, bytes } => {
+                    let entry = self.handles.get_mut(&handle);
+                    let (_, mapped) =
+                        entry.unwrap_or_else(|| panic!("step {step}: {op:?} of no handle"));
+                    assert_eq!(*mapped, Some(Extent::new(at, bytes)), "step {step}: {op:?}");
+                    *mapped = None;
+                }
+                DriverOp::Release { handle, bytes } => {
+                    let gone = self.handles.remove(&handle);
+                    assert_eq!(gone, Some((bytes, None)), "step {step}: {op:?}");
+                }
+            }
+        }
+    }
+
+    fn assert_matches(&self, pool: &Stitch, step: usize) {
+        let reported: BTreeMap<u32, (u64, Option<Extent>)> = pool
+            .handles()
+            .map(|info| (info.handle, (info.bytes, info.mapped_at)))
+            .collect();
+        assert_eq!(
+            self.handles, reported,
+            "step {step}: driver and pool disagree"
+        );
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -141,6 +205,7 @@ proptest! {
     ) {
         let mut pool = Stitch::new(config);
         let mut live: Vec<StitchBlock> = Vec::new();
+        let mut driver = DriverMirror::default();
         for (index, step) in steps.iter().enumerate() {
             match *step {
                 Step::Alloc(size) => live.push(pool.allocate(size).unwrap()),
@@ -153,12 +218,16 @@ proptest! {
                 }
             }
             assert_sound(&pool, &live, index);
+            driver.apply(&pool.take_ops(), index);
+            driver.assert_matches(&pool, index);
         }
         for block in live.drain(..) {
             pool.free(block).unwrap();
         }
         pool.trim();
         assert_sound(&pool, &live, steps.len());
+        driver.apply(&pool.take_ops(), steps.len());
+        prop_assert!(driver.handles.is_empty(), "handles left after trim");
         prop_assert_eq!(pool.stats().physical_bytes, 0);
         prop_assert_eq!(pool.handles().count(), 0);
         let calls = pool.stats().calls;

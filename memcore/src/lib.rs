@@ -21,7 +21,7 @@ pub use compact::{CompactionPlan, Move};
 pub use error::{Error, Result};
 pub use freelist::{Fit, FreeList};
 pub use handle::{BlockFlags, BlockInfo, Handle, Heap};
-pub use stitch::driver::{DriverCall, DriverCalls, DriverCosts, H200_DRIVER_COSTS};
+pub use stitch::driver::{DriverCall, DriverCalls, DriverCosts, DriverOp, H200_DRIVER_COSTS};
 pub use stitch::{
     FULL_BANDWIDTH_HANDLE_BYTES, HandleInfo, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock,
     StitchConfig, StitchStats, VIRTUAL_BYTES,

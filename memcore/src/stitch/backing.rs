@@ -6,7 +6,7 @@ use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 use super::{HandleInfo, PAGE_BYTES, StitchConfig};
-use crate::stitch::driver::{DriverCall, DriverCalls};
+use crate::stitch::driver::{DriverCall, DriverCalls, DriverOp};
 use crate::{Error, Extent, Result};
 
 /// No handle.
@@ -82,6 +82,8 @@ pub(super) struct Backing {
     peak_physical_bytes: u64,
     handles: [u64; 2],
     calls: DriverCalls,
+    /// Operations not yet taken, when the configuration logs them.
+    ops: Vec<DriverOp>,
 }
 
 impl Backing {
@@ -100,6 +102,7 @@ impl Backing {
             peak_physical_bytes: 0,
             handles: [0; 2],
             calls: DriverCalls::default(),
+            ops: Vec::new(),
         }
     }
 
@@ -143,9 +146,21 @@ impl Backing {
         self.calls
     }
 
-    fn record(&mut self, kind: DriverCall, bytes: u64) {
+    /// Count one call and, when the configuration logs them, keep the
+    /// operation (`Map` stands for its cuMemSetAccess too).
+    fn record(&mut self, kind: DriverCall, bytes: u64, op: Option<DriverOp>) {
         let costs = self.config.costs;
         self.calls.record(kind, bytes, &costs);
+        if self.config.log_ops
+            && let Some(op) = op
+        {
+            self.ops.push(op);
+        }
+    }
+
+    /// The logged operations, oldest first; the log is empty afterwards.
+    pub(super) fn take_ops(&mut self) -> Vec<DriverOp> {
+        core::mem::take(&mut self.ops)
     }
 
     /// Pages `[first, last]` that `[offset, offset + len)` touches.
@@ -387,8 +402,17 @@ impl Backing {
         handle.mapped = true;
         handle.first_page = page;
         handle.used = used;
-        self.record(DriverCall::Map, bytes);
-        self.record(DriverCall::SetAccess, bytes);
+        let at = page * PAGE_BYTES;
+        self.record(
+            DriverCall::Map,
+            bytes,
+            Some(DriverOp::Map {
+                handle: slot,
+                at,
+                bytes,
+            }),
+        );
+        self.record(DriverCall::SetAccess, bytes, None);
         Ok(())
     }
 
@@ -456,7 +480,14 @@ impl Backing {
         self.physical_bytes += bytes;
         self.peak_physical_bytes = self.peak_physical_bytes.max(self.physical_bytes);
         self.handles[Self::class_of(bytes) as usize] += 1;
-        self.record(DriverCall::Create, bytes);
+        self.record(
+            DriverCall::Create,
+            bytes,
+            Some(DriverOp::Create {
+                handle: index,
+                bytes,
+            }),
+        );
         Ok(index)
     }
 
@@ -469,7 +500,15 @@ impl Backing {
             self.pages[page as usize].handle = NONE;
         }
         self.slots[slot as usize].mapped = false;
-        self.record(DriverCall::Unmap, bytes);
+        self.record(
+            DriverCall::Unmap,
+            bytes,
+            Some(DriverOp::Unmap {
+                handle: slot,
+                at: first_page * PAGE_BYTES,
+                bytes,
+            }),
+        );
     }
 
     /// Give an unmapped handle back to the device.
@@ -479,7 +518,14 @@ impl Backing {
         self.physical_bytes -= bytes;
         self.handles[Self::class_of(bytes) as usize] -= 1;
         self.spare_slots.push(slot);
-        self.record(DriverCall::Release, bytes);
+        self.record(
+            DriverCall::Release,
+            bytes,
+            Some(DriverOp::Release {
+                handle: slot,
+                bytes,
+            }),
+        );
     }
 
     /// Every created handle and where it is mapped, by slot.

@@ -110,6 +110,46 @@ pub enum DriverCall {
     SetAccess,
 }
 
+/// One driver operation, in the order a stitched pool's backend must carry
+/// them out ([`crate::Stitch::take_ops`]). Handles are the pool's numbers
+/// ([`crate::HandleInfo::handle`]); a released handle's number is reused by
+/// a later `Create`. Addresses are bytes from the virtual arena's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DriverOp {
+    /// cuMemCreate: a new handle of `bytes`.
+    Create {
+        /// The handle's number.
+        handle: u32,
+        /// Its physical bytes.
+        bytes: u64,
+    },
+    /// cuMemMap of the whole handle at `at`, then cuMemSetAccess over it.
+    Map {
+        /// The handle's number.
+        handle: u32,
+        /// First virtual byte it is mapped at.
+        at: u64,
+        /// Bytes mapped: the handle's.
+        bytes: u64,
+    },
+    /// cuMemUnmap of the handle from `at`.
+    Unmap {
+        /// The handle's number.
+        handle: u32,
+        /// First virtual byte it was mapped at.
+        at: u64,
+        /// Bytes unmapped: the handle's.
+        bytes: u64,
+    },
+    /// cuMemRelease: the handle's memory goes back to the device.
+    Release {
+        /// The handle's number.
+        handle: u32,
+        /// Its physical bytes.
+        bytes: u64,
+    },
+}
+
 /// Driver calls made so far, by kind, and their modeled time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DriverCalls {

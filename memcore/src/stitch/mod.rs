@@ -30,8 +30,9 @@ mod backing;
 pub mod driver;
 
 use crate::{Allocation, Allocator, Error, Extent, Fit, FreeList, Result, align_up};
+use alloc::vec::Vec;
 use backing::Backing;
-use driver::{DriverCalls, DriverCosts, H200_DRIVER_COSTS};
+use driver::{DriverCalls, DriverCosts, DriverOp, H200_DRIVER_COSTS};
 
 /// The VMM granule: the smallest handle and the unit pages are backed in,
 /// bytes (2 MiB).
@@ -69,6 +70,9 @@ pub struct StitchConfig {
     pub max_idle_bytes: u64,
     /// What each driver call costs.
     pub costs: DriverCosts,
+    /// Keep every driver operation for [`Stitch::take_ops`]: what a backend
+    /// on a real device needs; a model that only counts leaves it off.
+    pub log_ops: bool,
 }
 
 impl Default for StitchConfig {
@@ -81,6 +85,7 @@ impl Default for StitchConfig {
             keep_idle_bytes: 0,
             max_idle_bytes: u64::MAX,
             costs: H200_DRIVER_COSTS,
+            log_ops: false,
         }
     }
 }
@@ -251,6 +256,14 @@ impl Stitch {
         self.live_bytes -= block.size;
         self.live_blocks -= 1;
         self.backing.untouch(allocation.offset, allocation.size)
+    }
+
+    /// The driver operations made since the last call, oldest first, when
+    /// [`StitchConfig::log_ops`] is on (else none): a backend carries them
+    /// out in this order after each [`Stitch::allocate`], [`Stitch::free`]
+    /// or [`Stitch::trim`].
+    pub fn take_ops(&mut self) -> Vec<DriverOp> {
+        self.backing.take_ops()
     }
 
     /// Unmap and release every idle handle (PyTorch's `empty_cache`).
