@@ -9,6 +9,7 @@ mod device;
 mod device_heap;
 mod error;
 mod ledger;
+mod peers;
 mod pool;
 mod preflight;
 mod profile;
@@ -23,6 +24,7 @@ pub use device::{DeviceMemory, MemInfo, StreamId};
 pub use device_heap::DeviceHeap;
 pub use error::{Error, Result};
 pub use kernels::moves::BlockMove;
+pub use peers::{PeerLinks, PeerSet};
 pub use ledger::{
     Ledger, LedgerItem, LedgerItemKind, Limits, Workload, local_memory_reservation_bytes,
     per_thread_local_bytes,
