@@ -24,7 +24,6 @@ pub use device::{DeviceMemory, MemInfo, StreamId};
 pub use device_heap::DeviceHeap;
 pub use error::{Error, Result};
 pub use kernels::moves::BlockMove;
-pub use peers::{PeerLinks, PeerSet};
 pub use ledger::{
     Ledger, LedgerItem, LedgerItemKind, Limits, Workload, local_memory_reservation_bytes,
     per_thread_local_bytes,
@@ -32,6 +31,7 @@ pub use ledger::{
 /// What a pool's blocks are named by, and what its heap reports and
 /// refuses: memcore's types, so a user of ctx needs no other crate.
 pub use memcore::{DEFAULT_ALIGN, Error as HeapError, Handle, Stats as HeapStats};
+pub use peers::{PeerLinks, PeerSet};
 pub use pool::{
     CompactionPolicy, CompactionReport, Growth, PinGuard, Pool, PoolConfig, PoolGuard, PoolStats,
 };

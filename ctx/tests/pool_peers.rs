@@ -83,7 +83,10 @@ fn a_peer_that_cannot_reach_the_device_is_refused_and_nothing_stays_mapped() {
             why: "the host's links do not connect them"
         }
     );
-    assert!(err.to_string().contains("device 1 cannot access memory of device 0"));
+    assert!(
+        err.to_string()
+            .contains("device 1 cannot access memory of device 0")
+    );
     let stats = pool.stats();
     assert_eq!((stats.mapped_bytes, stats.grows), (0, 0));
     assert_eq!(stats.peer_access.calls, 1, "the refused call is counted");
@@ -140,7 +143,10 @@ fn set_access_takes_whole_mappings_only() {
     dev.map(base + 2 * PAGE, 2 * PAGE).unwrap();
     let one = peers(&[1]);
     assert!(dev.set_access(base, PAGE, one).is_err(), "half a mapping");
-    assert!(dev.set_access(base, 6 * PAGE, one).is_err(), "past the mappings");
+    assert!(
+        dev.set_access(base, 6 * PAGE, one).is_err(),
+        "past the mappings"
+    );
     assert!(dev.set_access(base, 0, one).is_err(), "nothing");
     let chunk = dev.alloc_chunk(PAGE).unwrap();
     assert!(dev.set_access(chunk, PAGE, one).is_err(), "a chunk");

@@ -8,9 +8,7 @@ use std::{
 use cust::sys::{CUcontext, CUdevice, CUdevice_attribute, CUlimit};
 
 use super::driver::{self, check};
-use crate::{
-    DeviceProfile, Limits, MemInfo, PeerLinks, Result, profile::LOCAL_MEMORY_GRANULE,
-};
+use crate::{DeviceProfile, Limits, MemInfo, PeerLinks, Result, profile::LOCAL_MEMORY_GRANULE};
 
 /// The primary context of one CUDA device, retained for as long as any clone lives.
 ///

@@ -310,13 +310,12 @@ impl DeviceMemory for CudaDevice {
         let mut access = Vec::new();
         for peer in peers.without(own).iter() {
             if !self.reachable_peers.contains(peer) {
-                let reachable = CudaContext::can_access_peer(peer, own).map_err(|_| {
-                    Error::PeerAccess {
+                let reachable =
+                    CudaContext::can_access_peer(peer, own).map_err(|_| Error::PeerAccess {
                         device: own,
                         peer,
                         why: "the driver knows no such device",
-                    }
-                })?;
+                    })?;
                 if !reachable {
                     return Err(Error::PeerAccess {
                         device: own,
