@@ -6,7 +6,9 @@
     print(cudamem_torch.stats())     # the pool's figures, a dict
     cudamem_torch.explain()          # where this process's GPU memory went
 
-Settings, read when a device is first used: CUDAMEM_POLICY (tlsf, the default) and
+Settings, read when a device is first used: CUDAMEM_POLICY (tlsf, the default),
+CUDAMEM_PEERS (the other GPUs that may read and write each pool's memory directly:
+"all", or ordinals like "0,1"; unset: none) and
 CUDAMEM_MIN_GROWTH (bytes the pool maps at least at once, e.g. 2M, the default, or 64M:
 fewer driver calls, up to one step more memory held).
 """
@@ -34,6 +36,7 @@ STATS_FIELDS = (
     "frees",
     "ooms",
     "errors",
+    "peer_access_calls",
 )
 
 

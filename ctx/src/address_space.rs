@@ -113,6 +113,30 @@ impl<B: Backing> AddressSpace<B> {
         }
     }
 
+    /// The starts of the backings that make up `[addr, addr + size)` exactly,
+    /// each one `accepted` (e.g. a VMM mapping, not a chunk); `None` if the
+    /// range is empty or is not such a run of whole backings.
+    pub(crate) fn whole_run(
+        &self,
+        addr: u64,
+        size: u64,
+        accepted: impl Fn(&B) -> bool,
+    ) -> Option<Vec<u64>> {
+        let end = addr.checked_add(size)?;
+        let mut cursor = addr;
+        let mut starts = Vec::new();
+        while cursor < end {
+            let backing = self.backings.get(&cursor)?;
+            let next = cursor.checked_add(backing.size())?;
+            if !accepted(backing) || next > end || backing.size() == 0 {
+                return None;
+            }
+            starts.push(cursor);
+            cursor = next;
+        }
+        (size > 0).then_some(starts)
+    }
+
     /// Forgets every backing and returns them (the CUDA backend's drop).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn take_backings(&mut self) -> BTreeMap<u64, B> {

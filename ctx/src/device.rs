@@ -6,6 +6,7 @@
 use kernels::moves::BlockMove;
 
 use crate::Result;
+use crate::peers::PeerSet;
 
 /// Device memory figures as `cuMemGetInfo` reports them, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,6 +41,10 @@ pub trait DeviceMemory: Send {
     /// A short human-readable name of the device.
     fn name(&self) -> String;
 
+    /// The device's ordinal among the host's devices (what [`PeerSet`]s
+    /// name).
+    fn ordinal(&self) -> u32;
+
     /// The VMM page in bytes (2 MiB on recent NVIDIA GPUs): reservation
     /// sizes, mapping addresses and mapping sizes are multiples of it. Chunk
     /// sizes are rounded to it by the pool as well.
@@ -59,6 +64,16 @@ pub trait DeviceMemory: Send {
     /// Back `[addr, addr + size)`, which lies inside a reservation and is not
     /// mapped yet, with physical memory readable and writable by the device.
     fn map(&mut self, addr: u64, size: u64) -> Result<()>;
+
+    /// Make `[addr, addr + size)`, a run of whole ranges earlier passed to
+    /// [`map`](Self::map) and still mapped, readable and writable by every
+    /// device in `peers` as well (`cuMemSetAccess`; what was granted before
+    /// stays). The device's own ordinal in `peers` is ignored. A peer that
+    /// cannot reach this device's memory is refused with
+    /// [`Error::PeerAccess`](crate::Error::PeerAccess) before anything
+    /// changes. Pools call it through one function for every mapping they
+    /// make ([`crate::PoolConfig::peers`]).
+    fn set_access(&mut self, addr: u64, size: u64, peers: PeerSet) -> Result<()>;
 
     /// Drop the physical memory behind `[addr, addr + size)`. As with
     /// `cuMemUnmap`, the range must consist of whole ranges earlier passed to

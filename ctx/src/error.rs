@@ -78,6 +78,26 @@ pub enum Error {
     /// A configuration that cannot work (e.g. a VMM pool reserving nothing).
     #[error("invalid configuration: {0}")]
     InvalidConfig(&'static str),
+    /// A device named as a peer cannot reach the memory of the device that
+    /// was to grant it access (`cuDeviceCanAccessPeer` says no, or there is
+    /// no such device).
+    #[error("device {peer} cannot access memory of device {device}: {why}")]
+    PeerAccess {
+        /// The device whose memory was to be granted.
+        device: u32,
+        /// The device that was to be granted access.
+        peer: u32,
+        /// Why not.
+        why: &'static str,
+    },
+    /// Peers named for a [`crate::Growth::Chunks`] pool: memory from
+    /// `cuMemAlloc` is reachable by a peer only through
+    /// `cuCtxEnablePeerAccess`, which opens every allocation of the context
+    /// to that peer, not the pool's alone.
+    #[error(
+        "peer access needs Growth::Vmm: cuMemAlloc chunks are reachable by peers only          through cuCtxEnablePeerAccess, which opens the whole context; use Growth::Vmm          or name no peers"
+    )]
+    PeersNeedVmm,
     /// The operation needs something this device or configuration lacks.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),

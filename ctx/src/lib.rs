@@ -9,6 +9,7 @@ mod device;
 mod device_heap;
 mod error;
 mod ledger;
+mod peers;
 mod pool;
 mod preflight;
 mod profile;
@@ -30,6 +31,7 @@ pub use ledger::{
 /// What a pool's blocks are named by, and what its heap reports and
 /// refuses: memcore's types, so a user of ctx needs no other crate.
 pub use memcore::{DEFAULT_ALIGN, Error as HeapError, Handle, Stats as HeapStats};
+pub use peers::{PeerLinks, PeerSet};
 pub use pool::{
     CompactionPolicy, CompactionReport, Growth, PinGuard, Pool, PoolConfig, PoolGuard, PoolStats,
 };

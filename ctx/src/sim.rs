@@ -5,6 +5,7 @@ use kernels::moves::{BlockMove, MAX_MOVES, SlideBlocksParams};
 use crate::address_space::{self, AddressSpace};
 use crate::copy::{self, Batch, CopyStep};
 use crate::device::{DeviceMemory, MemInfo};
+use crate::peers::{PeerLinks, PeerSet};
 use crate::{Error, Result};
 
 /// Where the simulated address space starts. Nonzero and high, so simulated
@@ -74,6 +75,8 @@ pub struct SimCounters {
     pub bytes_copied: u64,
     /// `synchronize` calls.
     pub synchronizes: u64,
+    /// Successful `set_access` calls (peer grants).
+    pub set_accesses: u64,
 }
 
 /// What a range of device memory is backed by.
@@ -91,6 +94,8 @@ struct Backing {
     size: u64,
     kind: BackingKind,
     data: Vec<u8>,
+    /// Other devices granted access (`set_access`).
+    peers: PeerSet,
 }
 
 impl address_space::Backing for Backing {
@@ -116,9 +121,17 @@ struct Piece {
 ///
 /// With `backed: false` it keeps the bookkeeping only: writes are dropped and
 /// reads return zeros, so replays of multi-GB traces fit in host RAM.
+///
+/// It is one device of a host whose devices reach each other as its
+/// [`PeerLinks`] say ([`SimDevice::on_host`]; alone by default): a grant
+/// ([`DeviceMemory::set_access`]) to a peer that cannot reach it is refused,
+/// and [`SimDevice::read_as`] reads as a peer would, refused where the peer
+/// was granted nothing.
 #[derive(Debug)]
 pub struct SimDevice {
     config: SimConfig,
+    ordinal: u32,
+    links: PeerLinks,
     next_va: u64,
     space: AddressSpace<Backing>,
     /// Bytes of mappings and chunks.
@@ -137,8 +150,28 @@ impl SimDevice {
     /// A device with the given behaviour. A granularity that is not a power
     /// of two is reported by the first call that needs it.
     pub fn new(config: SimConfig) -> Self {
+        Self::on_host(config, 0, PeerLinks::none(1))
+    }
+
+    /// Device `ordinal` of a host whose devices reach each other as `links`
+    /// say. The devices share no memory: each is its own `SimDevice`.
+    ///
+    /// ```
+    /// use ctx::{DeviceMemory, PeerLinks, PeerSet, SimConfig, SimDevice};
+    /// let mut dev = SimDevice::on_host(SimConfig::small(1 << 20), 1, PeerLinks::all(2));
+    /// let base = dev.reserve(64 << 10)?;
+    /// dev.map(base, 64 << 10)?;
+    /// let mut out = [0; 4];
+    /// assert!(dev.read_as(0, base, &mut out).is_err(), "not granted yet");
+    /// dev.set_access(base, 64 << 10, PeerSet::of(&[0])?)?;
+    /// dev.read_as(0, base, &mut out)?;
+    /// # Ok::<(), ctx::Error>(())
+    /// ```
+    pub fn on_host(config: SimConfig, ordinal: u32, links: PeerLinks) -> Self {
         Self {
             config,
+            ordinal,
+            links,
             next_va: SIM_BASE_ADDRESS,
             space: AddressSpace::default(),
             used_bytes: 0,
@@ -159,6 +192,38 @@ impl SimDevice {
     /// Calls served so far.
     pub fn counters(&self) -> SimCounters {
         self.counters
+    }
+
+    /// Which devices of the host reach which.
+    pub fn links(&self) -> &PeerLinks {
+        &self.links
+    }
+
+    /// Read as device `peer` would, directly: every byte must lie in memory
+    /// granted to `peer` (or be `peer`'s own), else
+    /// [`Error::InvalidAddress`].
+    pub fn read_as(&self, peer: u32, src: u64, out: &mut [u8]) -> Result<()> {
+        let from = self.pieces(src, out.len() as u64)?;
+        let granted = |p: &Piece| self.space.backings()[&p.backing].peers.contains(peer);
+        if peer != self.ordinal && !from.iter().all(granted) {
+            return Err(Error::InvalidAddress {
+                addr: src,
+                len: out.len() as u64,
+                why: "not granted to that peer",
+            });
+        }
+        if !self.config.backed {
+            out.fill(0);
+            return Ok(());
+        }
+        let mut pos = 0;
+        for p in from {
+            let data = &self.space.backings()[&p.backing].data;
+            out[pos..pos + p.len]
+                .copy_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
+            pos += p.len;
+        }
+        Ok(())
     }
 
     fn checked_granularity(&self, op: &'static str) -> Result<u64> {
@@ -262,6 +327,10 @@ impl DeviceMemory for SimDevice {
         format!("sim ({} bytes, {backing})", self.config.capacity_bytes)
     }
 
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
     fn granularity(&self) -> u64 {
         self.config.granularity_bytes
     }
@@ -302,9 +371,45 @@ impl DeviceMemory for SimDevice {
                 size,
                 kind: BackingKind::Mapping,
                 data,
+                peers: PeerSet::NONE,
             },
         );
         self.counters.maps += 1;
+        Ok(())
+    }
+
+    fn set_access(&mut self, addr: u64, size: u64, peers: PeerSet) -> Result<()> {
+        let starts = self
+            .space
+            .whole_run(addr, size, |b| b.kind == BackingKind::Mapping)
+            .ok_or_else(|| {
+                device_error(
+                    "set_access",
+                    format!(
+                        "CUDA_ERROR_INVALID_VALUE: [{addr:#x}, +{size}) is not a run of whole mappings"
+                    ),
+                )
+            })?;
+        let peers = peers.without(self.ordinal);
+        for peer in peers.iter() {
+            if !self.links.can_access(peer, self.ordinal) {
+                return Err(Error::PeerAccess {
+                    device: self.ordinal,
+                    peer,
+                    why: if peer >= self.links.device_count() {
+                        "no such device on this host"
+                    } else {
+                        "the host's links do not connect them"
+                    },
+                });
+            }
+        }
+        for start in starts {
+            if let Some(b) = self.space.backing_mut(start) {
+                b.peers = b.peers.union(peers);
+            }
+        }
+        self.counters.set_accesses += 1;
         Ok(())
     }
 
@@ -360,6 +465,7 @@ impl DeviceMemory for SimDevice {
                 size,
                 kind: BackingKind::Chunk,
                 data,
+                peers: PeerSet::NONE,
             },
         );
         self.counters.chunk_allocs += 1;
@@ -449,19 +555,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn read(&mut self, src: u64, out: &mut [u8]) -> Result<()> {
-        let from = self.pieces(src, out.len() as u64)?;
-        if !self.config.backed {
-            out.fill(0);
-            return Ok(());
-        }
-        let mut pos = 0;
-        for p in from {
-            let data = &self.space.backings()[&p.backing].data;
-            out[pos..pos + p.len]
-                .copy_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
-            pos += p.len;
-        }
-        Ok(())
+        self.read_as(self.ordinal, src, out)
     }
 
     fn mem_info(&self) -> Result<MemInfo> {

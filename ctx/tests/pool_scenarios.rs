@@ -23,6 +23,7 @@ fn pool(growth: Growth, compaction: CompactionPolicy, max_bytes: u64) -> Pool<Si
         } else {
             0
         },
+        peers: ctx::PeerSet::NONE,
     };
     Pool::new(SimDevice::new(SimConfig::small(64 * PAGE)), config).unwrap()
 }
@@ -241,6 +242,7 @@ fn an_over_large_step_shrinks_alike_for_both_growths() {
             reserve_bytes: 64 * PAGE,
             max_bytes,
             min_growth_bytes: 32 * PAGE,
+            peers: ctx::PeerSet::NONE,
         };
         // A 16-page device refuses a 32-page step: each growth takes what
         // its request needs instead, until the device is full.

@@ -32,12 +32,23 @@ default_again's and expandable's max_rel, or 1e-6 when both are 0), else `DIFFER
 Also the mode `twogpu`: one plain process (no torchrun) with cudamem serving both GPUs
 (CUDAMEM_PEERS=all): tensors on cuda:0 and cuda:1, a copy between them both ways, a
 matmul on each, checksums compared with the same work on the CPU, cudamem_stats of
-both devices (each must show its own allocations).
+both devices (each must show its own allocations, and peer grants: every mapping of
+each pool is granted to the other GPU).
+
+Goals (issue 15), checked in the table's last lines: the losses of `cudamem` identical
+to the default's (or within PyTorch's own spread), its peak memory on each GPU at most
+expandable segments', its median step time at most 1.02 x the default's.
+
+Time: five launches, each a Python start, NCCL set-up and --steps (30) steps of a small
+GPT-2 (6 layers, 768 wide, 12 heads; batches of 2-8 sequences of 32-1024 tokens):
+meant to take well under a minute each on two H200s, a few minutes in all (not yet
+timed on the GPUs).
 
 Every environment started here keeps NVLink multicast off: NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1. A launch past --timeout
-seconds (150) is killed with its process group and reported; the others go on.
-Prints a table; writes OUTDIR/MODE.rankR.json, OUTDIR/twogpu.json and OUTDIR/summary.json.
+seconds (120) is killed with its process group and reported; the others go on.
+Prints a table; writes OUTDIR/MODE.rankR.json, OUTDIR/MODE.log (each launch's output),
+OUTDIR/twogpu.json, OUTDIR/summary.json and the table as OUTDIR/summary.txt.
 --dry-run exercises the launcher's comparison and reporting on made-up results
 (no GPU, no torch): it checks this script, not the allocator.
 """
@@ -240,6 +251,7 @@ def table(results, spread):
             "-" if ratio is None else "%.3f" % ratio, r.get("verdict", "?"), r.get("max_rel", 0.0)))
     if spread is not None:
         lines.append("PyTorch's own spread (max_rel of default_again, expandable): %.2e" % spread)
+    lines.extend(goals(results))
     for r in results:
         if r["mode"] != "twogpu":
             continue
@@ -247,11 +259,34 @@ def table(results, spread):
             lines.append("twogpu FAILED: %s" % (r["error"].strip().splitlines() or [""])[-1])
         else:
             t = r["ranks"][0]
-            lines.append("twogpu: checks %s; pool allocations per device %s; peak per GPU %s MiB" % (
-                "passed" if t["ok"] else "FAILED: " + "; ".join(t["failures"]),
-                [s["allocations"] for s in t["cudamem"]],
-                [mib(b) for b in r["peak_bytes_per_gpu"]]))
+            lines.append("twogpu: checks %s; pool allocations per device %s; peer grants per "
+                         "device %s; peak per GPU %s MiB" % (
+                             "passed" if t["ok"] else "FAILED: " + "; ".join(t["failures"]),
+                             [s["allocations"] for s in t["cudamem"]],
+                             [s.get("peer_access_calls") for s in t["cudamem"]],
+                             [mib(b) for b in r["peak_bytes_per_gpu"]]))
     return "\n".join(lines)
+
+
+def goals(results):
+    """The issue's goals for the `cudamem` mode, one line each."""
+    by_mode = {r["mode"]: r for r in results if "error" not in r}
+    ours, default, expandable = (by_mode.get(m) for m in ("cudamem", "default", "expandable"))
+    if ours is None:
+        return ["goals: no cudamem result"]
+    lines = ["goal, losses identical to the default's (or within PyTorch's spread): %s" % (
+        "met (%s)" % ours["verdict"] if ours.get("verdict") in ("identical", "within spread")
+        else "NOT met (%s)" % ours.get("verdict", "no default run"))]
+    if expandable is not None:
+        pairs = list(zip(ours["peak_bytes_per_gpu"], expandable["peak_bytes_per_gpu"]))
+        lines.append("goal, peak per GPU at most expandable segments': %s (%s MiB)" % (
+            "met" if all(a <= b for a, b in pairs) else "NOT met",
+            ", ".join("gpu%d %s vs %s" % (i, mib(a), mib(b)) for i, (a, b) in enumerate(pairs))))
+    if default is not None:
+        ratio = ours["ranks"][0]["median_step_s"] / default["ranks"][0]["median_step_s"]
+        lines.append("goal, step time at most 1.02 x default's: %s (%.3f)" % (
+            "met" if ratio <= 1.02 else "NOT met", ratio))
+    return lines
 
 
 def fake_results(args):
@@ -273,7 +308,8 @@ def fake_results(args):
             ranks.append(r)
         results.append({"mode": mode, "peak_bytes_per_gpu": [6 << 30, 6 << 30], "ranks": ranks})
     results.append({"mode": "twogpu", "peak_bytes_per_gpu": [1 << 30, 1 << 30], "ranks": [
-        {"ok": True, "failures": [], "cudamem": [{"allocations": 5}, {"allocations": 4}]}]})
+        {"ok": True, "failures": [], "cudamem": [{"allocations": 5, "peer_access_calls": 3},
+                                                 {"allocations": 4, "peer_access_calls": 2}]}]})
     return results
 
 
@@ -377,6 +413,8 @@ def twogpu_worker(args):
     for d, s in enumerate(stats):
         if s["allocations"] == 0:
             failures.append("device %d's pool served nothing" % d)
+        if s.get("peer_access_calls", 0) == 0:
+            failures.append("device %d's pool granted the other GPU nothing (CUDAMEM_PEERS=all)" % d)
     pointers = {"x0": x0.data_ptr(), "x1": x1.data_ptr()}
     result = {"mode": "twogpu", "ok": not failures, "failures": failures, "checks": checks,
               "cudamem": stats, "pointers": pointers, "torch": torch.__version__}
@@ -395,7 +433,7 @@ def main():
     parser.add_argument("--out", default="ddp-bench", help="output folder")
     parser.add_argument("--modes", nargs="*", default=list(ALL_MODES), choices=ALL_MODES)
     parser.add_argument("--steps", type=int, default=30, help="training steps per launch")
-    parser.add_argument("--timeout", type=int, default=150, help="seconds per launch")
+    parser.add_argument("--timeout", type=int, default=120, help="seconds per launch")
     parser.add_argument("--nondeterministic", action="store_true",
                         help="leave PyTorch's nondeterministic algorithms on")
     parser.add_argument("--dry-run", action="store_true",
@@ -427,7 +465,10 @@ def main():
                   file=sys.stderr, flush=True)
             results.append(r)
     spread = compare(results)
-    print(table(results, spread))
+    text = table(results, spread)
+    print(text)
+    with open(os.path.join(args.out, "summary.txt"), "w") as f:
+        f.write(text + "\n")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"spread": spread, "results": results}, f, indent=1)
     failed = any("error" in r or r.get("verdict") == "DIFFERS" or

@@ -61,6 +61,10 @@ pub struct AllocatorStats {
     pub ooms: u64,
     /// Calls refused for bad arguments (unknown pointer, size mismatch, ...).
     pub errors: u64,
+    /// Grants of the pool's mappings to peer devices (`CUDAMEM_PEERS`): one
+    /// `cuMemSetAccess` per mapping, covering every peer; also in
+    /// `memory_driver_calls`.
+    pub peer_access_calls: u64,
 }
 
 /// A block handed out.
@@ -154,7 +158,10 @@ impl<D: DeviceFacts, E: StreamEvents> DeviceAllocator<D, E> {
         let page = memory.granularity().max(1);
         let total = memory.mem_info()?.total;
         let reserve = total.div_ceil(page).saturating_mul(page).max(page);
-        let pool = Pool::new(memory, settings.pool_config(reserve))?;
+        let peers = settings
+            .peers
+            .resolve(memory.ordinal(), memory.device_count()?);
+        let pool = Pool::new(memory, settings.pool_config(reserve, peers))?;
         Ok(Self {
             device,
             pool,
@@ -307,6 +314,7 @@ impl<D: DeviceFacts, E: StreamEvents> DeviceAllocator<D, E> {
             largest_free_bytes: figures.heap.largest_free,
             memory_driver_calls: pool.device().memory_driver_calls(),
             event_calls: state.events.calls(),
+            peer_access_calls: figures.peer_access.calls,
             ..state.stats
         }
     }

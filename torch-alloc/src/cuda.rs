@@ -22,6 +22,10 @@ impl DeviceFacts for CudaDevice {
             + c.release.calls
     }
 
+    fn device_count(&self) -> Result<u32> {
+        Ok(CudaContext::device_count()?)
+    }
+
     fn context_facts(&self) -> Result<ContextFacts> {
         let context = self.context();
         Ok(ContextFacts {

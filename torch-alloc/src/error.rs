@@ -83,6 +83,17 @@ pub enum Error {
         /// The value, cut to 80 characters.
         value: String,
     },
+    /// `CUDAMEM_PEERS` is neither `all` nor device ordinals below 64.
+    #[error(
+        "CUDAMEM_PEERS={value:?} is not `all` or device ordinals 0 to 63 separated by \
+         commas (e.g. 0,1); the bad part: {part:?}"
+    )]
+    BadPeers {
+        /// The value, cut to 80 characters.
+        value: String,
+        /// The part that is no ordinal below 64, cut to 80 characters.
+        part: String,
+    },
     /// The library was built without the `cuda` feature and no simulated devices are
     /// installed.
     #[error(

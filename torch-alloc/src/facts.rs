@@ -24,6 +24,9 @@ pub trait DeviceFacts: DeviceMemory {
     /// The context's figures now.
     fn context_facts(&self) -> Result<ContextFacts>;
 
+    /// How many devices the process sees (what `CUDAMEM_PEERS=all` grants).
+    fn device_count(&self) -> Result<u32>;
+
     /// Runs `work`, leaving the calling thread's current context as it found it
     /// (the caller's current device is the caller's). The simulation has none.
     fn keeping_current<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -32,9 +35,14 @@ pub trait DeviceFacts: DeviceMemory {
 }
 
 impl DeviceFacts for SimDevice {
+    /// The devices of the simulated host ([`SimDevice::links`]).
+    fn device_count(&self) -> Result<u32> {
+        Ok(self.links().device_count())
+    }
+
     fn memory_driver_calls(&self) -> u64 {
         let c = self.counters();
-        c.maps + c.unmaps + c.chunk_allocs + c.chunk_frees
+        c.maps + c.unmaps + c.chunk_allocs + c.chunk_frees + c.set_accesses
     }
 
     /// An H200-shaped profile scaled to the simulated capacity: the context's share is

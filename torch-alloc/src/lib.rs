@@ -68,4 +68,4 @@ pub use cuda::CudaStreams;
 pub use error::{Error, MAX_DEVICES, Result};
 pub use events::{SimEvent, SimStreams, StreamEvents};
 pub use facts::{ContextFacts, DeviceFacts};
-pub use settings::{Policy, Settings};
+pub use settings::{Peers, Policy, Settings};

@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use ctx::{SimConfig, SimDevice, StreamId};
+use ctx::{PeerLinks, SimConfig, SimDevice, StreamId};
 
 use crate::allocator::{AllocatorStats, DeviceAllocator};
 use crate::error::{Error, MAX_DEVICES, Result};
@@ -93,7 +93,8 @@ where
 enum Backend {
     /// The CUDA driver (or, built without `cuda`, nothing).
     Driver,
-    /// Simulated devices, for tests; device `i` has `streams[i]`.
+    /// Simulated devices of one host, each reaching every other's memory, for tests;
+    /// device `i` has `streams[i]`.
     Simulated {
         config: SimConfig,
         streams: Vec<SimStreams>,
@@ -174,7 +175,9 @@ fn open(device: i32) -> Result<Box<dyn AnyDevice>> {
                 .get(index)
                 .cloned()
                 .ok_or(Error::BadDevice { device })?;
-            let memory = SimDevice::new(*config);
+            let ordinal = u32::try_from(index).map_err(|_| Error::BadDevice { device })?;
+            let count = u32::try_from(streams.len()).unwrap_or(u32::MAX);
+            let memory = SimDevice::on_host(*config, ordinal, PeerLinks::all(count));
             Ok(Box::new(DeviceAllocator::new(
                 device, memory, events, &settings,
             )?))

@@ -1,6 +1,7 @@
-//! What a user chooses through the environment: the pool policy and its growth step.
+//! What a user chooses through the environment: the pool policy, its growth step and
+//! the peer devices its memory is granted to.
 
-use ctx::{CompactionPolicy, Growth, PoolConfig};
+use ctx::{CompactionPolicy, Growth, PeerSet, PoolConfig};
 
 use crate::error::{Error, Result, cut};
 
@@ -28,6 +29,64 @@ impl Policy {
     }
 }
 
+/// The devices a pool grants access to besides its own (`CUDAMEM_PEERS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peers {
+    /// These devices, by ordinal (`0,1`; unset or empty: none).
+    Devices(PeerSet),
+    /// Every device the process sees (`all`).
+    All,
+}
+
+impl Peers {
+    /// The devices a pool on device `own` grants, of the `device_count` devices the
+    /// process sees: never its own.
+    ///
+    /// ```
+    /// use ctx::PeerSet;
+    /// use cudamem_torch::Peers;
+    /// assert_eq!(Peers::All.resolve(1, 3), PeerSet::of(&[0, 2])?);
+    /// assert_eq!(Peers::parse("0,1")?.resolve(0, 2), PeerSet::of(&[1])?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn resolve(self, own: u32, device_count: u32) -> PeerSet {
+        match self {
+            Peers::Devices(set) => set.without(own),
+            Peers::All => PeerSet::first(device_count).without(own),
+        }
+    }
+
+    /// `CUDAMEM_PEERS`'s value: `all`, or device ordinals (0 to 63) separated by
+    /// commas; empty: none.
+    pub fn parse(text: &str) -> Result<Self> {
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("all") {
+            return Ok(Peers::All);
+        }
+        let mut ordinals = Vec::new();
+        for part in text.split(',').map(str::trim) {
+            if part.is_empty() && !text.is_empty() {
+                return Err(Error::BadPeers {
+                    value: cut(text),
+                    part: String::new(),
+                });
+            }
+            match part.parse::<u32>() {
+                Ok(n) if n < PeerSet::MAX_DEVICES => ordinals.push(n),
+                _ if part.is_empty() => {}
+                _ => {
+                    return Err(Error::BadPeers {
+                        value: cut(text),
+                        part: cut(part),
+                    });
+                }
+            }
+        }
+        // Every ordinal is below 64, which is all `of` checks.
+        Ok(Peers::Devices(PeerSet::of(&ordinals)?))
+    }
+}
+
 /// The settings of every device's pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
@@ -41,20 +100,27 @@ pub struct Settings {
     /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, whatever its size) and so a
     /// faster warm-up, at the price of holding up to one step more than needed.
     pub min_growth_bytes: u64,
+    /// The devices each pool grants access to (`CUDAMEM_PEERS`), resolved per device by
+    /// [`Peers::resolve`].
+    pub peers: Peers,
 }
 
 impl Settings {
     /// `CUDAMEM_MIN_GROWTH` when unset: one H200 VMM page, bytes.
     pub const DEFAULT_MIN_GROWTH_BYTES: u64 = 2 << 20;
 
-    /// The settings from `CUDAMEM_POLICY` and `CUDAMEM_MIN_GROWTH`.
+    /// The settings from `CUDAMEM_POLICY`, `CUDAMEM_MIN_GROWTH` and `CUDAMEM_PEERS`.
     pub fn from_env() -> Result<Self> {
         let policy = std::env::var("CUDAMEM_POLICY").ok();
         let growth = std::env::var("CUDAMEM_MIN_GROWTH").ok();
-        Self::parse(policy.as_deref(), growth.as_deref())
+        let mut settings = Self::parse(policy.as_deref(), growth.as_deref())?;
+        if let Ok(peers) = std::env::var("CUDAMEM_PEERS") {
+            settings.peers = Peers::parse(&peers)?;
+        }
+        Ok(settings)
     }
 
-    /// The settings from the two variables' values (`None`: unset).
+    /// The settings from the two variables' values (`None`: unset), with no peers.
     ///
     /// ```
     /// use cudamem_torch::{Policy, Settings};
@@ -78,11 +144,13 @@ impl Settings {
         Ok(Settings {
             policy,
             min_growth_bytes,
+            peers: Peers::Devices(PeerSet::NONE),
         })
     }
 
-    /// The pool configuration for a device whose reservation is `reserve_bytes`.
-    pub fn pool_config(&self, reserve_bytes: u64) -> PoolConfig {
+    /// The pool configuration for a device whose reservation is `reserve_bytes` and
+    /// whose memory `peers` may read and write too.
+    pub fn pool_config(&self, reserve_bytes: u64, peers: PeerSet) -> PoolConfig {
         match self.policy {
             Policy::Tlsf => PoolConfig {
                 growth: Growth::Vmm,
@@ -90,6 +158,7 @@ impl Settings {
                 reserve_bytes,
                 max_bytes: u64::MAX,
                 min_growth_bytes: self.min_growth_bytes,
+                peers,
             },
         }
     }
@@ -146,9 +215,37 @@ mod tests {
     #[test]
     fn the_pool_never_moves_blocks() {
         let s = Settings::parse(Some("tlsf"), None).unwrap();
-        let config = s.pool_config(1 << 30);
+        let config = s.pool_config(1 << 30, PeerSet::NONE);
         assert_eq!(config.compaction, CompactionPolicy::Never);
         assert_eq!(config.growth, Growth::Vmm);
         assert_eq!(config.min_growth_bytes, 2 << 20);
+        assert_eq!(s.peers, Peers::Devices(PeerSet::NONE));
+    }
+
+    #[test]
+    fn peers_parse_and_never_include_the_own_device() {
+        let set = |o: &[u32]| PeerSet::of(o).unwrap();
+        assert_eq!(Peers::parse("all").unwrap(), Peers::All);
+        assert_eq!(Peers::parse(" ALL ").unwrap(), Peers::All);
+        assert_eq!(Peers::parse("0, 1").unwrap(), Peers::Devices(set(&[0, 1])));
+        assert_eq!(Peers::parse("").unwrap(), Peers::Devices(PeerSet::NONE));
+        assert_eq!(Peers::All.resolve(0, 2), set(&[1]));
+        assert_eq!(Peers::All.resolve(0, 1), PeerSet::NONE);
+        assert_eq!(Peers::parse("0,1,3").unwrap().resolve(1, 8), set(&[0, 3]));
+        for (bad, part) in [
+            ("0,x", "\"x\""),
+            ("64", "\"64\""),
+            ("-1", "\"-1\""),
+            ("1;2", "\"1;2\""),
+            ("0,,1", "\"\""),
+        ] {
+            let err = Peers::parse(bad).unwrap_err().to_string();
+            assert!(err.contains(&format!("CUDAMEM_PEERS={bad:?}")), "{err}");
+            assert!(err.ends_with(&format!("the bad part: {part}")), "{err}");
+        }
+        let long = "7,".repeat(100) + "y";
+        let err = Peers::parse(&long).unwrap_err().to_string();
+        assert!(err.len() < 300, "{err}");
+        assert!(err.ends_with("the bad part: \"y\""), "{err}");
     }
 }

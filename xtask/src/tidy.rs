@@ -35,6 +35,10 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "torch-alloc/tests/policy_env.rs",
         "a test that calls the C ABI as C code does, under an environment variable",
     ),
+    (
+        "torch-alloc/tests/peers_env.rs",
+        "tests that call the C ABI as C code does, with CUDAMEM_PEERS set",
+    ),
 ];
 
 /// Files under `ctx/src/cuda/` that need no `unsafe`, each with why.

@@ -8,7 +8,7 @@ use std::{
 use cust::sys::{CUcontext, CUdevice, CUdevice_attribute, CUlimit};
 
 use super::driver::{self, check};
-use crate::{DeviceProfile, Limits, MemInfo, Result, profile::LOCAL_MEMORY_GRANULE};
+use crate::{DeviceProfile, Limits, MemInfo, PeerLinks, Result, profile::LOCAL_MEMORY_GRANULE};
 
 /// The primary context of one CUDA device, retained for as long as any clone lives.
 ///
@@ -77,15 +77,7 @@ impl CudaContext {
     pub fn new(ordinal: u32) -> Result<Self> {
         // SAFETY: cuInit takes only flags, which must be 0.
         check("cuInit", unsafe { driver::cuInit(0) })?;
-        let ordinal_c = c_int::try_from(ordinal).map_err(|_| crate::Error::Device {
-            op: "cuDeviceGet",
-            detail: format!("device ordinal {ordinal} is out of range"),
-        })?;
-        let mut device: CUdevice = 0;
-        // SAFETY: `device` is a valid out-pointer; the driver checks the ordinal.
-        check("cuDeviceGet", unsafe {
-            driver::cuDeviceGet(&mut device, ordinal_c)
-        })?;
+        let device = device_handle(ordinal)?;
         let mut raw: CUcontext = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer and `device` a handle the driver gave us.
         check("cuDevicePrimaryCtxRetain", unsafe {
@@ -172,6 +164,53 @@ impl CudaContext {
     /// The device ordinal this context belongs to.
     pub fn ordinal(&self) -> u32 {
         self.inner.ordinal
+    }
+
+    /// Whether device `from` can read and write memory of device `to` directly
+    /// (`cuDeviceCanAccessPeer`); a device reaches its own memory. Creates no context.
+    pub fn can_access_peer(from: u32, to: u32) -> Result<bool> {
+        // SAFETY: cuInit takes only flags, which must be 0.
+        check("cuInit", unsafe { driver::cuInit(0) })?;
+        let from_device = device_handle(from)?;
+        let to_device = device_handle(to)?;
+        if from == to {
+            return Ok(true);
+        }
+        let mut can: c_int = 0;
+        // SAFETY: `can` is a valid out-pointer; both handles came from the driver.
+        check("cuDeviceCanAccessPeer", unsafe {
+            driver::cuDeviceCanAccessPeer(&mut can, from_device, to_device)
+        })?;
+        Ok(can != 0)
+    }
+
+    /// `cuDeviceCanAccessPeer` for every ordered pair of the host's devices (at most
+    /// 64). Creates no context.
+    pub fn peer_links() -> Result<PeerLinks> {
+        let count = Self::device_count()?;
+        let mut links = PeerLinks::none(count);
+        for from in 0..links.device_count() {
+            for to in 0..links.device_count() {
+                if from != to && Self::can_access_peer(from, to)? {
+                    links = links.with(from, to);
+                }
+            }
+        }
+        Ok(links)
+    }
+
+    /// Lets this context read and write every `cuMemAlloc` allocation of `peer`'s
+    /// context, present and future (`cuCtxEnablePeerAccess`): what peers need to reach
+    /// memory that is not VMM-mapped. Enabled already counts as success.
+    pub fn enable_peer_access(&self, peer: &CudaContext) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `peer.inner.raw` is a primary context held retained by `peer`; flags
+        // must be 0.
+        let code = unsafe { driver::cuCtxEnablePeerAccess(peer.inner.raw, 0) };
+        if code == PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        check("cuCtxEnablePeerAccess", code)
     }
 
     /// The raw device handle, for the other parts of this backend.
@@ -346,6 +385,23 @@ impl CudaContext {
 }
 
 /// The context current on the calling thread (null if none).
+/// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`.
+const PEER_ACCESS_ALREADY_ENABLED: driver::RawResult = 704;
+
+/// The driver's handle of device `ordinal`.
+pub(crate) fn device_handle(ordinal: u32) -> Result<CUdevice> {
+    let ordinal_c = c_int::try_from(ordinal).map_err(|_| crate::Error::Device {
+        op: "cuDeviceGet",
+        detail: format!("device ordinal {ordinal} is out of range"),
+    })?;
+    let mut device: CUdevice = 0;
+    // SAFETY: `device` is a valid out-pointer; the driver checks the ordinal.
+    check("cuDeviceGet", unsafe {
+        driver::cuDeviceGet(&mut device, ordinal_c)
+    })?;
+    Ok(device)
+}
+
 fn current() -> Result<CUcontext> {
     let mut context: CUcontext = std::ptr::null_mut();
     // SAFETY: `context` is a valid out-pointer.

@@ -17,11 +17,12 @@ use cust::sys::{
 
 use super::{
     CudaContext,
+    context::device_handle,
     copy_queue::{CopyCalls, CopyQueue},
     driver::{self, check},
 };
 use crate::address_space::{self, AddressSpace, invalid_value};
-use crate::{DeviceMemory, Error, MemInfo, Result, VmmCalls};
+use crate::{DeviceMemory, Error, MemInfo, PeerSet, Result, VmmCalls};
 use kernels::moves::BlockMove;
 
 /// The page a pool rounds chunks to when the device has no VMM, bytes.
@@ -60,6 +61,8 @@ pub struct CudaDevice {
     space: AddressSpace<Backing>,
     copies: CopyQueue,
     vmm_calls: VmmCalls,
+    /// Peers `cuDeviceCanAccessPeer` has said reach this device's memory.
+    reachable_peers: PeerSet,
 }
 
 /// Pinned device memory on `device`, the only kind this backend creates.
@@ -116,6 +119,7 @@ impl CudaDevice {
             space: AddressSpace::default(),
             copies: CopyQueue::new(context),
             vmm_calls: VmmCalls::default(),
+            reachable_peers: PeerSet::NONE,
         })
     }
 
@@ -180,6 +184,10 @@ impl CudaDevice {
 impl DeviceMemory for CudaDevice {
     fn name(&self) -> String {
         self.name.clone()
+    }
+
+    fn ordinal(&self) -> u32 {
+        self.context.ordinal()
     }
 
     fn granularity(&self) -> u64 {
@@ -283,6 +291,60 @@ impl DeviceMemory for CudaDevice {
             },
         );
         Ok(())
+    }
+
+    /// One `cuMemSetAccess` with a descriptor per peer, counted in
+    /// [`VmmCalls::set_access`] with the device's own grants.
+    fn set_access(&mut self, addr: u64, size: u64, peers: PeerSet) -> Result<()> {
+        if self
+            .space
+            .whole_run(addr, size, |b| b.handle.is_some())
+            .is_none()
+        {
+            return Err(invalid_value(
+                "set_access",
+                format!("[{addr:#x}, +{size}) is not a run of whole mappings"),
+            ));
+        }
+        let own = self.context.ordinal();
+        let mut access = Vec::new();
+        for peer in peers.without(own).iter() {
+            if !self.reachable_peers.contains(peer) {
+                let reachable =
+                    CudaContext::can_access_peer(peer, own).map_err(|_| Error::PeerAccess {
+                        device: own,
+                        peer,
+                        why: "the driver knows no such device",
+                    })?;
+                if !reachable {
+                    return Err(Error::PeerAccess {
+                        device: own,
+                        peer,
+                        why: "cuDeviceCanAccessPeer says no",
+                    });
+                }
+                self.reachable_peers = self.reachable_peers.union(PeerSet::of(&[peer])?);
+            }
+            access.push(CUmemAccessDesc {
+                location: CUmemLocation {
+                    type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: device_handle(peer)?,
+                },
+                flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            });
+        }
+        if access.is_empty() {
+            return Ok(());
+        }
+        let bytes = to_usize("set_access", size)?;
+        self.context.bind()?;
+        let code = self.vmm_calls.set_access.record(size, || {
+            // SAFETY: `[addr, +bytes)` is a run of whole mappings of ours (checked
+            // above); `access` holds `access.len()` initialised descriptors and outlives
+            // the call.
+            unsafe { driver::cuMemSetAccess(addr, bytes, access.as_ptr(), access.len()) }
+        });
+        check("cuMemSetAccess", code)
     }
 
     fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {

@@ -49,12 +49,18 @@ unsafe extern "C" {
         attribute: CUdevice_attribute,
         device: CUdevice,
     ) -> RawResult;
+    pub(crate) fn cuDeviceCanAccessPeer(
+        can_access: *mut c_int,
+        device: CUdevice,
+        peer: CUdevice,
+    ) -> RawResult;
     pub(crate) fn cuDevicePrimaryCtxRetain(context: *mut CUcontext, device: CUdevice) -> RawResult;
     pub(crate) fn cuDevicePrimaryCtxRelease_v2(device: CUdevice) -> RawResult;
 
     pub(crate) fn cuCtxSetCurrent(context: CUcontext) -> RawResult;
     pub(crate) fn cuCtxGetCurrent(context: *mut CUcontext) -> RawResult;
     pub(crate) fn cuCtxSynchronize() -> RawResult;
+    pub(crate) fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> RawResult;
     pub(crate) fn cuCtxGetLimit(value: *mut usize, limit: CUlimit) -> RawResult;
     pub(crate) fn cuCtxSetLimit(limit: CUlimit, value: usize) -> RawResult;
 

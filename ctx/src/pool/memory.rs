@@ -5,7 +5,9 @@
 
 use memcore::{Allocator, Extent, Heap, NewRegion};
 
+use crate::call_tally::CallTally;
 use crate::device::DeviceMemory;
+use crate::peers::{self, PeerSet};
 use crate::{Error, Result};
 
 /// Device memory behind a pool's heap.
@@ -98,13 +100,17 @@ impl PoolMemory {
         heap.allocator().growth_needed(size, align, at)
     }
 
-    /// Take `bytes` (a multiple of the granularity) more from the device and
-    /// hand them to the heap.
+    /// Take `bytes` (a multiple of the granularity) more from the device,
+    /// grant `peers` access to the new mapping (counted in `peer_access`),
+    /// and hand it to the heap. A chunk pool has no peers (the pool refuses
+    /// them when it is made).
     pub(super) fn grow<D: DeviceMemory, A: Allocator>(
         &mut self,
         device: &mut D,
         heap: &mut Heap<A>,
         bytes: u64,
+        peers: PeerSet,
+        peer_access: &mut CallTally,
     ) -> Result<()> {
         match self {
             Self::Vmm {
@@ -115,6 +121,12 @@ impl PoolMemory {
             } => {
                 let addr = *base + *mapped;
                 device.map(addr, bytes)?;
+                if let Err(e) = peers::grant(device, addr, bytes, peers, peer_access) {
+                    // Nothing used the range yet; the grant's error is the
+                    // one to report.
+                    let _ = device.unmap(addr, bytes);
+                    return Err(e);
+                }
                 if let Err(e) = heap.add_region(addr, bytes) {
                     // Best effort: the heap never saw the range, so it holds
                     // no data.
@@ -125,6 +137,9 @@ impl PoolMemory {
                 *mapped += bytes;
             }
             Self::Chunks { chunks, held } => {
+                if !peers.is_empty() {
+                    return Err(Error::PeersNeedVmm);
+                }
                 let addr = device.alloc_chunk(bytes)?;
                 if let Err(e) = heap.add_region(addr, bytes) {
                     let _ = device.free_chunk(addr, bytes);

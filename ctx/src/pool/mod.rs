@@ -9,7 +9,9 @@ use std::time::Duration;
 use memcore::{Handle, Stats};
 
 use crate::Result;
+use crate::call_tally::CallTally;
 use crate::device::{DeviceMemory, StreamId};
+use crate::peers::PeerSet;
 use state::PoolState;
 
 /// How a pool gets device memory.
@@ -74,6 +76,14 @@ pub struct PoolConfig {
     /// left, and a step the device refuses shrinks to what the request
     /// needs.
     pub min_growth_bytes: u64,
+    /// Other devices of the host, by ordinal, that may read and write the
+    /// pool's memory directly: every mapping the pool makes is granted to
+    /// each of them as it is made ([`DeviceMemory::set_access`]), counted
+    /// in [`PoolStats::peer_access`]. The pool's own device is left out.
+    /// Needs [`Growth::Vmm`]: a chunk pool with peers is refused
+    /// ([`Error::PeersNeedVmm`](crate::Error::PeersNeedVmm)). Empty, the
+    /// default: no grants, no extra driver calls.
+    pub peers: PeerSet,
 }
 
 impl PoolConfig {
@@ -86,6 +96,7 @@ impl PoolConfig {
             reserve_bytes,
             max_bytes: u64::MAX,
             min_growth_bytes: 0,
+            peers: PeerSet::NONE,
         }
     }
 
@@ -98,7 +109,15 @@ impl PoolConfig {
             reserve_bytes: 0,
             max_bytes: u64::MAX,
             min_growth_bytes,
+            peers: PeerSet::NONE,
         }
+    }
+
+    /// As `self`, granting `peers` access to every mapping
+    /// ([`PoolConfig::peers`]).
+    pub const fn with_peers(mut self, peers: PeerSet) -> Self {
+        self.peers = peers;
+        self
     }
 }
 
@@ -121,6 +140,11 @@ pub struct PoolStats {
     pub grows: u64,
     /// Calls to [`Pool::shrink`] that gave memory back.
     pub shrinks: u64,
+    /// Grants of mappings to the pool's peers ([`PoolConfig::peers`]): one
+    /// `set_access` call per mapping, covering every peer, so each peer was
+    /// granted `calls` mappings of `bytes` bytes in all; `time` is the host
+    /// time in those calls. All zero for a pool without peers.
+    pub peer_access: CallTally,
     /// Host time spent planning compactions (explicit and on the
     /// allocation path), plans that found no room included.
     pub compaction_plan_time: Duration,

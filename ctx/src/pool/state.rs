@@ -9,7 +9,9 @@ use super::memory::PoolMemory;
 use super::{CompactionPolicy, CompactionReport, Growth, PoolConfig, PoolStats};
 use kernels::moves::BlockMove;
 
+use crate::call_tally::CallTally;
 use crate::device::{DeviceMemory, StreamId};
+use crate::peers::PeerSet;
 use crate::{Error, Result};
 
 /// A pool's state; every field is guarded by the pool's one mutex.
@@ -29,6 +31,10 @@ pub(super) struct PoolState<D: DeviceMemory> {
     compactions: u64,
     grows: u64,
     shrinks: u64,
+    /// The devices every mapping is granted to: the configured peers
+    /// without the pool's own device.
+    peers: PeerSet,
+    peer_access: CallTally,
     /// Host time spent making compaction plans.
     plan_time: Duration,
     /// Host time spent in the device's copies of compactions, from handing
@@ -66,6 +72,10 @@ impl<D: DeviceMemory> PoolState<D> {
             }
             Growth::Chunks => PoolMemory::chunks(),
         };
+        let peers = config.peers.without(device.ordinal());
+        if config.growth == Growth::Chunks && !peers.is_empty() {
+            return Err(Error::PeersNeedVmm);
+        }
         Ok(Self {
             device,
             config,
@@ -78,6 +88,8 @@ impl<D: DeviceMemory> PoolState<D> {
             compactions: 0,
             grows: 0,
             shrinks: 0,
+            peers,
+            peer_access: CallTally::default(),
             plan_time: Duration::ZERO,
             copy_time: Duration::ZERO,
         })
@@ -226,8 +238,17 @@ impl<D: DeviceMemory> PoolState<D> {
         if bytes > self.memory.headroom(self.config.max_bytes) {
             return Ok(false);
         }
-        if let Err(refused) = self.memory.grow(&mut self.device, &mut self.heap, bytes) {
+        let grown = self.memory.grow(
+            &mut self.device,
+            &mut self.heap,
+            bytes,
+            self.peers,
+            &mut self.peer_access,
+        );
+        if let Err(refused) = grown {
             return match self.device.mem_info() {
+                // A refused grant is no shortage of memory.
+                _ if matches!(refused, Error::PeerAccess { .. }) => Err(refused),
                 Ok(info) if info.free < bytes => Ok(false),
                 _ => Err(refused),
             };
@@ -398,6 +419,7 @@ impl<D: DeviceMemory> PoolState<D> {
             compactions: self.compactions,
             grows: self.grows,
             shrinks: self.shrinks,
+            peer_access: self.peer_access,
             compaction_plan_time: self.plan_time,
             compaction_copy_time: self.copy_time,
         }

@@ -21,9 +21,10 @@ pub struct ExplainArgs {
     /// Built-in device profile: h200, h100, a100-80gb, rtx4090, gtx280.
     #[arg(long, default_value = "h200", conflicts_with = "device")]
     profile: String,
-    /// Measure CUDA device N instead (needs a build with the `cuda` feature).
-    #[arg(long)]
-    device: Option<u32>,
+    /// Measure CUDA device N instead, or `all`: every device's ledger, then
+    /// which devices reach which (needs a build with the `cuda` feature).
+    #[arg(long, value_parser = parse_device)]
+    device: Option<DeviceChoice>,
     /// Stack limit per thread (CU_LIMIT_STACK_SIZE), e.g. 4KiB; default 1024 B.
     #[arg(long, value_parser = byte_size::parse)]
     stack_size: Option<u64>,
@@ -36,7 +37,7 @@ pub struct ExplainArgs {
     /// Local memory per thread of a loaded kernel (repeatable): the largest
     /// frame sets the reservation when it exceeds the stack limit.
     #[arg(long = "lmem", value_parser = byte_size::parse)]
-    kernel_local_bytes: Vec<u64>,
+    pub(crate) kernel_local_bytes: Vec<u64>,
     /// Explain a PyTorch memory snapshot's state at the dump instead
     /// (torch.cuda.memory._dump_snapshot, gzip or plain): segments,
     /// fragmentation, and the live blocks that pin segments.
@@ -44,16 +45,36 @@ pub struct ExplainArgs {
     snapshot: Option<PathBuf>,
     /// One JSON object instead of a table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Write the ledger as a stacked bar (SVG in HTML) to this file.
     #[arg(long)]
     report: Option<PathBuf>,
 }
 
+/// What `--device` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// One device, by ordinal.
+    One(u32),
+    /// Every device of the host.
+    All,
+}
+
+/// `--device`'s value: an ordinal, or `all`.
+fn parse_device(text: &str) -> Result<DeviceChoice, String> {
+    if text.trim().eq_ignore_ascii_case("all") {
+        return Ok(DeviceChoice::All);
+    }
+    text.trim().parse().map(DeviceChoice::One).map_err(|_| {
+        let shown: String = text.chars().take(80).collect();
+        format!("{shown:?} is neither a device ordinal (0, 1, ...) nor `all`")
+    })
+}
+
 /// A ledger and where its figures came from.
-struct Explained {
-    profile: DeviceProfile,
-    ledger: Ledger,
+pub(crate) struct Explained {
+    pub(crate) profile: DeviceProfile,
+    pub(crate) ledger: Ledger,
     /// Extra measured figures (name without the `measured_` prefix, bytes).
     measured_extra: Vec<(&'static str, u64)>,
 }
@@ -63,6 +84,14 @@ pub fn run(args: ExplainArgs) -> Result<()> {
     if let Some(snapshot) = &args.snapshot {
         return crate::cli::explain_snapshot::run(snapshot, args.json, args.report.as_deref());
     }
+    if args.device == Some(DeviceChoice::All) {
+        if args.report.is_some() {
+            return Err(anyhow!(
+                "--report draws one ledger; with --device all, name one device (--device N)"
+            ));
+        }
+        return crate::cli::explain_devices::run(&args);
+    }
     let defaults = Limits::cuda_default();
     let limits = Limits {
         stack_bytes: args.stack_size.unwrap_or(defaults.stack_bytes),
@@ -70,8 +99,8 @@ pub fn run(args: ExplainArgs) -> Result<()> {
         printf_fifo_bytes: args.printf_fifo.unwrap_or(defaults.printf_fifo_bytes),
     };
     let explained = match args.device {
-        Some(ordinal) => measure(ordinal, &args)?,
-        None => {
+        Some(DeviceChoice::One(ordinal)) => measure(ordinal, &args)?,
+        Some(DeviceChoice::All) | None => {
             let profile = DeviceProfile::builtin(&args.profile).ok_or_else(|| {
                 let known: Vec<&str> = DeviceProfile::all().iter().map(|p| p.name).collect();
                 anyhow!(
@@ -115,7 +144,7 @@ pub fn run(args: ExplainArgs) -> Result<()> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn measure(ordinal: u32, _args: &ExplainArgs) -> Result<Explained> {
+pub(crate) fn measure(ordinal: u32, _args: &ExplainArgs) -> Result<Explained> {
     Err(anyhow!(
         "--device {ordinal}: cudamem was built without the cuda feature; \
          rebuild with `--features cuda` to measure a GPU, or use --profile"
@@ -128,7 +157,7 @@ fn measure(ordinal: u32, _args: &ExplainArgs) -> Result<Explained> {
 const FRAGMENTATION_PROBES: u32 = 24;
 
 #[cfg(feature = "cuda")]
-fn measure(ordinal: u32, args: &ExplainArgs) -> Result<Explained> {
+pub(crate) fn measure(ordinal: u32, args: &ExplainArgs) -> Result<Explained> {
     use ctx::{CudaContext, Limit};
 
     let context = CudaContext::new(ordinal)?;
@@ -154,7 +183,7 @@ fn measure(ordinal: u32, args: &ExplainArgs) -> Result<Explained> {
     })
 }
 
-fn to_json(explained: &Explained, kernel_local_bytes: &[u64]) -> Value {
+pub(crate) fn to_json(explained: &Explained, kernel_local_bytes: &[u64]) -> Value {
     let Explained {
         profile,
         ledger,

@@ -3,6 +3,7 @@
 
 pub mod byte_size;
 pub mod explain;
+pub mod explain_devices;
 pub mod explain_snapshot;
 pub mod malloc_heap;
 pub mod output;

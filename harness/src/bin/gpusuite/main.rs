@@ -12,7 +12,9 @@
 //!    growth against cuMemAlloc;
 //! g. context teardown gives the memory back, seen from another process;
 //! h. cm_malloc against CUDA's malloc: throughput, usable heap,
-//!    fragmentation, growth between launches.
+//!    fragmentation, growth between launches;
+//! p. peer access on two GPUs: kernels on GPU 1 in GPU 0's pool memory, and
+//!    peer copy bandwidth over pool memory against cuMemAlloc memory.
 //!
 //! Usage: `gpusuite [--log FILE] [--only LETTERS]`. Details go to stdout
 //! and FILE, then a summary table to stdout; the exit status is non-zero if
@@ -25,6 +27,7 @@ mod device_heap;
 mod gpu;
 mod host_alloc;
 mod ledger;
+mod peers;
 mod pool_sequences;
 mod report;
 mod teardown;
@@ -41,7 +44,7 @@ use report::{Checks, Log, Section};
 
 type SectionFn = fn(&mut Checks) -> Result<()>;
 
-const SECTIONS: [(char, &str, SectionFn); 8] = [
+const SECTIONS: [(char, &str, SectionFn); 9] = [
     ('a', "pool sequences on the device", pool_sequences::run),
     ('b', "compaction contents and bandwidth", compaction::run),
     ('c', "VMM growth and shrink", vmm::run),
@@ -50,6 +53,7 @@ const SECTIONS: [(char, &str, SectionFn); 8] = [
     ('f', "host allocation cost", host_alloc::run),
     ('g', "context teardown", teardown::run),
     ('h', "cm_malloc device heap", cm_heap::run),
+    ('p', "peer access on two GPUs", peers::run),
 ];
 
 struct Options {
@@ -121,7 +125,7 @@ fn run(options: &Options) -> Result<bool> {
         });
     }
     if sections.is_empty() {
-        bail!("--only selected no section (letters a-h)");
+        bail!("--only selected no section (letters a-h, p)");
     }
     log.line(&format!("\n{}", report::summary_table(&sections)));
     let failed = sections.iter().filter(|s| !s.passed()).count();
