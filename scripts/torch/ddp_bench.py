@@ -335,7 +335,11 @@ def ddp_worker(mode, args):
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
-    config = GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=1024)
+    # Eager attention when deterministic: the memory-efficient kernel's backward is
+    # nondeterministic even under use_deterministic_algorithms, so losses would differ
+    # from run to run whatever the allocator.
+    attention = {} if args.nondeterministic else {"attn_implementation": "eager"}
+    config = GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=1024, **attention)
     torch.manual_seed(4)  # the same weights on every rank (DDP broadcasts rank 0's anyway)
     model = DistributedDataParallel(GPT2LMHeadModel(config).to(device), device_ids=[rank])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -343,7 +347,7 @@ def ddp_worker(mode, args):
     tokens = torch.Generator().manual_seed(100 + rank)  # different data per rank
     lengths = [int(x) for x in torch.randint(32, 1024 + 1, (args.steps,), generator=shapes)]
     batches = [int(x) for x in torch.randint(2, 8 + 1, (args.steps,), generator=shapes)]
-    losses, times = [], []
+    losses, times, driver_calls = [], [], []
     torch.cuda.synchronize()
     dist.barrier()
     for length, batch in zip(lengths, batches):
@@ -355,6 +359,8 @@ def ddp_worker(mode, args):
         opt.step()
         losses.append(float(loss.detach().item()))  # synchronizes
         times.append(time.perf_counter() - start)
+        if lib_stats:
+            driver_calls.append(lib_stats(rank)["memory_driver_calls"])
     dist.barrier()
     steady = sorted(times[1:] or times)
     result = {
@@ -372,6 +378,7 @@ def ddp_worker(mode, args):
     }
     if lib_stats:
         result["cudamem"] = lib_stats(rank)
+        result["memory_driver_calls_after_step"] = driver_calls
     else:
         result["max_memory_reserved"] = torch.cuda.max_memory_reserved(device)
         result["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
