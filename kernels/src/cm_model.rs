@@ -422,39 +422,42 @@ impl HostHeap {
     }
 
     /// A block of class `k` made of a span of a smaller class's chunk: an
-    /// aligned run of 2^(k - j) clear bits of a chunk of class j < k, the
-    /// largest j first, reserved in the chunk's count before it is claimed.
+    /// aligned run of 2^(k - j) clear bits of a chunk of class j < k (one
+    /// pass over the chunks from `start`), reserved in the chunk's count
+    /// before it is claimed.
     /// The span's tails are marked in the span map and the chunk gets
     /// [`SPANS_BIT`] before the block is handed out. `None` if no chunk of a
     /// smaller class has such a run.
     fn borrow(&self, k: usize, start: u32) -> Option<u64> {
         let chunks = self.table.chunks;
-        for j in (0..k).rev() {
-            let run = 1u32 << (k - j);
-            let (tag, blocks) = (j as u32 + 1, class_blocks(j));
-            for i in 0..chunks {
-                let id = (start.wrapping_add(i)) % chunks;
-                let state = &self.state[id as usize];
-                let peek = state.load(SeqCst);
-                if peek >> CLASS_SHIFT != tag || (peek & COUNT_MASK) + run > blocks {
-                    continue;
-                }
-                let old = state.fetch_add(run, SeqCst);
-                if old >> CLASS_SHIFT != tag || (old & COUNT_MASK) + run > blocks {
-                    self.unreserve(id, run);
-                    continue;
-                }
-                let Some(index) = self.claim_run(id, blocks, run) else {
-                    self.unreserve(id, run);
-                    continue;
-                };
-                state.fetch_or(SPANS_BIT, SeqCst);
-                let spans = self.span_map(id);
-                for (w, mask) in span_words(index, run) {
-                    spans[w].fetch_or(mask, SeqCst);
-                }
-                return Some(self.chunk_data(id) + u64::from(index) * class_bytes(j));
+        for i in 0..chunks {
+            let id = start.wrapping_add(i) % chunks;
+            let state = &self.state[id as usize];
+            let peek = state.load(SeqCst);
+            let tag = peek >> CLASS_SHIFT;
+            if tag == 0 || tag as usize > k {
+                continue;
             }
+            let j = tag as usize - 1;
+            let (run, blocks) = (1u32 << (k - j), class_blocks(j));
+            if (peek & COUNT_MASK) + run > blocks {
+                continue;
+            }
+            let old = state.fetch_add(run, SeqCst);
+            if old >> CLASS_SHIFT != tag || (old & COUNT_MASK) + run > blocks {
+                self.unreserve(id, run);
+                continue;
+            }
+            let Some(index) = self.claim_run(id, blocks, run) else {
+                self.unreserve(id, run);
+                continue;
+            };
+            state.fetch_or(SPANS_BIT, SeqCst);
+            let spans = self.span_map(id);
+            for (w, mask) in span_words(index, run) {
+                spans[w].fetch_or(mask, SeqCst);
+            }
+            return Some(self.chunk_data(id) + u64::from(index) * class_bytes(j));
         }
         None
     }
@@ -532,7 +535,7 @@ impl HostHeap {
     ///
     /// The order: class k, then the [`FALLBACK_CLASSES`] above it (the fast
     /// path); then, one block at a time, a span of 2^(k - j) free blocks
-    /// of a chunk of class j < k (largest j first), then a block of any
+    /// of a chunk of any class j < k, then a block of any
     /// class above. The rule, on a heap no other thread frees in meanwhile:
     /// a request of class k gets NULL only when no `class_bytes(k)`-aligned
     /// window of that size is free ([`HeapImage::free_window`] is `None`).
