@@ -444,55 +444,53 @@ __device__ __forceinline__ cm_u32 cm_nth_bit(cm_u64 bits, cm_u32 n)
     return 32 + __fns((cm_u32)(bits >> 32), 0, (int)(n - low_count) + 1);
 }
 
-// Sets `run` (a power of two) clear bits aligned to `run` among the first
-// `blocks` bits of a block map; the first index, ~0u if none was clear. A run
-// another thread took part of meanwhile is given back.
-__device__ cm_u32 cm_claim_run(cm_u64 *map, cm_u32 blocks, cm_u32 run)
+// The first `run` (a power of two) clear bits aligned to `run` among the
+// first `blocks` bits of a block map, read only; ~0u if none.
+__device__ cm_u32 cm_find_run(const cm_u64 *map, cm_u32 blocks, cm_u32 run)
 {
-    cm_u32 words = run >= 64 ? run / 64 : 1;
-    for (cm_u32 index = 0; index + run <= blocks;) {
-        cm_u32 w = index / 64;
-        cm_u64 bits = cm_load64(&map[w]);
-        if (run < 64) {
-            // Every aligned run of this word, from one load.
-            cm_u32 end = min(blocks, w * 64 + 64);
-            for (; index + run <= end; index += run) {
-                cm_u64 mask = ((1ull << run) - 1) << (index % 64);
-                if ((bits & mask) != 0) {
-                    continue;
-                }
-                cm_u64 old = atomicOr(&map[w], mask);
-                if ((old & mask) == 0) {
-                    return index;
-                }
-                atomicAnd(&map[w], ~(mask & ~old));
-                bits = old | mask;
+    if (run >= 64) {
+        for (cm_u32 index = 0; index + run <= blocks; index += run) {
+            bool clear = true;
+            for (cm_u32 i = 0; i < run / 64 && clear; i++) {
+                clear = cm_load64(&map[index / 64 + i]) == 0;
             }
-            continue;
-        }
-        bool clear = bits == 0;
-        for (cm_u32 i = 1; i < words && clear; i++) {
-            clear = cm_load64(&map[w + i]) == 0;
-        }
-        if (clear) {
-            cm_u32 taken = 0;
-            for (; taken < words; taken++) {
-                cm_u64 old = atomicOr(&map[w + taken], ~0ull);
-                if (old != 0) {
-                    atomicAnd(&map[w + taken], old);
-                    break;
-                }
-            }
-            if (taken == words) {
+            if (clear) {
                 return index;
             }
-            for (cm_u32 i = 0; i < taken; i++) {
-                atomicAnd(&map[w + i], 0ull);
+        }
+        return ~0u;
+    }
+    cm_u64 ones = (1ull << run) - 1;
+    for (cm_u32 w = 0; w * 64 < blocks; w++) {
+        cm_u64 bits = cm_load64(&map[w]);
+        cm_u32 end = min(64u, blocks - w * 64);
+        for (cm_u32 b = 0; b + run <= end; b += run) {
+            if ((bits & (ones << b)) == 0) {
+                return w * 64 + b;
             }
         }
-        index += run;
     }
     return ~0u;
+}
+
+// Sets the `run` bits from `index` of a block map; false (nothing set) if
+// another thread took one of them first.
+__device__ bool cm_claim_run(cm_u64 *map, cm_u32 index, cm_u32 run)
+{
+    cm_u32 words = run >= 64 ? run / 64 : 1;
+    cm_u64 mask = run >= 64 ? ~0ull : ((1ull << run) - 1) << (index % 64);
+    for (cm_u32 i = 0; i < words; i++) {
+        cm_u64 old = atomicOr(&map[index / 64 + i], mask);
+        if ((old & mask) != 0) {
+            // Give back only the bits this call set.
+            atomicAnd(&map[index / 64 + i], ~(mask & ~old));
+            for (cm_u32 j = 0; j < i; j++) {
+                atomicAnd(&map[index / 64 + j], ~mask);
+            }
+            return false;
+        }
+    }
+    return true;
 }
 
 // Sets (or clears) the span-map marks of the run of `run` blocks from
@@ -537,41 +535,46 @@ __device__ cm_u32 cm_span_len(const cm_u64 *spans, cm_u32 index, cm_u32 blocks)
 }
 
 // The slow path's first step: a block of class k made of a span of a chunk
-// of a smaller class j, 2^(k - j) clear bits aligned to 2^(k - j), reserved
-// in the chunk's count before they are claimed; one pass over the chunks
-// from `start`. Its address, 0 if no chunk of a smaller class has a run.
+// of a smaller class j, 2^(k - j) clear bits aligned to 2^(k - j), found in
+// the block map, reserved in the chunk's count, then claimed; one pass over
+// the chunks from `start`. Its address, 0 if no chunk of a smaller class
+// has a run.
 __device__ cm_u64 cm_borrow(CmHeap *h, cm_u32 k, cm_u32 start)
 {
     cm_u32 chunks = cm_load(&h->chunks);
     for (cm_u32 i = 0; i < chunks; i++) {
         cm_u32 id = (start + i) % chunks;
-        cm_u32 peek = cm_load(&h->state[id]);
-        cm_u32 tag = peek >> CM_CLASS_SHIFT;
+        cm_u32 tag = cm_load(&h->state[id]) >> CM_CLASS_SHIFT;
         if (tag == 0 || tag > k) {
             continue;
         }
         cm_u32 j = tag - 1;
         cm_u32 run = 1u << (k - j);
         cm_u32 blocks = cm_blocks(j);
-        if ((peek & CM_COUNT_MASK) + run > blocks) {
-            continue;
-        }
-        cm_u32 old = atomicAdd(&h->state[id], run);
-        if ((old >> CM_CLASS_SHIFT) != tag || (old & CM_COUNT_MASK) + run > blocks) {
-            cm_unreserve(h, id, run);
-            continue;
-        }
         CmChunk c = cm_chunk(h, id);
-        cm_u32 index = cm_claim_run(c.bitmap, blocks, run);
-        if (index == ~0u) {
+        // A run clear in the map but reserved by others in the count is
+        // either claimed soon (the map shows it) or given back (the count
+        // does): wait for one or the other.
+        for (;;) {
+            cm_u32 index = cm_find_run(c.bitmap, blocks, run);
+            if (index == ~0u) {
+                break;
+            }
+            cm_u32 old = atomicAdd(&h->state[id], run);
+            if ((old >> CM_CLASS_SHIFT) != tag) {
+                cm_unreserve(h, id, run);
+                break;
+            }
+            if ((old & CM_COUNT_MASK) + run <= blocks && cm_claim_run(c.bitmap, index, run)) {
+                atomicOr(&h->state[id], CM_SPANS_BIT);
+                cm_mark_span(c.bitmap + CM_BLOCK_MAP_WORDS, index, run, true);
+                // The marks land before the block's owner can free it.
+                __threadfence();
+                return c.data + ((cm_u64)index << (CM_MIN_SHIFT + j));
+            }
             cm_unreserve(h, id, run);
-            continue;
+            __nanosleep(100);
         }
-        atomicOr(&h->state[id], CM_SPANS_BIT);
-        cm_mark_span(c.bitmap + CM_BLOCK_MAP_WORDS, index, run, true);
-        // The marks land before the block's owner can free it.
-        __threadfence();
-        return c.data + ((cm_u64)index << (CM_MIN_SHIFT + j));
     }
     return 0;
 }

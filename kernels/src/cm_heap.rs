@@ -340,7 +340,9 @@ fn find_clear_run(map: &[u64], blocks: u32, run: u32) -> Option<u32> {
     while index + run <= blocks {
         let clear = if run >= 64 {
             let first = index as usize / 64;
-            map[first..first + run as usize / 64].iter().all(|&w| w == 0)
+            map[first..first + run as usize / 64]
+                .iter()
+                .all(|&w| w == 0)
         } else {
             let mask = ((1u64 << run) - 1) << (index % 64);
             map[index as usize / 64] & mask == 0

@@ -423,8 +423,8 @@ impl HostHeap {
 
     /// A block of class `k` made of a span of a smaller class's chunk: an
     /// aligned run of 2^(k - j) clear bits of a chunk of class j < k (one
-    /// pass over the chunks from `start`), reserved in the chunk's count
-    /// before it is claimed.
+    /// pass over the chunks from `start`), found in the block map, reserved
+    /// in the chunk's count, then claimed.
     /// The span's tails are marked in the span map and the chunk gets
     /// [`SPANS_BIT`] before the block is handed out. `None` if no chunk of a
     /// smaller class has such a run.
@@ -433,64 +433,64 @@ impl HostHeap {
         for i in 0..chunks {
             let id = start.wrapping_add(i) % chunks;
             let state = &self.state[id as usize];
-            let peek = state.load(SeqCst);
-            let tag = peek >> CLASS_SHIFT;
+            let tag = state.load(SeqCst) >> CLASS_SHIFT;
             if tag == 0 || tag as usize > k {
                 continue;
             }
             let j = tag as usize - 1;
             let (run, blocks) = (1u32 << (k - j), class_blocks(j));
-            if (peek & COUNT_MASK) + run > blocks {
-                continue;
-            }
-            let old = state.fetch_add(run, SeqCst);
-            if old >> CLASS_SHIFT != tag || (old & COUNT_MASK) + run > blocks {
+            // A run clear in the map but reserved by others in the count is
+            // either claimed soon (the map shows it) or given back (the
+            // count does): wait for one or the other.
+            while let Some(index) = self.find_run(id, blocks, run) {
+                let old = state.fetch_add(run, SeqCst);
+                if old >> CLASS_SHIFT != tag {
+                    self.unreserve(id, run);
+                    break;
+                }
+                if (old & COUNT_MASK) + run <= blocks && self.claim_run(id, index, run) {
+                    state.fetch_or(SPANS_BIT, SeqCst);
+                    let spans = self.span_map(id);
+                    for (w, mask) in span_words(index, run) {
+                        spans[w].fetch_or(mask, SeqCst);
+                    }
+                    return Some(self.chunk_data(id) + u64::from(index) * class_bytes(j));
+                }
                 self.unreserve(id, run);
-                continue;
+                std::thread::yield_now();
             }
-            let Some(index) = self.claim_run(id, blocks, run) else {
-                self.unreserve(id, run);
-                continue;
-            };
-            state.fetch_or(SPANS_BIT, SeqCst);
-            let spans = self.span_map(id);
-            for (w, mask) in span_words(index, run) {
-                spans[w].fetch_or(mask, SeqCst);
-            }
-            return Some(self.chunk_data(id) + u64::from(index) * class_bytes(j));
         }
         None
     }
 
-    /// Sets `run` (a power of two) clear bits aligned to `run` in chunk
-    /// `id`'s block map (of `blocks` bits); the first index, `None` if no
-    /// such run was clear. A run another thread took part of is given back.
-    fn claim_run(&self, id: u32, blocks: u32, run: u32) -> Option<u32> {
+    /// The first `run` (a power of two) clear bits aligned to `run` among
+    /// the `blocks` bits of chunk `id`'s block map, read only.
+    fn find_run(&self, id: u32, blocks: u32, run: u32) -> Option<u32> {
         let map = self.bitmap(id);
-        let mut index = 0;
-        while index + run <= blocks {
-            let words = run_words(index, run);
-            if words.iter().all(|&(w, mask)| map[w].load(SeqCst) & mask == 0) {
-                let mut taken = 0;
-                for &(w, mask) in &words {
-                    let old = map[w].fetch_or(mask, SeqCst);
-                    if old & mask != 0 {
-                        // Give back only the bits this call set.
-                        map[w].fetch_and(!(mask & !old), SeqCst);
-                        break;
-                    }
-                    taken += 1;
-                }
-                if taken == words.len() {
-                    return Some(index);
-                }
-                for &(w, mask) in &words[..taken] {
+        (0..blocks).step_by(run as usize).find(|&index| {
+            run_words(index, run)
+                .iter()
+                .all(|&(w, mask)| map[w].load(SeqCst) & mask == 0)
+        })
+    }
+
+    /// Sets the `run` bits from `index` of chunk `id`'s block map; `false`
+    /// (nothing set) if another thread took one of them first.
+    fn claim_run(&self, id: u32, index: u32, run: u32) -> bool {
+        let map = self.bitmap(id);
+        let words = run_words(index, run);
+        for (n, &(w, mask)) in words.iter().enumerate() {
+            let old = map[w].fetch_or(mask, SeqCst);
+            if old & mask != 0 {
+                // Give back only the bits this call set.
+                map[w].fetch_and(!(mask & !old), SeqCst);
+                for &(w, mask) in &words[..n] {
                     map[w].fetch_and(!mask, SeqCst);
                 }
+                return false;
             }
-            index += run;
         }
-        None
+        true
     }
 
     /// Blocks in the span that starts at block `index` of chunk `id` (1 for
@@ -509,7 +509,10 @@ impl HostHeap {
         if b != 0 || ones != 63 {
             return Some(ones + 1);
         }
-        let full = spans[w + 1..].iter().take_while(|s| s.load(SeqCst) == !0).count();
+        let full = spans[w + 1..]
+            .iter()
+            .take_while(|s| s.load(SeqCst) == !0)
+            .count();
         Some(64 * (1 + full as u32))
     }
 
@@ -683,7 +686,10 @@ impl HostHeap {
     pub fn image(&self) -> HeapImage {
         let chunks = self.table.chunks as usize;
         HeapImage {
-            states: self.state[..chunks].iter().map(|s| s.load(SeqCst)).collect(),
+            states: self.state[..chunks]
+                .iter()
+                .map(|s| s.load(SeqCst))
+                .collect(),
             maps: self.bitmaps.iter().map(|w| w.load(SeqCst)).collect(),
         }
     }
@@ -747,7 +753,9 @@ impl HostHeap {
 fn run_words(index: u32, run: u32) -> Vec<(usize, u64)> {
     if run >= 64 {
         let first = index as usize / 64;
-        (first..first + run as usize / 64).map(|w| (w, !0)).collect()
+        (first..first + run as usize / 64)
+            .map(|w| (w, !0))
+            .collect()
     } else {
         vec![(index as usize / 64, ((1u64 << run) - 1) << (index % 64))]
     }

@@ -408,7 +408,11 @@ fn half_a_chunk_free_in_16_byte_holes_cannot_serve_32_bytes() {
     heap.free(blocks[40]);
     let pair = heap.allocate(32, 0).unwrap();
     assert_eq!((pair, heap.block_bytes(pair)), (blocks[40], Some(32)));
-    assert_eq!(heap.block_bytes(pair + 16), None, "a span's tail is no block");
+    assert_eq!(
+        heap.block_bytes(pair + 16),
+        None,
+        "a span's tail is no block"
+    );
     heap.free(pair + 16);
     assert_eq!(heap.counters().bad_frees, 1);
     heap.check().unwrap();

@@ -276,7 +276,11 @@ pub fn run(out: &mut Checks) -> Result<()> {
         FRAGMENT_LARGE,
         LIST_BOUND,
     )?;
-    let live_at_null = fixed.counters()?.live_bytes;
+    // Every thread of the last launch met NULL: the rule says no free
+    // window of the request's class was left anywhere.
+    let at_null = fixed.image()?;
+    let window = at_null.free_window(cm_heap::class_of(FRAGMENT_LARGE));
+    let free_at_null = at_null.free_bytes();
     let released = bench.launch(
         true,
         cm_heap::RELEASE_LISTS,
@@ -285,17 +289,19 @@ pub fn run(out: &mut Checks) -> Result<()> {
         LIST_BOUND,
     )?;
     let hc = fixed.counters()?;
-    let free_at_null = fixed.table().block_bytes().saturating_sub(live_at_null);
     out.check(
         "cm fragmented heap: 8 KiB requests after freeing every other 1-4 KiB block",
         filled.c.capped == 0
+            && large.c.capped == 0
+            && large.c.nulls == u64::from(LIST_THREADS)
+            && window.is_none()
             && released.c.frees == filled.c.allocations - punched.c.frees + large.c.allocations
             && punched.clean()
             && released.clean()
             && heap_idle(&hc),
         format!(
             "filled {} in {} blocks; freed {}; then {} KiB requests got {} ({:.1}% of the freed \
-             bytes) and met NULL with {} free ({:.0}x the request); {} bytes differ",
+             bytes) and met NULL with {} free ({:.0}x the request) and {}; {} bytes differ",
             mib(filled.c.bytes),
             filled.c.allocations,
             mib(punched.c.bytes),
@@ -304,6 +310,13 @@ pub fn run(out: &mut Checks) -> Result<()> {
             percent(large.c.bytes, punched.c.bytes),
             mib(free_at_null),
             free_at_null as f64 / FRAGMENT_LARGE as f64,
+            match window {
+                None => "no free aligned window of the request's size (the rule)".to_string(),
+                Some((chunk, offset)) => format!(
+                    "VIOLATION: a free {} KiB window at chunk {chunk} offset {offset}",
+                    FRAGMENT_LARGE >> 10
+                ),
+            },
             punched.c.mismatches + released.c.mismatches
         ),
     );
