@@ -818,7 +818,20 @@ __device__ void cm_heap_free(CmHeap *h, void *ptr)
     }
 }
 
-// cm_heap_malloc / cm_heap_free on the heap bound to this module.
+// cm_heap_malloc / cm_heap_free on the heap bound to this module. With
+// CM_LINK_LIBRARY defined (cm_link.cu) they are extern "C" functions that a
+// user's module declares (cm_link.cuh) and links against.
+#ifdef CM_LINK_LIBRARY
+extern "C" __device__ void *cm_malloc(cm_u64 bytes)
+{
+    return cm_heap_malloc(cm_heap, bytes);
+}
+
+extern "C" __device__ void cm_free(void *ptr)
+{
+    cm_heap_free(cm_heap, ptr);
+}
+#else
 __device__ __forceinline__ void *cm_malloc(cm_u64 bytes)
 {
     return cm_heap_malloc(cm_heap, bytes);
@@ -828,3 +841,4 @@ __device__ __forceinline__ void cm_free(void *ptr)
 {
     cm_heap_free(cm_heap, ptr);
 }
+#endif

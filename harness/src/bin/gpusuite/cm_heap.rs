@@ -1,8 +1,10 @@
 //! (h) cm_malloc (kernels/cuda/cm_alloc.cuh) against CUDA's malloc in the
 //! same process: throughput at a million threads per size and for mixed
 //! sizes, allocate-all-then-free-all, the usable fraction of the heap,
-//! fragmentation, and a heap that grows after a launch ran out. Every block
-//! is filled and checked on the device; launches are timed with events.
+//! fragmentation (NULL only when no free window of the request's size is
+//! left), a heap that grows after a launch ran out, and a user's PTX module
+//! linked with ours. Every block is filled and checked on the device;
+//! launches are timed with events.
 
 use anyhow::{Context as _, Result};
 use ctx::{CudaContext, CudaDevice, DeviceHeap, LaunchConfig, Limit, Module};
@@ -367,6 +369,73 @@ pub fn run(out: &mut Checks) -> Result<()> {
             second.c.nulls,
             freed.c.frees,
             freed.c.mismatches
+        ),
+    );
+    linked_user_module(&context, &mut bench, out)
+}
+
+/// A user's module (kernels/cuda/cm_user.cu) that calls cm_malloc/cm_free
+/// declared extern, linked with the library module (cm_link.cu) by the
+/// driver, bound to a heap: every thread takes a block and writes it, a
+/// second launch checks every byte and frees it. The user module alone
+/// must fail to link, with the linker's log naming what is missing.
+fn linked_user_module(context: &CudaContext, bench: &mut Bench, out: &mut Checks) -> Result<()> {
+    use kernels::cm_link::{self, UserParams};
+    const USER_THREADS: u32 = 1 << 16;
+    const USER_BYTES: u64 = 200;
+    let parts = [
+        (cm_link::USER_EXAMPLE.name, cm_link::USER_EXAMPLE.ptx),
+        (cm_link::LIBRARY.name, cm_link::LIBRARY.ptx),
+    ];
+    let module = context.link_ptx("cm_user+cm_link", &parts)?;
+    let heap = new_heap(context, 16 << 20, &module)?;
+    let counts = bench.gpu.memory.alloc_chunk(16)?;
+    bench.gpu.memory.write(counts, &[0u8; 16])?;
+    bench.clear_slots()?;
+    let params = UserParams {
+        slots: bench.slots,
+        counts,
+        size: USER_BYTES,
+        threads: USER_THREADS,
+        seed: 0x5eed,
+    };
+    let shape = LaunchShape::covering(u64::from(USER_THREADS));
+    for kernel in [cm_link::USER_WRITE, cm_link::USER_CHECK_FREE] {
+        module
+            .function(kernel.name())?
+            .launch_timed(
+                &LaunchConfig::linear(shape.grid, shape.block),
+                kernel.param_bytes(&params),
+            )
+            .with_context(|| format!("running {}", kernel.name()))?;
+    }
+    let mut bytes = [0u8; 16];
+    bench.gpu.memory.read(counts, &mut bytes)?;
+    let differ = u64::from_le_bytes(bytes[..8].try_into()?);
+    let nulls = u64::from_le_bytes(bytes[8..].try_into()?);
+    let hc = heap.counters()?;
+    let alone = context.link_ptx("cm_user alone", &parts[..1]);
+    let refused = match &alone {
+        Err(ctx::Error::Link { log, .. }) => log.contains("cm_malloc") || log.contains("cm_free"),
+        _ => false,
+    };
+    out.check(
+        "cm_malloc from a user's PTX module linked with ours",
+        differ == 0
+            && nulls == 0
+            && hc.allocations == u64::from(USER_THREADS)
+            && heap_idle(&hc)
+            && refused,
+        format!(
+            "{USER_THREADS} x {USER_BYTES} B written by cm_user_write, checked and freed by \
+             cm_user_check_free: {differ} bytes differ, {nulls} NULL, heap allocations {} \
+             frees {}; the user module alone: {}",
+            hc.allocations,
+            hc.frees,
+            match alone {
+                Ok(_) => "linked (it must not)".to_string(),
+                Err(e) => e.to_string().chars().take(200).collect(),
+            }
         ),
     );
     Ok(())
