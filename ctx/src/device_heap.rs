@@ -16,6 +16,24 @@ use crate::{DeviceMemory, Error, Pool, Result};
 /// then aligned to its class size up to this.
 const REGION_ALIGN: u64 = 4096;
 
+/// Chunks of the first region of a heap asked for `bytes` of regions.
+fn first_chunks(bytes: u64) -> u32 {
+    cm_heap::chunks_within(bytes).max(1)
+}
+
+/// Bytes a [`DeviceHeap::new`] asked for `bytes` takes from its pool: the
+/// descriptor and its first region (at least one chunk), before any growth
+/// and before the pool's own rounding. The ledger's `cm_malloc heap` line.
+///
+/// ```
+/// use kernels::cm_heap::{DESCRIPTOR_BYTES, region_bytes};
+/// assert_eq!(ctx::device_heap_bytes(0), DESCRIPTOR_BYTES + region_bytes(1));
+/// assert_eq!(ctx::device_heap_bytes(region_bytes(256)), DESCRIPTOR_BYTES + region_bytes(256));
+/// ```
+pub fn device_heap_bytes(bytes: u64) -> u64 {
+    DESCRIPTOR_BYTES + cm_heap::region_bytes(first_chunks(bytes))
+}
+
 /// A `cm_malloc` heap in device memory. Its blocks stay where they are for
 /// its whole life: the descriptor and regions are pinned in the pool.
 #[derive(Debug)]
@@ -39,7 +57,7 @@ impl<D: DeviceMemory> DeviceHeap<D> {
             regions: Vec::new(),
             table: RegionTable::default(),
         };
-        heap.grow(cm_heap::chunks_within(bytes).max(1))?;
+        heap.grow(first_chunks(bytes))?;
         Ok(heap)
     }
 

@@ -111,6 +111,7 @@ fn link_log_suffix(log: &str) -> String {
 
 /// The text of a log buffer the driver filled: up to its first NUL,
 /// trimmed (empty if it wrote nothing).
+#[cfg(any(feature = "cuda", test))]
 pub(crate) fn driver_log(buffer: &[u8]) -> String {
     let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
     String::from_utf8_lossy(&buffer[..end]).trim().to_string()
