@@ -365,8 +365,9 @@ __device__ void cm_replace_active(CmHeap *h, cm_u32 *slot, cm_u32 k, cm_u32 a, c
 // (active slots, room map, free map) found nothing while no chunk was in
 // transit or published anywhere in the heap: the epoch in the counters
 // was the same before and after it, with nothing in transit. Otherwise
-// the search runs again.
-__device__ cm_u32 cm_reserve_some(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 hash, cm_u32 *chunk)
+// the search runs again, unless not `patient` (the slow path's larger
+// classes: a heap busy publishing chunks must not hold a request there).
+__device__ cm_u32 cm_reserve_some(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 hash, cm_u32 *chunk, bool patient)
 {
     cm_u32 *slot = &h->active[k][hash % CM_ACTIVE];
     cm_u32 a = cm_load(slot);
@@ -398,7 +399,7 @@ __device__ cm_u32 cm_reserve_some(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 hash,
             return got;
         }
         __threadfence();
-        if (cm_load64(&h->counters.epoch) == seen && (seen & CM_EPOCH_TRANSIT_MASK) == 0) {
+        if (!patient || (cm_load64(&h->counters.epoch) == seen && (seen & CM_EPOCH_TRANSIT_MASK) == 0)) {
             *chunk = 0;
             return 0;
         }
@@ -602,7 +603,7 @@ __device__ cm_u32 cm_slow_path(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 hash, cm
         return 1;
     }
     for (cm_u32 c = k + CM_FALLBACK_CLASSES + 1; c < CM_CLASSES; c++) {
-        cm_u32 got = cm_reserve_some(h, c, want, hash, chunk);
+        cm_u32 got = cm_reserve_some(h, c, want, hash, chunk, false);
         if (got != 0) {
             *kk = c;
             return got;
@@ -679,7 +680,7 @@ __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
         if (lane == leader) {
             // Its own class first; when that is out, the next ones up.
             for (; kk <= k + CM_FALLBACK_CLASSES && kk < CM_CLASSES; kk++) {
-                got = cm_reserve_some(h, kk, n - handed, hash, &chunk);
+                got = cm_reserve_some(h, kk, n - handed, hash, &chunk, true);
                 if (got != 0) {
                     break;
                 }

@@ -339,7 +339,9 @@ impl HostHeap {
     /// 1, blocks)`, `None` only when one whole search found no chunk of the
     /// class with room and none free while no chunk was in transit or
     /// published anywhere in the heap (see [`HostHeap::allocate_group`]).
-    fn reserve_some(&self, k: usize, want: u32, hash: u32) -> Option<(u32, u32)> {
+    /// Not `patient` (the slow path's larger classes): one search only, so
+    /// that a heap busy publishing chunks does not hold a request there.
+    fn reserve_some(&self, k: usize, want: u32, hash: u32, patient: bool) -> Option<(u32, u32)> {
         let slot = &self.active[k * ACTIVE + hash as usize % ACTIVE];
         let a = slot.load(SeqCst);
         if a != 0 {
@@ -364,7 +366,7 @@ impl HostHeap {
                 return Some((c, got));
             }
             let now = self.counters.epoch.load(SeqCst);
-            if now == seen && seen & EPOCH_TRANSIT_MASK == 0 {
+            if !patient || (now == seen && seen & EPOCH_TRANSIT_MASK == 0) {
                 return None;
             }
             std::thread::yield_now();
@@ -563,7 +565,7 @@ impl HostHeap {
         while (out.len() as u32) < n {
             let handed = out.len() as u32;
             let found = (k..CLASSES.min(k + 1 + FALLBACK_CLASSES))
-                .find_map(|kk| Some(kk).zip(self.reserve_some(kk, n - handed, hash)));
+                .find_map(|kk| Some(kk).zip(self.reserve_some(kk, n - handed, hash, true)));
             let Some((kk, (chunk, got))) = found.or_else(|| {
                 // The slow path: one block at a time from a span of a
                 // smaller class, else a block of any larger class.
@@ -573,7 +575,7 @@ impl HostHeap {
                     return None;
                 }
                 (k + 1 + FALLBACK_CLASSES..CLASSES)
-                    .find_map(|kk| Some(kk).zip(self.reserve_some(kk, n - handed, hash)))
+                    .find_map(|kk| Some(kk).zip(self.reserve_some(kk, n - handed, hash, false)))
             }) else {
                 if out.len() as u32 > handed {
                     continue;
