@@ -22,6 +22,9 @@ const THREADS: u32 = 1 << 20;
 const SIZES: [u64; 5] = [16, 64, 256, 1024, 4096];
 /// Mixed sizes: log-uniform from 16 B to this.
 const MIXED_MAX: u64 = 4096;
+/// A heap with 4 KiB blocks for every thread an H200 holds resident
+/// (132 SMs x 2048 threads x 4 KiB is 1.03 GiB).
+const BIG_HEAP_BYTES: u64 = 1280 << 20;
 /// Allocate all then free all: every thread holds one block of this size.
 const HOLD_BYTES: u64 = 256;
 const LIST_THREADS: u32 = 4096;
@@ -193,6 +196,37 @@ pub fn run(out: &mut Checks) -> Result<()> {
                 ours.c.mismatches + cold.c.mismatches + theirs.c.mismatches
             ),
         );
+    }
+
+    // What limits 4 KiB: a 256 MiB heap holds 4 KiB blocks for about a third
+    // of the threads resident at once, the rest wait for frees. The same
+    // launch on a heap with room for every resident thread tells that
+    // apart from the allocator's own cost.
+    {
+        let big = new_heap(&context, BIG_HEAP_BYTES, &bench.cm)?;
+        let cold = bench.launch(true, cm_heap::MALLOC_FREE, THREADS, 4096, 1)?;
+        let ours = bench.launch(true, cm_heap::MALLOC_FREE, THREADS, 4096, 1)?;
+        let hc = big.counters()?;
+        out.check(
+            &format!(
+                "cm_malloc+free 4096 B x {THREADS} threads on a {} heap (room for every resident thread)",
+                mib(big.region_bytes())
+            ),
+            ours.c.allocations == u64::from(THREADS)
+                && ours.clean()
+                && cold.clean()
+                && heap_idle(&hc),
+            format!(
+                "ours {} ({:.3} ms, {} NULL; cold run {} NULL); {} bytes differ",
+                rate(ours.rate()),
+                ours.seconds * 1e3,
+                ours.c.nulls,
+                cold.c.nulls,
+                ours.c.mismatches + cold.c.mismatches
+            ),
+        );
+        drop(big);
+        heap.bind(&bench.cm)?;
     }
 
     // Allocate all, then free all, in two launches.
