@@ -5,7 +5,9 @@
 //! The layout and the growth rule are the kernels crate's
 //! ([`kernels::cm_heap`]); this file only moves bytes.
 
-use kernels::cm_heap::{self, CmCounters, DESCRIPTOR_BYTES, FREE_MAP_OFFSET, RegionTable};
+use kernels::cm_heap::{
+    self, CmCounters, DESCRIPTOR_BYTES, FREE_MAP_OFFSET, HeapImage, RegionTable, STATE_OFFSET,
+};
 use memcore::Handle;
 
 use crate::{DeviceMemory, Error, Pool, Result};
@@ -13,6 +15,24 @@ use crate::{DeviceMemory, Error, Pool, Result};
 /// Alignment of the descriptor and of each region, bytes: every block is
 /// then aligned to its class size up to this.
 const REGION_ALIGN: u64 = 4096;
+
+/// Chunks of the first region of a heap asked for `bytes` of regions.
+fn first_chunks(bytes: u64) -> u32 {
+    cm_heap::chunks_within(bytes).max(1)
+}
+
+/// Bytes a [`DeviceHeap::new`] asked for `bytes` takes from its pool: the
+/// descriptor and its first region (at least one chunk), before any growth
+/// and before the pool's own rounding. The ledger's `cm_malloc heap` line.
+///
+/// ```
+/// use kernels::cm_heap::{DESCRIPTOR_BYTES, region_bytes};
+/// assert_eq!(ctx::device_heap_bytes(0), DESCRIPTOR_BYTES + region_bytes(1));
+/// assert_eq!(ctx::device_heap_bytes(region_bytes(256)), DESCRIPTOR_BYTES + region_bytes(256));
+/// ```
+pub fn device_heap_bytes(bytes: u64) -> u64 {
+    DESCRIPTOR_BYTES + cm_heap::region_bytes(first_chunks(bytes))
+}
 
 /// A `cm_malloc` heap in device memory. Its blocks stay where they are for
 /// its whole life: the descriptor and regions are pinned in the pool.
@@ -37,7 +57,7 @@ impl<D: DeviceMemory> DeviceHeap<D> {
             regions: Vec::new(),
             table: RegionTable::default(),
         };
-        heap.grow(cm_heap::chunks_within(bytes).max(1))?;
+        heap.grow(first_chunks(bytes))?;
         Ok(heap)
     }
 
@@ -115,6 +135,34 @@ impl<D: DeviceMemory> DeviceHeap<D> {
         CmCounters::from_bytes(&bytes).ok_or(Error::InvalidConfig("device heap counters"))
     }
 
+    /// The chunk states and maps as the last launch left them (call it
+    /// between launches), for [`HeapImage::free_window`]: whether a request
+    /// that got NULL had a free window of its class.
+    pub fn image(&self) -> Result<HeapImage> {
+        let chunks = self.table.chunks as usize;
+        let mut states = vec![0u8; chunks * 4];
+        self.pool.read(self.descriptor, STATE_OFFSET, &mut states)?;
+        let mut maps = Vec::new();
+        for (r, &region) in self.regions.iter().enumerate() {
+            let n = self.table.region_chunks[r];
+            let mut bytes = vec![0u8; n as usize * cm_heap::BITMAP_BYTES as usize];
+            self.pool
+                .read(region, u64::from(n) * cm_heap::CHUNK_BYTES, &mut bytes)?;
+            maps.extend(
+                bytes
+                    .chunks_exact(8)
+                    .map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))),
+            );
+        }
+        Ok(HeapImage {
+            states: states
+                .chunks_exact(4)
+                .map(|w| u32::from_le_bytes(w.try_into().unwrap_or([0; 4])))
+                .collect(),
+            maps,
+        })
+    }
+
     /// Zeroes the failure counters (live, peak, allocations and frees stay).
     pub fn clear_failures(&self) -> Result<()> {
         let mut counters = self.counters()?;
@@ -160,7 +208,7 @@ impl DeviceHeap<crate::CudaDevice> {
 
 #[cfg(test)]
 mod tests {
-    use kernels::cm_heap::{self, FREE_MAP_OFFSET, REGIONS_OFFSET, RegionTable};
+    use kernels::cm_heap::{self, FREE_MAP_OFFSET, REGIONS_OFFSET, RegionTable, STATE_OFFSET};
 
     use super::DeviceHeap;
     use crate::{Pool, PoolConfig, SimConfig, SimDevice};
@@ -213,6 +261,38 @@ mod tests {
         assert!(descriptor_holds(&heap, &table));
         assert_eq!(free_map_bits(&heap, 8), 8);
         assert_eq!(heap.region_bytes(), cm_heap::region_bytes(8));
+    }
+
+    #[test]
+    fn the_image_of_a_fresh_heap_and_of_one_chunk_taken() {
+        let mut heap = heap(2);
+        heap.grow(1).unwrap();
+        let image = heap.image().unwrap();
+        assert_eq!((image.states.len(), image.maps.len()), (3, 3 * 2048));
+        assert_eq!(image.free_bytes(), 3 * cm_heap::CHUNK_BYTES);
+        // Chunk 0 made class 0 with its first block map word full, as a
+        // kernel leaves it; chunk 2 (the second region) class 16, taken.
+        let taken = [(0usize, 1u32 << 24 | 64), (2, 17 << 24 | 1)];
+        for (id, state) in taken {
+            heap.pool
+                .write(
+                    heap.descriptor,
+                    STATE_OFFSET + id as u64 * 4,
+                    &state.to_le_bytes(),
+                )
+                .unwrap();
+        }
+        let first = heap.regions[0];
+        heap.pool
+            .write(first, 2 * cm_heap::CHUNK_BYTES, &[0xff; 8])
+            .unwrap();
+        heap.pool
+            .write(heap.regions[1], cm_heap::CHUNK_BYTES, &[1])
+            .unwrap();
+        let image = heap.image().unwrap();
+        assert_eq!(image.free_bytes(), 2 * cm_heap::CHUNK_BYTES - 64 * 16);
+        assert_eq!(image.free_window(0), Some((0, 64 * 16)));
+        assert_eq!(image.free_window(16), Some((1, 0)));
     }
 
     #[test]

@@ -71,6 +71,24 @@ pub enum Error {
         /// What is wrong with it.
         why: &'static str,
     },
+    /// Linking PTX modules into one (`CudaContext::link_ptx`) failed:
+    /// `step` is the driver call (`cuLinkAddData`, `cuLinkComplete`, ...),
+    /// `detail` its error, `log` what the linker wrote to its error log
+    /// (e.g. the symbol left undefined).
+    #[error(
+        "linking module `{module}`: {step} failed: {detail}{}",
+        link_log_suffix(log)
+    )]
+    Link {
+        /// The linked module's name.
+        module: String,
+        /// The driver call that failed.
+        step: &'static str,
+        /// Its error, and which input when one was being added.
+        detail: String,
+        /// The linker's error log, empty if it wrote none.
+        log: String,
+    },
     /// [`crate::Pool::pin`] of a block that a [`crate::PinGuard`] already
     /// holds in place.
     #[error("block {0:?} is already pinned")]
@@ -103,6 +121,22 @@ pub enum Error {
     Unsupported(&'static str),
 }
 
+fn link_log_suffix(log: &str) -> String {
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!("; linker log: {log}")
+    }
+}
+
+/// The text of a log buffer the driver filled: up to its first NUL,
+/// trimmed (empty if it wrote nothing).
+#[cfg(any(feature = "cuda", test))]
+pub(crate) fn driver_log(buffer: &[u8]) -> String {
+    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+    String::from_utf8_lossy(&buffer[..end]).trim().to_string()
+}
+
 /// `bytes` for a message; `u64::MAX` is where a saturating sum stopped.
 fn byte_count(bytes: u64) -> String {
     if bytes == u64::MAX {
@@ -114,3 +148,41 @@ fn byte_count(bytes: u64) -> String {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::{Error, driver_log};
+
+    #[test]
+    fn a_link_error_carries_the_linker_log() {
+        let mut buffer = b"error   : Undefined reference to 'cm_malloc' in 'cm_user'\n".to_vec();
+        buffer.extend([0, b'x', b'y']);
+        let log = driver_log(&buffer);
+        assert_eq!(
+            log,
+            "error   : Undefined reference to 'cm_malloc' in 'cm_user'"
+        );
+        let e = Error::Link {
+            module: "user+cm".into(),
+            step: "cuLinkComplete",
+            detail: "CUDA_ERROR_NOT_FOUND".into(),
+            log,
+        };
+        assert_eq!(
+            e.to_string(),
+            "linking module `user+cm`: cuLinkComplete failed: CUDA_ERROR_NOT_FOUND; linker log: \
+             error   : Undefined reference to 'cm_malloc' in 'cm_user'"
+        );
+        assert_eq!(driver_log(&[0; 16]), "");
+        let quiet = Error::Link {
+            module: "m".into(),
+            step: "cuLinkCreate",
+            detail: "CUDA_ERROR_INVALID_CONTEXT".into(),
+            log: String::new(),
+        };
+        assert_eq!(
+            quiet.to_string(),
+            "linking module `m`: cuLinkCreate failed: CUDA_ERROR_INVALID_CONTEXT"
+        );
+    }
+}

@@ -45,6 +45,9 @@ pub enum LedgerItemKind {
     ModuleCode,
     /// The in-kernel `malloc` heap.
     MallocHeap,
+    /// The heap of `cm_malloc` (our in-kernel allocator): bytes it takes
+    /// from the pool (`DeviceHeap`).
+    CmHeap,
     /// The in-kernel `printf` buffer.
     PrintfFifo,
     /// The program's own allocations (pool or outside it).
@@ -58,12 +61,13 @@ pub enum LedgerItemKind {
 
 impl LedgerItemKind {
     /// Every kind, in ledger order.
-    pub const ALL: [LedgerItemKind; 9] = [
+    pub const ALL: [LedgerItemKind; 10] = [
         Self::Total,
         Self::ContextBaseline,
         Self::LocalMemory,
         Self::ModuleCode,
         Self::MallocHeap,
+        Self::CmHeap,
         Self::PrintfFifo,
         Self::UserAllocations,
         Self::Fragmentation,
@@ -78,6 +82,7 @@ impl LedgerItemKind {
             Self::LocalMemory => "local memory",
             Self::ModuleCode => "module code",
             Self::MallocHeap => "malloc heap",
+            Self::CmHeap => "cm_malloc heap",
             Self::PrintfFifo => "printf FIFO",
             Self::UserAllocations => "user allocations",
             Self::Fragmentation => "fragmentation",
@@ -182,6 +187,9 @@ pub struct Workload<'a> {
     pub calls_malloc: bool,
     /// The program's own allocations.
     pub user_bytes: u64,
+    /// Bytes a `cm_malloc` heap takes from the pool
+    /// ([`crate::device_heap_bytes`]); 0 for none.
+    pub cm_heap_bytes: u64,
 }
 
 /// A prediction and the line explaining it.
@@ -206,6 +214,7 @@ impl Ledger {
             calls_printf: false,
             calls_malloc: false,
             user_bytes,
+            cm_heap_bytes: 0,
         };
         Self::predict_workload(profile, limits, &workload)
     }
@@ -272,6 +281,17 @@ impl Ledger {
                     ),
                 )
             },
+            (
+                LedgerItemKind::CmHeap,
+                workload.cm_heap_bytes,
+                if workload.cm_heap_bytes == 0 {
+                    "none (a cm_malloc DeviceHeap takes its regions from the pool)".into()
+                } else {
+                    "cm_malloc's DeviceHeap: descriptor and regions (1 MiB chunks and their \
+                     maps), taken from the pool; it grows between launches"
+                        .into()
+                },
+            ),
             fifo_line(profile, limits, workload),
             (
                 LedgerItemKind::UserAllocations,
@@ -530,6 +550,37 @@ mod tests {
     }
 
     #[test]
+    fn a_cm_heap_is_a_line_of_its_own_and_comes_out_of_free() {
+        let p = profile("h200");
+        let limits = Limits::cuda_default();
+        let heap = crate::device_heap_bytes(256 << 20);
+        let with = |cm_heap_bytes| {
+            Ledger::predict_workload(
+                &p,
+                &limits,
+                &Workload {
+                    kernels_local_bytes: &[],
+                    calls_printf: false,
+                    calls_malloc: false,
+                    user_bytes: 0,
+                    cm_heap_bytes,
+                },
+            )
+        };
+        let (none, some) = (with(0), with(heap));
+        assert_eq!(predicted(&none, LedgerItemKind::CmHeap), 0);
+        assert_eq!(predicted(&some, LedgerItemKind::CmHeap), heap);
+        assert_eq!(
+            predicted(&none, LedgerItemKind::Free) - predicted(&some, LedgerItemKind::Free),
+            heap
+        );
+        assert_eq!(
+            predicted(&some, LedgerItemKind::MallocHeap),
+            predicted(&none, LedgerItemKind::MallocHeap)
+        );
+    }
+
+    #[test]
     fn a_fresh_h200_context_matches_the_measurement() {
         // Measured: total - free = 552,402,944 bytes right after creation.
         let ledger = Ledger::predict(&profile("h200"), &Limits::cuda_default(), &[], 0);
@@ -546,6 +597,7 @@ mod tests {
             calls_printf,
             calls_malloc,
             user_bytes: 0,
+            cm_heap_bytes: 0,
         };
         let malloc = Ledger::predict_workload(&p, &limits, &workload(false, true));
         assert_eq!(predicted(&malloc, LedgerItemKind::ModuleCode), 144_703_488);

@@ -21,7 +21,7 @@ mod cuda;
 
 pub use call_tally::{CallTally, VmmCalls};
 pub use device::{DeviceMemory, MemInfo, StreamId};
-pub use device_heap::DeviceHeap;
+pub use device_heap::{DeviceHeap, device_heap_bytes};
 pub use error::{Error, Result};
 pub use kernels::moves::BlockMove;
 pub use ledger::{

@@ -176,3 +176,55 @@ fn explain_device_all_parses_and_fails_cleanly_without_a_gpu() {
         "--device conflicts with --profile"
     );
 }
+
+#[test]
+fn a_cm_heap_is_a_ledger_line_beside_cudas_malloc_heap() {
+    let plain = json_of(&cudamem(&["explain", "--json"]));
+    let json = json_of(&cudamem(&[
+        "explain",
+        "--cm-heap",
+        "256MiB",
+        "--heap-size",
+        "64MiB",
+        "--json",
+    ]));
+    // 256 MiB of regions hold 252 chunks of 1 MiB + 16 KiB of maps; the
+    // descriptor comes on top.
+    let expected = kernels::cm_heap::DESCRIPTOR_BYTES + kernels::cm_heap::region_bytes(252);
+    assert_eq!(json["cm_heap_bytes"], expected);
+    assert_eq!(plain["cm_heap_bytes"], 0);
+    assert_eq!(json["malloc_heap_bytes"], 64 << 20);
+    let item = |json: &serde_json::Value, kind: &str| {
+        json["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|item| item["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} line"))
+            .clone()
+    };
+    assert_eq!(item(&json, "cm_heap")["predicted"], expected);
+    assert_eq!(item(&json, "cm_heap")["name"], "cm_malloc heap");
+    let free = |json: &serde_json::Value| item(json, "free")["predicted"].as_u64().unwrap();
+    assert_eq!(free(&plain) - free(&json), expected);
+
+    let table = cudamem(&["explain", "--cm-heap", "1GiB"]);
+    assert!(table.status.success());
+    let text = String::from_utf8_lossy(&table.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("cm_malloc heap"))
+        .expect("a cm_malloc heap line");
+    assert!(line.contains("taken from the pool"), "{line}");
+
+    let bad = cudamem(&["explain", "--cm-heap", "3 parsecs"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--cm-heap"));
+    let huge = cudamem(&["explain", "--cm-heap", "100GiB"]);
+    assert!(!huge.status.success());
+    assert!(
+        String::from_utf8_lossy(&huge.stderr).contains("at most 65536 chunks"),
+        "{}",
+        String::from_utf8_lossy(&huge.stderr)
+    );
+}

@@ -8,11 +8,12 @@
 // Explicit variants (cm_heap_malloc / cm_heap_free) take the descriptor.
 //
 // The heap is a table of regions. A region of n chunks is n * 1 MiB of
-// blocks followed by n * 8 KiB of bitmaps. Chunk ids run across regions
+// blocks followed by n * 16 KiB of maps (per chunk an 8 KiB block map, one
+// bit per block, then an 8 KiB span map). Chunk ids run across regions
 // (region r holds ids region_first[r] .. + region_chunks[r]). A chunk takes a
 // size class (16 B << k, k = 0..16) when first used: state[id] holds the
-// class + 1 in its top byte (0: the chunk is free) and in its low 24 bits the
-// blocks reserved in it. Allocation reserves blocks in the count first and
+// class + 1 in its top byte (0: the chunk is free), CM_SPANS_BIT, and in its
+// low 23 bits the blocks reserved in it. Allocation reserves blocks in the count first and
 // then claims that many bits of the chunk's bitmap, so a reservation always
 // has a free bit to find; free clears the bit before it gives the
 // reservation back. A chunk whose count drops to 0 goes back to free_map.
@@ -23,7 +24,18 @@
 // one per bitmap word for all of them; frees of one word / one chunk are
 // combined the same way.
 //
-// NULL means the class is truly out: a chunk of class k with room is always
+// The slow path, when class k and the CM_FALLBACK_CLASSES above it are out
+// (cm_heap_malloc): a span of 2^(k - j) free blocks aligned to 2^(k - j) in
+// a chunk of a smaller class j (cm_borrow), else a block of any larger class.
+// A span is reserved in its chunk's count like blocks, claimed in the block
+// map in one go, its tails (every block but the first) marked in the span
+// map, and the chunk gets CM_SPANS_BIT; cm_free of its first block frees it
+// whole. On a heap that no thread frees in meanwhile, a request of class k
+// gets NULL only when no 2^k-aligned window of 2^k bytes is free anywhere
+// (kernels::cm_heap::HeapImage::free_window states it; the host model's
+// property test checks it).
+//
+// NULL from one class means that class is truly out: a chunk of class k with room is always
 // in an active slot of k, in room_map[k], or held by a thread that will
 // publish it (a chunk taken off the free map, an emptied chunk on its way
 // back to it, a room mark being rechecked). Such a thread counts itself in
@@ -49,9 +61,10 @@ typedef unsigned int cm_u32;
 #define CM_MAX_REGIONS 64u
 #define CM_MAX_CHUNKS 65536u               // 64 GiB of blocks
 #define CM_MAP_WORDS (CM_MAX_CHUNKS / 64u)
-#define CM_BITMAP_WORDS ((cm_u32)(CM_CHUNK_BYTES >> CM_MIN_SHIFT) / 64u)
-#define CM_BITMAP_BYTES (CM_BITMAP_WORDS * 8ull)
-#define CM_COUNT_MASK 0xFFFFFFu
+#define CM_BLOCK_MAP_WORDS ((cm_u32)(CM_CHUNK_BYTES >> CM_MIN_SHIFT) / 64u)
+#define CM_BITMAP_BYTES (2u * CM_BLOCK_MAP_WORDS * 8ull) // block map, then span map
+#define CM_SPANS_BIT (1u << 23)                             // a span was handed out in the chunk
+#define CM_COUNT_MASK (CM_SPANS_BIT - 1u)
 #define CM_CLASS_SHIFT 24u
 
 // Why a cm_malloc returned NULL (index into CmCounters::reason).
@@ -90,7 +103,7 @@ struct CmHeap {
     cm_u32 region_chunks[CM_MAX_REGIONS];   // chunks in the region
     CmCounters counters;
     cm_u32 active[CM_CLASSES][CM_ACTIVE];   // chunk id + 1, 0 for none
-    cm_u32 state[CM_MAX_CHUNKS];            // class + 1 << 24 | reserved blocks
+    cm_u32 state[CM_MAX_CHUNKS];            // class + 1 << 24 | CM_SPANS_BIT | reserved blocks
     cm_u64 free_map[CM_MAP_WORDS];          // bit set: the chunk is free
     cm_u64 room_map[CM_CLASSES][CM_MAP_WORDS]; // bit set: the chunk may have room
 };
@@ -201,12 +214,13 @@ __device__ void cm_map_clear(cm_u64 *map, cm_u32 id)
     atomicAnd(&map[id / 64], ~(1ull << (id % 64)));
 }
 
-// A chunk whose count reached 0 goes back to free_map, unless someone
-// reserved in it meanwhile (that thread will see 0 again when it is done).
-__device__ void cm_settle(CmHeap *h, cm_u32 id, cm_u32 cls)
+// A chunk whose count reached 0 (its state is `empty`: the class tag and
+// maybe CM_SPANS_BIT) goes back to free_map, unless someone reserved in it
+// meanwhile (that thread will see 0 again when it is done).
+__device__ void cm_settle(CmHeap *h, cm_u32 id, cm_u32 cls, cm_u32 empty)
 {
     cm_enter_transit(h);
-    bool settled = atomicCAS(&h->state[id], cls << CM_CLASS_SHIFT, 0u) == (cls << CM_CLASS_SHIFT);
+    bool settled = atomicCAS(&h->state[id], empty, 0u) == empty;
     if (settled) {
         cm_map_clear(h->room_map[cls - 1], id);
         __threadfence();
@@ -227,7 +241,7 @@ __device__ cm_u32 cm_unreserve(CmHeap *h, cm_u32 id, cm_u32 n)
     if (tag != 0) {
         cm_u32 blocks = cm_blocks(tag - 1);
         if (count == n) {
-            cm_settle(h, id, tag);
+            cm_settle(h, id, tag, old - n);
         } else if (count >= blocks && count - n < blocks) {
             cm_map_set(h, h->room_map[tag - 1], id);
         }
@@ -351,8 +365,9 @@ __device__ void cm_replace_active(CmHeap *h, cm_u32 *slot, cm_u32 k, cm_u32 a, c
 // (active slots, room map, free map) found nothing while no chunk was in
 // transit or published anywhere in the heap: the epoch in the counters
 // was the same before and after it, with nothing in transit. Otherwise
-// the search runs again.
-__device__ cm_u32 cm_reserve_some(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 hash, cm_u32 *chunk)
+// the search runs again, unless not `patient` (the slow path's larger
+// classes: a heap busy publishing chunks must not hold a request there).
+__device__ cm_u32 cm_reserve_some(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 hash, cm_u32 *chunk, bool patient)
 {
     cm_u32 *slot = &h->active[k][hash % CM_ACTIVE];
     cm_u32 a = cm_load(slot);
@@ -384,7 +399,7 @@ __device__ cm_u32 cm_reserve_some(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 hash,
             return got;
         }
         __threadfence();
-        if (cm_load64(&h->counters.epoch) == seen && (seen & CM_EPOCH_TRANSIT_MASK) == 0) {
+        if (!patient || (cm_load64(&h->counters.epoch) == seen && (seen & CM_EPOCH_TRANSIT_MASK) == 0)) {
             *chunk = 0;
             return 0;
         }
@@ -430,6 +445,141 @@ __device__ __forceinline__ cm_u32 cm_nth_bit(cm_u64 bits, cm_u32 n)
     return 32 + __fns((cm_u32)(bits >> 32), 0, (int)(n - low_count) + 1);
 }
 
+// The first `run` (a power of two) clear bits aligned to `run` among the
+// first `blocks` bits of a block map, read only; ~0u if none.
+__device__ cm_u32 cm_find_run(const cm_u64 *map, cm_u32 blocks, cm_u32 run)
+{
+    if (run >= 64) {
+        for (cm_u32 index = 0; index + run <= blocks; index += run) {
+            bool clear = true;
+            for (cm_u32 i = 0; i < run / 64 && clear; i++) {
+                clear = cm_load64(&map[index / 64 + i]) == 0;
+            }
+            if (clear) {
+                return index;
+            }
+        }
+        return ~0u;
+    }
+    cm_u64 ones = (1ull << run) - 1;
+    for (cm_u32 w = 0; w * 64 < blocks; w++) {
+        cm_u64 bits = cm_load64(&map[w]);
+        cm_u32 end = min(64u, blocks - w * 64);
+        for (cm_u32 b = 0; b + run <= end; b += run) {
+            if ((bits & (ones << b)) == 0) {
+                return w * 64 + b;
+            }
+        }
+    }
+    return ~0u;
+}
+
+// Sets the `run` bits from `index` of a block map; false (nothing set) if
+// another thread took one of them first.
+__device__ bool cm_claim_run(cm_u64 *map, cm_u32 index, cm_u32 run)
+{
+    cm_u32 words = run >= 64 ? run / 64 : 1;
+    cm_u64 mask = run >= 64 ? ~0ull : ((1ull << run) - 1) << (index % 64);
+    for (cm_u32 i = 0; i < words; i++) {
+        cm_u64 old = atomicOr(&map[index / 64 + i], mask);
+        if ((old & mask) != 0) {
+            // Give back only the bits this call set.
+            atomicAnd(&map[index / 64 + i], ~(mask & ~old));
+            for (cm_u32 j = 0; j < i; j++) {
+                atomicAnd(&map[index / 64 + j], ~mask);
+            }
+            return false;
+        }
+    }
+    return true;
+}
+
+// Sets (or clears) the span-map marks of the run of `run` blocks from
+// `index`: every block but the first.
+__device__ void cm_mark_span(cm_u64 *spans, cm_u32 index, cm_u32 run, bool set)
+{
+    cm_u32 words = run >= 64 ? run / 64 : 1;
+    cm_u64 first = run >= 64 ? ~0ull : ((1ull << run) - 1) << (index % 64);
+    for (cm_u32 i = 0; i < words; i++) {
+        cm_u64 mask = i == 0 ? first & ~(1ull << (index % 64)) : ~0ull;
+        if (set) {
+            atomicOr(&spans[index / 64 + i], mask);
+        } else {
+            atomicAnd(&spans[index / 64 + i], ~mask);
+        }
+    }
+}
+
+// Blocks in the span that starts at block `index` (1: a block alone); 0 if
+// `index` is a span's tail.
+__device__ cm_u32 cm_span_len(const cm_u64 *spans, cm_u32 index, cm_u32 blocks)
+{
+    cm_u32 w = index / 64;
+    cm_u32 b = index % 64;
+    cm_u64 word = cm_load64(&spans[w]);
+    if ((word >> b) & 1) {
+        return 0;
+    }
+    if (b == 63) {
+        return 1;
+    }
+    // word >> (b + 1) has zeros on top, so its complement has a set bit.
+    cm_u32 ones = min((cm_u32)(__ffsll((long long)~(word >> (b + 1))) - 1), 63u - b);
+    if (b != 0 || ones != 63) {
+        return ones + 1;
+    }
+    cm_u32 n = 64;
+    for (cm_u32 i = w + 1; i < (blocks + 63) / 64 && cm_load64(&spans[i]) == ~0ull; i++) {
+        n += 64;
+    }
+    return n;
+}
+
+// The slow path's first step: a block of class k made of a span of a chunk
+// of a smaller class j, 2^(k - j) clear bits aligned to 2^(k - j), found in
+// the block map, reserved in the chunk's count, then claimed; one pass over
+// the chunks from `start`. Its address, 0 if no chunk of a smaller class
+// has a run.
+__device__ cm_u64 cm_borrow(CmHeap *h, cm_u32 k, cm_u32 start)
+{
+    cm_u32 chunks = cm_load(&h->chunks);
+    for (cm_u32 i = 0; i < chunks; i++) {
+        cm_u32 id = (start + i) % chunks;
+        cm_u32 tag = cm_load(&h->state[id]) >> CM_CLASS_SHIFT;
+        if (tag == 0 || tag > k) {
+            continue;
+        }
+        cm_u32 j = tag - 1;
+        cm_u32 run = 1u << (k - j);
+        cm_u32 blocks = cm_blocks(j);
+        CmChunk c = cm_chunk(h, id);
+        // A run clear in the map but reserved by others in the count is
+        // either claimed soon (the map shows it) or given back (the count
+        // does): wait for one or the other.
+        for (;;) {
+            cm_u32 index = cm_find_run(c.bitmap, blocks, run);
+            if (index == ~0u) {
+                break;
+            }
+            cm_u32 old = atomicAdd(&h->state[id], run);
+            if ((old >> CM_CLASS_SHIFT) != tag) {
+                cm_unreserve(h, id, run);
+                break;
+            }
+            if ((old & CM_COUNT_MASK) + run <= blocks && cm_claim_run(c.bitmap, index, run)) {
+                atomicOr(&h->state[id], CM_SPANS_BIT);
+                cm_mark_span(c.bitmap + CM_BLOCK_MAP_WORDS, index, run, true);
+                // The marks land before the block's owner can free it.
+                __threadfence();
+                return c.data + ((cm_u64)index << (CM_MIN_SHIFT + j));
+            }
+            cm_unreserve(h, id, run);
+            __nanosleep(100);
+        }
+    }
+    return 0;
+}
+
 __device__ void cm_fail(CmHeap *h, cm_u32 reason, cm_u64 bytes, cm_u64 n, cm_u64 class_bytes)
 {
     atomicAdd(&h->counters.failures, n);
@@ -440,17 +590,71 @@ __device__ void cm_fail(CmHeap *h, cm_u32 reason, cm_u64 bytes, cm_u64 n, cm_u64
     atomicMax(&h->counters.largest_failed, bytes);
 }
 
+// The slow path of a request of class k whose class and the
+// CM_FALLBACK_CLASSES above it are out: one span of a smaller class (got 1,
+// *kk = CM_CLASSES, *data = the block), else up to `want` blocks of any
+// larger class (*kk, *chunk as cm_reserve_some's). 0 if none.
+__device__ cm_u32 cm_slow_path(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 hash, cm_u32 *kk, cm_u32 *chunk,
+                               cm_u64 *data)
+{
+    *data = cm_borrow(h, k, hash);
+    if (*data != 0) {
+        *kk = CM_CLASSES;
+        return 1;
+    }
+    for (cm_u32 c = k + CM_FALLBACK_CLASSES + 1; c < CM_CLASSES; c++) {
+        cm_u32 got = cm_reserve_some(h, c, want, hash, chunk, false);
+        if (got != 0) {
+            *kk = c;
+            return got;
+        }
+    }
+    return 0;
+}
+
+// cm_heap_free's step for a block of chunk `id` (class k) that holds spans:
+// the blocks of the span that starts at `index` (1: a block alone), their
+// span marks cleared. A span of up to 64 blocks is left for the caller to
+// clear in the block map (`word`: the word of `index`); a longer one is
+// freed here whole. 0: nothing left to do (freed here, or a bad free, which
+// is counted).
+__device__ cm_u32 cm_free_span(CmHeap *h, cm_u32 id, cm_u32 k, cm_u64 *word, cm_u32 index)
+{
+    cm_u64 *spans = word - index / 64 + CM_BLOCK_MAP_WORDS;
+    cm_u32 run = cm_span_len(spans, index, cm_blocks(k));
+    if (run == 0 || (run > 1 && (cm_load64(word) & (1ull << (index % 64))) == 0)) {
+        atomicAdd(&h->counters.bad_frees, 1ull);
+        return 0;
+    }
+    if (run == 1) {
+        return 1;
+    }
+    __threadfence();
+    // Marks first: a run whose bits are clear has none.
+    cm_mark_span(spans, index, run, false);
+    __threadfence();
+    if (run <= 64) {
+        return run;
+    }
+    for (cm_u32 i = 0; i < run / 64; i++) {
+        atomicAnd(&word[i], 0ull);
+    }
+    cm_unreserve(h, id, run);
+    atomicAdd(&h->counters.live_bytes, 0ull - ((cm_u64)run << (CM_MIN_SHIFT + k)));
+    atomicAdd(&h->counters.frees, 1ull);
+    return 0;
+}
+
 // `bytes` from heap `h`, 16-byte aligned (blocks of class k are aligned to
 // their size up to 8 KiB); NULL with a reason counted in h->counters.
 //
-// The guarantee, exactly: a request of class k gets NULL only when, for
-// each class k, k + 1, k + 2 (tried in that order), one whole search found
-// no chunk of that class with a free block and no free chunk, while no chunk
-// anywhere in the heap was in transit or published (see cm_reserve_some).
-// Free blocks of smaller classes, or more than two classes up, are not
-// used: free bytes that are holes in chunks of other classes can leave a
-// request with NULL however many they are. A block from a larger class
-// counts that class's size in live_bytes.
+// The order: class k, then the CM_FALLBACK_CLASSES above it (the fast path,
+// a warp's requests of one class served together); then, one block at a
+// time, a span of a smaller class's chunk (cm_borrow), then a block of any
+// larger class. On a heap no other thread frees in meanwhile, NULL only when
+// no 2^k-aligned window of the class's size is free (see the top of this
+// file). A block counts its own size in live_bytes (a larger class's, or
+// the span's).
 __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
 {
     if (bytes == 0 || bytes > CM_MAX_BYTES) {
@@ -476,12 +680,18 @@ __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
         if (lane == leader) {
             // Its own class first; when that is out, the next ones up.
             for (; kk <= k + CM_FALLBACK_CLASSES && kk < CM_CLASSES; kk++) {
-                got = cm_reserve_some(h, kk, n - handed, hash, &chunk);
+                got = cm_reserve_some(h, kk, n - handed, hash, &chunk, true);
                 if (got != 0) {
                     break;
                 }
             }
-            if (got != 0) {
+            if (got == 0) {
+                got = cm_slow_path(h, k, n - handed, hash, &kk, &chunk, &data);
+                if (kk == CM_CLASSES) {
+                    added += 1ull << (CM_MIN_SHIFT + k);
+                }
+            }
+            if (got != 0 && kk < CM_CLASSES) {
                 CmChunk c = cm_chunk(h, chunk - 1);
                 data = c.data;
                 bitmap = c.bitmap;
@@ -494,6 +704,13 @@ __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
         }
         kk = __shfl_sync(peers, kk, leader);
         data = __shfl_sync(peers, data, leader);
+        if (kk == CM_CLASSES) {
+            if (rank == handed) {
+                mine = data;
+            }
+            handed += 1;
+            continue;
+        }
         cm_u32 claimed = 0;
         while (claimed < got) {
             cm_u64 bits = 0;
@@ -547,7 +764,8 @@ __device__ void cm_heap_free(CmHeap *h, void *ptr)
     }
     cm_u32 local = (cm_u32)((a - h->region_base[r]) >> CM_CHUNK_SHIFT);
     cm_u32 id = h->region_first[r] + local;
-    cm_u32 cls = cm_load(&h->state[id]) >> CM_CLASS_SHIFT;
+    cm_u32 st = cm_load(&h->state[id]);
+    cm_u32 cls = st >> CM_CLASS_SHIFT;
     // Chunks are 1 MiB from the region's base, which need not be 1 MiB
     // aligned itself.
     cm_u64 offset = a - (h->region_base[r] + ((cm_u64)local << CM_CHUNK_SHIFT));
@@ -561,19 +779,30 @@ __device__ void cm_heap_free(CmHeap *h, void *ptr)
                               local * CM_BITMAP_BYTES) +
                    index / 64;
     cm_u64 bit = 1ull << (index % 64);
+    cm_u64 mask = bit;
+    cm_u32 run = 1;
+    if ((st & CM_SPANS_BIT) != 0) {
+        run = cm_free_span(h, id, k, word, index);
+        if (run == 0) {
+            return;
+        }
+        if (run > 1) {
+            mask = ((1ull << run) - 1) << (index % 64);
+        }
+    }
     // The block's last writes land before another thread can claim it.
     __threadfence();
     cm_u32 lane = cm_lane();
     cm_u32 here = __activemask();
     cm_u32 same_word = __match_any_sync(here, (cm_u64)word);
     cm_u32 word_leader = __ffs(same_word) - 1;
-    cm_u32 low = __reduce_or_sync(same_word, (cm_u32)bit);
-    cm_u32 high = __reduce_or_sync(same_word, (cm_u32)(bit >> 32));
+    cm_u32 low = __reduce_or_sync(same_word, (cm_u32)mask);
+    cm_u32 high = __reduce_or_sync(same_word, (cm_u32)(mask >> 32));
     cm_u64 bad = 0;
     if (lane == word_leader) {
-        cm_u64 mask = ((cm_u64)high << 32) | low;
-        cm_u64 old = atomicAnd(word, ~mask);
-        bad = mask & ~old;
+        cm_u64 all = ((cm_u64)high << 32) | low;
+        cm_u64 old = atomicAnd(word, ~all);
+        bad = all & ~old;
     }
     bad = __shfl_sync(same_word, bad, word_leader);
     cm_u32 valid = (bad & bit) == 0;
@@ -581,15 +810,29 @@ __device__ void cm_heap_free(CmHeap *h, void *ptr)
         atomicAdd(&h->counters.bad_frees, 1ull);
     }
     cm_u32 same_chunk = __match_any_sync(here, id);
-    cm_u32 freed = __reduce_add_sync(same_chunk, valid);
+    cm_u32 calls = __reduce_add_sync(same_chunk, valid);
+    cm_u32 freed = __reduce_add_sync(same_chunk, valid * run);
     if (lane == __ffs(same_chunk) - 1 && freed != 0) {
         cm_unreserve(h, id, freed);
         atomicAdd(&h->counters.live_bytes, 0ull - ((cm_u64)freed << (CM_MIN_SHIFT + k)));
-        atomicAdd(&h->counters.frees, (cm_u64)freed);
+        atomicAdd(&h->counters.frees, (cm_u64)calls);
     }
 }
 
-// cm_heap_malloc / cm_heap_free on the heap bound to this module.
+// cm_heap_malloc / cm_heap_free on the heap bound to this module. With
+// CM_LINK_LIBRARY defined (cm_link.cu) they are extern "C" functions that a
+// user's module declares (cm_link.cuh) and links against.
+#ifdef CM_LINK_LIBRARY
+extern "C" __device__ void *cm_malloc(cm_u64 bytes)
+{
+    return cm_heap_malloc(cm_heap, bytes);
+}
+
+extern "C" __device__ void cm_free(void *ptr)
+{
+    cm_heap_free(cm_heap, ptr);
+}
+#else
 __device__ __forceinline__ void *cm_malloc(cm_u64 bytes)
 {
     return cm_heap_malloc(cm_heap, bytes);
@@ -599,3 +842,4 @@ __device__ __forceinline__ void cm_free(void *ptr)
 {
     cm_heap_free(cm_heap, ptr);
 }
+#endif

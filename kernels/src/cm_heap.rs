@@ -41,12 +41,22 @@ pub const ACTIVE: usize = 32;
 pub const MAX_REGIONS: usize = 64;
 /// Most chunks one heap has (64 GiB of blocks).
 pub const MAX_CHUNKS: u32 = 1 << 16;
-/// Bytes of one chunk's bitmap (one bit per 16-byte block).
-pub const BITMAP_BYTES: u64 = CHUNK_BYTES / MIN_BLOCK_BYTES / 8;
+/// Words of a chunk's block map: one bit per block, enough for 16-byte
+/// blocks.
+pub const BLOCK_MAP_WORDS: usize = (CHUNK_BYTES / MIN_BLOCK_BYTES / 64) as usize;
+/// Bytes of one chunk's maps: its block map (bit set: the block is taken),
+/// then its span map of as many words (bit set: the block is a tail of a
+/// span, see [`SPANS_BIT`]).
+pub const BITMAP_BYTES: u64 = 2 * BLOCK_MAP_WORDS as u64 * 8;
 /// Bit of a chunk state where the class + 1 starts (0: free chunk).
 pub const CLASS_SHIFT: u32 = 24;
+/// Bit of a chunk state set once a larger request took a span of its
+/// blocks (an aligned run of 2^d blocks handed out as one block); cleared
+/// when the chunk is free again. While it is clear, every block is alone
+/// and a free need not read the span map.
+pub const SPANS_BIT: u32 = 1 << 23;
 /// The reserved-blocks part of a chunk state.
-pub const COUNT_MASK: u32 = (1 << CLASS_SHIFT) - 1;
+pub const COUNT_MASK: u32 = SPANS_BIT - 1;
 
 /// Words of the free map and of each class's room map.
 pub const MAP_WORDS: usize = MAX_CHUNKS as usize / 64;
@@ -251,6 +261,98 @@ pub fn free_map_words(first: u32, chunks: u32) -> Vec<(usize, u64)> {
         }
     }
     words
+}
+
+/// The allocator's state as a quiescent heap holds it (no kernel running):
+/// the chunk states and each chunk's maps, read from the device
+/// (`ctx::DeviceHeap::image`) or from the host model. What the no-false-NULL
+/// rule is checked against.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeapImage {
+    /// One state per chunk id: class + 1 << [`CLASS_SHIFT`] | [`SPANS_BIT`]
+    /// | reserved blocks.
+    pub states: Vec<u32>,
+    /// Per chunk id, [`BLOCK_MAP_WORDS`] words of block map then as many of
+    /// span map.
+    pub maps: Vec<u64>,
+}
+
+impl HeapImage {
+    fn block_map(&self, id: usize) -> &[u64] {
+        let start = id * 2 * BLOCK_MAP_WORDS;
+        &self.maps[start..start + BLOCK_MAP_WORDS]
+    }
+
+    /// Bytes of the heap's blocks that no live block covers.
+    pub fn free_bytes(&self) -> u64 {
+        (0..self.states.len())
+            .map(|id| {
+                let cls = self.states[id] >> CLASS_SHIFT;
+                if cls == 0 {
+                    return CHUNK_BYTES;
+                }
+                let taken: u64 = self
+                    .block_map(id)
+                    .iter()
+                    .map(|w| u64::from(w.count_ones()))
+                    .sum();
+                CHUNK_BYTES - taken * class_bytes(cls as usize - 1)
+            })
+            .sum()
+    }
+
+    /// A free window for a request of class `k`: `(chunk id, offset in the
+    /// chunk in bytes)` of `class_bytes(k)` bytes aligned to that size that
+    /// no live block covers, if the heap has one. The allocator's rule: a
+    /// request of class k gets NULL only when this is `None` (checked on a
+    /// quiescent heap; a request racing frees may miss one they make).
+    ///
+    /// ```
+    /// use kernels::cm_heap::{CLASS_SHIFT, HeapImage, BLOCK_MAP_WORDS};
+    /// // One chunk of 16 B blocks, every other one taken: no 32 B window.
+    /// let mut maps = vec![0x5555_5555_5555_5555u64; BLOCK_MAP_WORDS];
+    /// maps.extend(vec![0; BLOCK_MAP_WORDS]);
+    /// let image = HeapImage { states: vec![1 << CLASS_SHIFT | 32768], maps };
+    /// assert_eq!(image.free_window(0), Some((0, 16)));
+    /// assert_eq!(image.free_window(1), None);
+    /// assert_eq!(image.free_bytes(), 512 << 10);
+    /// ```
+    pub fn free_window(&self, k: usize) -> Option<(u32, u64)> {
+        (0..self.states.len()).find_map(|id| {
+            let cls = self.states[id] >> CLASS_SHIFT;
+            if cls == 0 {
+                return Some((id as u32, 0));
+            }
+            let j = cls as usize - 1;
+            // A window of class k is 2^(k - j) blocks of class j, or lies
+            // in one block of class j >= k.
+            let run = 1u32 << k.saturating_sub(j);
+            let index = find_clear_run(self.block_map(id), class_blocks(j), run)?;
+            Some((id as u32, u64::from(index) * class_bytes(j)))
+        })
+    }
+}
+
+/// The first index of `run` (a power of two) clear bits aligned to `run`
+/// among the first `blocks` bits of `map`.
+fn find_clear_run(map: &[u64], blocks: u32, run: u32) -> Option<u32> {
+    let mut index = 0;
+    while index + run <= blocks {
+        let clear = if run >= 64 {
+            let first = index as usize / 64;
+            map[first..first + run as usize / 64]
+                .iter()
+                .all(|&w| w == 0)
+        } else {
+            let mask = ((1u64 << run) - 1) << (index % 64);
+            map[index as usize / 64] & mask == 0
+        };
+        if clear {
+            return Some(index);
+        }
+        index += run;
+    }
+    None
 }
 
 /// Chunks to add after a launch whose exhausted requests asked for

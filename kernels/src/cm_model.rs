@@ -15,19 +15,20 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
 use crate::cm_heap::{
-    ACTIVE, CHUNK_BYTES, CLASS_SHIFT, CLASSES, COUNT_MASK, CmCounters, MAP_WORDS, MAX_CHUNKS,
-    MAX_REQUEST_BYTES, Reason, RegionTable, class_blocks, class_bytes, class_of,
+    ACTIVE, BLOCK_MAP_WORDS, CHUNK_BYTES, CLASS_SHIFT, CLASSES, COUNT_MASK, CmCounters, HeapImage,
+    MAP_WORDS, MAX_CHUNKS, MAX_REQUEST_BYTES, Reason, RegionTable, SPANS_BIT, class_blocks,
+    class_bytes, class_of,
 };
 
-/// Words of one chunk's bitmap.
-const BITMAP_WORDS: usize = (CHUNK_BYTES / 16 / 64) as usize;
+/// Words of one chunk's maps (block map, then span map).
+const BITMAP_WORDS: usize = 2 * BLOCK_MAP_WORDS;
 /// [`CmCounters::epoch`] steps: a thread took a chunk off every map (low
 /// half: chunks in transit now), and a chunk became visible (high half).
 const EPOCH_TRANSIT: u64 = 1;
 const EPOCH_PUBLISH: u64 = 1 << 32;
 const EPOCH_TRANSIT_MASK: u64 = EPOCH_PUBLISH - 1;
-/// Classes above its own that a request may take a block of when its own
-/// is out (`CM_FALLBACK_CLASSES` in `cm_alloc.cuh`).
+/// Classes above its own that a request tries right after its own, before
+/// the slow path (`CM_FALLBACK_CLASSES` in `cm_alloc.cuh`).
 pub const FALLBACK_CLASSES: usize = 2;
 
 /// A heap as the device holds it, in host memory.
@@ -164,8 +165,16 @@ impl HostHeap {
         t.region_base[r] + u64::from(id - t.region_first[r]) * CHUNK_BYTES
     }
 
+    /// Chunk `id`'s block map.
     fn bitmap(&self, id: u32) -> &[AtomicU64] {
-        &self.bitmaps[id as usize * BITMAP_WORDS..(id as usize + 1) * BITMAP_WORDS]
+        let start = id as usize * BITMAP_WORDS;
+        &self.bitmaps[start..start + BLOCK_MAP_WORDS]
+    }
+
+    /// Chunk `id`'s span map.
+    fn span_map(&self, id: u32) -> &[AtomicU64] {
+        let start = id as usize * BITMAP_WORDS + BLOCK_MAP_WORDS;
+        &self.bitmaps[start..start + BLOCK_MAP_WORDS]
     }
 
     fn room(&self, k: usize) -> &[AtomicU64] {
@@ -203,11 +212,13 @@ impl HostHeap {
         }
     }
 
-    fn settle(&self, id: u32, cls: u32) {
-        let full = cls << CLASS_SHIFT;
+    /// Chunk `id` of class tag `cls` whose count reached 0 (its state is
+    /// `empty` now: the tag and maybe [`SPANS_BIT`]) goes back to the free
+    /// map, unless someone reserved in it meanwhile.
+    fn settle(&self, id: u32, cls: u32, empty: u32) {
         self.enter_transit();
         let settled = self.state[id as usize]
-            .compare_exchange(full, 0, SeqCst, SeqCst)
+            .compare_exchange(empty, 0, SeqCst, SeqCst)
             .is_ok();
         if settled {
             self.room(cls as usize - 1)[id as usize / 64].fetch_and(!(1 << (id % 64)), SeqCst);
@@ -227,7 +238,7 @@ impl HostHeap {
         if tag != 0 {
             let k = tag as usize - 1;
             if count == n {
-                self.settle(id, tag);
+                self.settle(id, tag, old - n);
             } else if count >= class_blocks(k) && count - n < class_blocks(k) {
                 self.map_set(self.room(k), id);
             }
@@ -328,7 +339,9 @@ impl HostHeap {
     /// 1, blocks)`, `None` only when one whole search found no chunk of the
     /// class with room and none free while no chunk was in transit or
     /// published anywhere in the heap (see [`HostHeap::allocate_group`]).
-    fn reserve_some(&self, k: usize, want: u32, hash: u32) -> Option<(u32, u32)> {
+    /// Not `patient` (the slow path's larger classes): one search only, so
+    /// that a heap busy publishing chunks does not hold a request there.
+    fn reserve_some(&self, k: usize, want: u32, hash: u32, patient: bool) -> Option<(u32, u32)> {
         let slot = &self.active[k * ACTIVE + hash as usize % ACTIVE];
         let a = slot.load(SeqCst);
         if a != 0 {
@@ -353,7 +366,7 @@ impl HostHeap {
                 return Some((c, got));
             }
             let now = self.counters.epoch.load(SeqCst);
-            if now == seen && seen & EPOCH_TRANSIT_MASK == 0 {
+            if !patient || (now == seen && seen & EPOCH_TRANSIT_MASK == 0) {
                 return None;
             }
             std::thread::yield_now();
@@ -410,6 +423,101 @@ impl HostHeap {
         }
     }
 
+    /// A block of class `k` made of a span of a smaller class's chunk: an
+    /// aligned run of 2^(k - j) clear bits of a chunk of class j < k (one
+    /// pass over the chunks from `start`), found in the block map, reserved
+    /// in the chunk's count, then claimed.
+    /// The span's tails are marked in the span map and the chunk gets
+    /// [`SPANS_BIT`] before the block is handed out. `None` if no chunk of a
+    /// smaller class has such a run.
+    fn borrow(&self, k: usize, start: u32) -> Option<u64> {
+        let chunks = self.table.chunks;
+        for i in 0..chunks {
+            let id = start.wrapping_add(i) % chunks;
+            let state = &self.state[id as usize];
+            let tag = state.load(SeqCst) >> CLASS_SHIFT;
+            if tag == 0 || tag as usize > k {
+                continue;
+            }
+            let j = tag as usize - 1;
+            let (run, blocks) = (1u32 << (k - j), class_blocks(j));
+            // A run clear in the map but reserved by others in the count is
+            // either claimed soon (the map shows it) or given back (the
+            // count does): wait for one or the other.
+            while let Some(index) = self.find_run(id, blocks, run) {
+                let old = state.fetch_add(run, SeqCst);
+                if old >> CLASS_SHIFT != tag {
+                    self.unreserve(id, run);
+                    break;
+                }
+                if (old & COUNT_MASK) + run <= blocks && self.claim_run(id, index, run) {
+                    state.fetch_or(SPANS_BIT, SeqCst);
+                    let spans = self.span_map(id);
+                    for (w, mask) in span_words(index, run) {
+                        spans[w].fetch_or(mask, SeqCst);
+                    }
+                    return Some(self.chunk_data(id) + u64::from(index) * class_bytes(j));
+                }
+                self.unreserve(id, run);
+                std::thread::yield_now();
+            }
+        }
+        None
+    }
+
+    /// The first `run` (a power of two) clear bits aligned to `run` among
+    /// the `blocks` bits of chunk `id`'s block map, read only.
+    fn find_run(&self, id: u32, blocks: u32, run: u32) -> Option<u32> {
+        let map = self.bitmap(id);
+        (0..blocks).step_by(run as usize).find(|&index| {
+            run_words(index, run)
+                .iter()
+                .all(|&(w, mask)| map[w].load(SeqCst) & mask == 0)
+        })
+    }
+
+    /// Sets the `run` bits from `index` of chunk `id`'s block map; `false`
+    /// (nothing set) if another thread took one of them first.
+    fn claim_run(&self, id: u32, index: u32, run: u32) -> bool {
+        let map = self.bitmap(id);
+        let words = run_words(index, run);
+        for (n, &(w, mask)) in words.iter().enumerate() {
+            let old = map[w].fetch_or(mask, SeqCst);
+            if old & mask != 0 {
+                // Give back only the bits this call set.
+                map[w].fetch_and(!(mask & !old), SeqCst);
+                for &(w, mask) in &words[..n] {
+                    map[w].fetch_and(!mask, SeqCst);
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Blocks in the span that starts at block `index` of chunk `id` (1 for
+    /// a block alone); `None` if `index` is a span's tail.
+    fn span_len(&self, id: u32, index: u32) -> Option<u32> {
+        let spans = self.span_map(id);
+        let (w, b) = (index as usize / 64, index % 64);
+        let word = spans[w].load(SeqCst);
+        if word & (1 << b) != 0 {
+            return None;
+        }
+        if b == 63 {
+            return Some(1);
+        }
+        let ones = (!(word >> (b + 1))).trailing_zeros().min(63 - b);
+        if b != 0 || ones != 63 {
+            return Some(ones + 1);
+        }
+        let full = spans[w + 1..]
+            .iter()
+            .take_while(|s| s.load(SeqCst) == !0)
+            .count();
+        Some(64 * (1 + full as u32))
+    }
+
     fn fail(&self, reason: Reason, bytes: u64, n: u64, class_bytes: u64) {
         let c = &self.counters;
         c.failures.fetch_add(n, SeqCst);
@@ -430,16 +538,16 @@ impl HostHeap {
     /// the lanes asking for one class: the addresses handed out, fewer than
     /// `n` if the heap ran out (the rest counted as failures).
     ///
-    /// The guarantee, exactly: a request of class k gets NULL only when, for
-    /// each class k, k + 1, k + 2 (the [`FALLBACK_CLASSES`] above k, tried in
-    /// that order) one whole search found no chunk of that class with a free
-    /// block and no free chunk, while no chunk anywhere in the heap was in
-    /// transit or published. Free blocks of smaller classes, and of classes
-    /// more than two above, are not used: a heap whose free bytes are holes
-    /// in chunks of other classes can return NULL with any amount free (the
-    /// fragmentation test frees every other block: up to half the heap).
-    /// A block taken from a larger class is that class's size in the
-    /// counters ([`HostHeap::block_bytes`]).
+    /// The order: class k, then the [`FALLBACK_CLASSES`] above it (the fast
+    /// path); then, one block at a time, a span of 2^(k - j) free blocks
+    /// of a chunk of any class j < k, then a block of any
+    /// class above. The rule, on a heap no other thread frees in meanwhile:
+    /// a request of class k gets NULL only when no `class_bytes(k)`-aligned
+    /// window of that size is free ([`HeapImage::free_window`] is `None`).
+    /// No rule in free bytes alone holds for an allocator that leaves blocks
+    /// in place: every other 16 B block free leaves half a chunk free and no
+    /// 32 B window. A block is counted at its own size in the counters
+    /// ([`HostHeap::block_bytes`]: a larger class's, or the span's).
     pub fn allocate_group(&self, bytes: u64, n: u32, hash: u32) -> Vec<u64> {
         if bytes == 0 || bytes > MAX_REQUEST_BYTES {
             let reason = if bytes == 0 {
@@ -456,10 +564,22 @@ impl HostHeap {
         let mut added = 0;
         while (out.len() as u32) < n {
             let handed = out.len() as u32;
-            let Some((kk, chunk, got)) = (k..CLASSES.min(k + 1 + FALLBACK_CLASSES))
-                .find_map(|kk| Some(kk).zip(self.reserve_some(kk, n - handed, hash)))
-                .map(|(kk, (chunk, got))| (kk, chunk, got))
-            else {
+            let found = (k..CLASSES.min(k + 1 + FALLBACK_CLASSES))
+                .find_map(|kk| Some(kk).zip(self.reserve_some(kk, n - handed, hash, true)));
+            let Some((kk, (chunk, got))) = found.or_else(|| {
+                // The slow path: one block at a time from a span of a
+                // smaller class, else a block of any larger class.
+                if let Some(address) = self.borrow(k, hash) {
+                    out.push(address);
+                    added += size;
+                    return None;
+                }
+                (k + 1 + FALLBACK_CLASSES..CLASSES)
+                    .find_map(|kk| Some(kk).zip(self.reserve_some(kk, n - handed, hash, false)))
+            }) else {
+                if out.len() as u32 > handed {
+                    continue;
+                }
                 break;
             };
             let data = self.chunk_data(chunk - 1);
@@ -489,16 +609,23 @@ impl HostHeap {
         out
     }
 
-    /// Bytes of the live block at `address` (its chunk's class size), `None`
-    /// if no chunk with a class holds it.
+    /// Bytes of the live block at `address` (its chunk's class size, times
+    /// the blocks of its span), `None` if no chunk with a class holds it or
+    /// it is a span's tail.
     pub fn block_bytes(&self, address: u64) -> Option<u64> {
         let t = &self.table;
         let r = (0..t.regions as usize).find(|&r| {
             address.wrapping_sub(t.region_base[r]) < u64::from(t.region_chunks[r]) * CHUNK_BYTES
         })?;
-        let id = t.region_first[r] + ((address - t.region_base[r]) / CHUNK_BYTES) as u32;
+        let local = (address - t.region_base[r]) / CHUNK_BYTES;
+        let id = t.region_first[r] + local as u32;
         let cls = self.state[id as usize].load(SeqCst) >> CLASS_SHIFT;
-        (cls != 0).then(|| class_bytes(cls as usize - 1))
+        if cls == 0 {
+            return None;
+        }
+        let size = class_bytes(cls as usize - 1);
+        let index = (address - t.region_base[r] - local * CHUNK_BYTES) / size;
+        Some(u64::from(self.span_len(id, index as u32)?) * size)
     }
 
     /// Frees the block at `address`; a pointer that is no live block is
@@ -521,15 +648,52 @@ impl HostHeap {
             return bad();
         }
         let k = cls as usize - 1;
-        let index = offset / class_bytes(k);
+        let index = (offset / class_bytes(k)) as u32;
+        let run = if self.state[id as usize].load(SeqCst) & SPANS_BIT != 0 {
+            let Some(run) = self.span_len(id, index) else {
+                return bad();
+            };
+            run
+        } else {
+            1
+        };
         let bit = 1u64 << (index % 64);
-        let old = self.bitmap(id)[index as usize / 64].fetch_and(!bit, SeqCst);
-        if old & bit == 0 {
-            return bad();
+        if run > 1 {
+            if self.bitmap(id)[index as usize / 64].load(SeqCst) & bit == 0 {
+                return bad();
+            }
+            // Tails first: a run whose bits are clear has no marks.
+            let spans = self.span_map(id);
+            for (w, mask) in span_words(index, run) {
+                spans[w].fetch_and(!mask, SeqCst);
+            }
+            for (w, mask) in run_words(index, run) {
+                self.bitmap(id)[w].fetch_and(!mask, SeqCst);
+            }
+        } else {
+            let old = self.bitmap(id)[index as usize / 64].fetch_and(!bit, SeqCst);
+            if old & bit == 0 {
+                return bad();
+            }
         }
-        self.unreserve(id, 1);
-        self.counters.live_bytes.fetch_sub(class_bytes(k), SeqCst);
+        self.unreserve(id, run);
+        self.counters
+            .live_bytes
+            .fetch_sub(u64::from(run) * class_bytes(k), SeqCst);
         self.counters.frees.fetch_add(1, SeqCst);
+    }
+
+    /// The heap's states and maps now (a quiescent heap's: no thread in
+    /// it), for [`HeapImage::free_window`].
+    pub fn image(&self) -> HeapImage {
+        let chunks = self.table.chunks as usize;
+        HeapImage {
+            states: self.state[..chunks]
+                .iter()
+                .map(|s| s.load(SeqCst))
+                .collect(),
+            maps: self.bitmaps.iter().map(|w| w.load(SeqCst)).collect(),
+        }
     }
 
     /// Checks a heap no thread is using: every chunk's count is the number
@@ -560,6 +724,17 @@ impl HostHeap {
             if cls != 0 {
                 live += u64::from(bits) * class_bytes(cls as usize - 1);
             }
+            let stray = self
+                .bitmap(id)
+                .iter()
+                .zip(self.span_map(id))
+                .any(|(b, s)| s.load(SeqCst) & !b.load(SeqCst) != 0);
+            let marked = self.span_map(id).iter().any(|s| s.load(SeqCst) != 0);
+            if stray || (marked && state & SPANS_BIT == 0) {
+                return Err(Corruption(format!(
+                    "chunk {id}: span marks on clear blocks or without the spans bit"
+                )));
+            }
         }
         let transit = self.counters.epoch.load(SeqCst) & EPOCH_TRANSIT_MASK;
         if transit != 0 {
@@ -573,4 +748,25 @@ impl HostHeap {
         }
         Ok(())
     }
+}
+
+/// The block-map words of the run of `run` (a power of two) blocks from
+/// `index` (aligned to `run`): `(word, mask)`.
+fn run_words(index: u32, run: u32) -> Vec<(usize, u64)> {
+    if run >= 64 {
+        let first = index as usize / 64;
+        (first..first + run as usize / 64)
+            .map(|w| (w, !0))
+            .collect()
+    } else {
+        vec![(index as usize / 64, ((1u64 << run) - 1) << (index % 64))]
+    }
+}
+
+/// The span-map words that mark the tails of that run: every block but the
+/// first.
+fn span_words(index: u32, run: u32) -> Vec<(usize, u64)> {
+    let mut words = run_words(index, run);
+    words[0].1 &= !(1u64 << (index % 64));
+    words
 }

@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod cm_heap;
+pub mod cm_link;
 pub mod cm_model;
 pub mod heap;
 mod kernel;

@@ -1,8 +1,9 @@
 //! The device allocator's algorithm (`kernels::cm_model`, the steps of
 //! `cuda/cm_alloc.cuh`) raced by CPU threads: no two live blocks overlap, a
 //! freed block is found again, every chunk is free again after all frees,
-//! growth keeps the blocks handed out before it, and bad requests get NULL
-//! with their reason.
+//! growth keeps the blocks handed out before it, bad requests get NULL
+//! with their reason, and a request gets NULL only when no window of its
+//! class is free anywhere in the heap.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -78,7 +79,7 @@ proptest! {
                         let got = heap.allocate_group(bytes, n, hash);
                         for &a in &got {
                             let size = heap.block_bytes(a).ok_or("no class")?;
-                            if size < class_bytes(class_of(bytes)) || size > class_bytes(class_of(bytes)) << 2 {
+                            if size < class_bytes(class_of(bytes)) || size > CHUNK_BYTES {
                                 return Err(format!("{size} B block for {bytes} B"));
                             }
                             live.insert(a, size)?;
@@ -269,10 +270,10 @@ fn a_stampede_on_a_cold_or_warm_heap_gets_no_false_null() {
     }
 }
 
-/// A class that is out takes blocks of the two classes above it; the one
-/// three above is not used, and each block frees as its own class.
+/// A class that is out takes blocks of the two classes above it, then (the
+/// slow path) of any larger class; each block frees as its own class.
 #[test]
-fn a_class_that_is_out_takes_blocks_two_classes_up_but_not_three() {
+fn a_class_that_is_out_takes_blocks_two_classes_up_then_any_larger() {
     let heap = heap(&[3]);
     // One chunk each of 4 KiB, 8 KiB and 32 KiB blocks, one block held in each.
     let held: Vec<u64> = [4u64 << 10, 8 << 10, 32 << 10]
@@ -295,13 +296,169 @@ fn a_class_that_is_out_takes_blocks_two_classes_up_but_not_three() {
         .map(|&a| heap.block_bytes(a).unwrap())
         .sum();
     assert_eq!(c.live_bytes, bytes);
-    // 1 KiB and 2 KiB requests can reach 4 KiB and 8 KiB; 16 KiB requests
-    // reach 32 KiB. 512 B requests reach only 1 and 2 KiB, which have none.
-    assert_eq!(heap.allocate(512, 0), None);
-    assert_eq!(heap.counters().failed(Reason::Exhausted), 1);
-    for a in small.into_iter().chain(held) {
+    // 512 B requests reach 1 and 2 KiB first, which have none; the slow
+    // path then takes a block of any larger class: 4 KiB, the smallest.
+    let far = heap.allocate(512, 0).unwrap();
+    assert_eq!(heap.block_bytes(far), Some(4 << 10));
+    assert_eq!(heap.counters().failed(Reason::Exhausted), 0);
+    for a in small.into_iter().chain(held).chain([far]) {
         heap.free(a);
     }
     heap.check().unwrap();
     assert_eq!((heap.counters().live_bytes, heap.free_chunks()), (0, 3));
+}
+
+/// One step of a single-threaded script: a group of requests, or the free
+/// of a live block picked by index.
+#[derive(Clone, Debug)]
+enum Step {
+    Allocate(u64, u32),
+    Free(usize),
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    // Log-uniform sizes, small ones most: their chunks leave the holes that
+    // larger requests must use.
+    let bytes = (0u32..=20).prop_flat_map(|s| (1u64 << s)..=(2u64 << s).min(MAX_REQUEST_BYTES));
+    let step = prop_oneof![
+        3 => (bytes, 1u32..=32).prop_map(|(b, n)| Step::Allocate(b, n)),
+        2 => any::<usize>().prop_map(Step::Free),
+    ];
+    proptest::collection::vec(step, 1..160)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The rule: a request of class k gets NULL only when no
+    /// class_bytes(k)-aligned window of that size is free (in a free chunk,
+    /// a free block of class k or larger, or a run of free blocks of a
+    /// smaller class). Checked at every NULL of a random script, with the
+    /// invariants after every step and after all frees.
+    #[test]
+    fn a_null_comes_only_when_no_window_of_its_class_is_free(
+        script in steps(),
+        chunks in 1u32..=3,
+    ) {
+        let heap = heap(&[chunks]);
+        let live = Live::default();
+        let mut held: Vec<u64> = Vec::new();
+        for (i, step) in script.iter().enumerate() {
+            match *step {
+                Step::Allocate(bytes, n) => {
+                    let got = heap.allocate_group(bytes, n, i as u32);
+                    for &a in &got {
+                        let size = heap.block_bytes(a).ok_or("no class").map_err(TestCaseError::fail)?;
+                        prop_assert!(size >= class_bytes(class_of(bytes)), "{size} B for {bytes} B");
+                        live.insert(a, size).map_err(TestCaseError::fail)?;
+                    }
+                    held.extend(&got);
+                    if (got.len() as u32) < n {
+                        let image = heap.image();
+                        let window = image.free_window(class_of(bytes));
+                        prop_assert!(
+                            window.is_none(),
+                            "step {i}: NULL for {bytes} B with {} B free and a free window at {window:?}",
+                            image.free_bytes()
+                        );
+                    }
+                }
+                Step::Free(pick) if !held.is_empty() => {
+                    let a = held.swap_remove(pick % held.len());
+                    live.remove(a);
+                    heap.free(a);
+                }
+                Step::Free(_) => {}
+            }
+            heap.check().map_err(|c| TestCaseError::fail(c.0))?;
+        }
+        let c = heap.counters();
+        let bytes: u64 = held.iter().map(|&a| heap.block_bytes(a).unwrap()).sum();
+        prop_assert_eq!(c.live_bytes, bytes);
+        prop_assert_eq!(heap.image().free_bytes(), heap.regions().block_bytes() - bytes);
+        for a in held {
+            heap.free(a);
+        }
+        heap.check().map_err(|c| TestCaseError::fail(c.0))?;
+        prop_assert_eq!((heap.counters().live_bytes, heap.counters().bad_frees), (0, 0));
+        prop_assert_eq!(heap.free_chunks(), chunks, "chunks lost after all frees");
+    }
+}
+
+/// What no allocator that leaves blocks in place can promise: "no NULL
+/// while free bytes are at least twice the request". Every other 16 B block
+/// free leaves half the chunk free and no two free bytes runs of 32; the
+/// first aligned pair freed serves the 32 B request.
+#[test]
+fn half_a_chunk_free_in_16_byte_holes_cannot_serve_32_bytes() {
+    let heap = heap(&[1]);
+    let mut blocks: Vec<u64> = (0..2048)
+        .flat_map(|i| heap.allocate_group(16, 32, i))
+        .collect();
+    blocks.sort_unstable();
+    assert_eq!(blocks.len(), 65_536);
+    assert_eq!(heap.allocate(16, 0), None);
+    for &a in blocks.iter().skip(1).step_by(2) {
+        heap.free(a);
+    }
+    let image = heap.image();
+    assert_eq!(image.free_bytes(), 512 << 10);
+    assert_eq!(image.free_window(1), None);
+    assert_eq!(heap.allocate(32, 0), None);
+    heap.free(blocks[40]);
+    let pair = heap.allocate(32, 0).unwrap();
+    assert_eq!((pair, heap.block_bytes(pair)), (blocks[40], Some(32)));
+    assert_eq!(
+        heap.block_bytes(pair + 16),
+        None,
+        "a span's tail is no block"
+    );
+    heap.free(pair + 16);
+    assert_eq!(heap.counters().bad_frees, 1);
+    heap.check().unwrap();
+}
+
+/// The H200 fragmentation check's shape: 4 KiB blocks, runs of them freed;
+/// 16 KiB requests take every aligned run of four, and a 512 KiB request a
+/// run of 128 (two map words); each frees as one block.
+#[test]
+fn runs_of_freed_small_blocks_serve_larger_requests_and_free_as_one() {
+    let heap = heap(&[2]);
+    let mut blocks: Vec<u64> = (0..16)
+        .flat_map(|i| heap.allocate_group(4096, 32, i))
+        .collect();
+    blocks.sort_unstable();
+    assert_eq!(blocks.len(), 512);
+    assert_eq!(heap.free_chunks(), 0);
+    // Blocks 0..256 are chunk 0: free 4 of every 8 there; in chunk 1 free
+    // the 128 blocks of its second half.
+    let freed: Vec<u64> = (0..256usize)
+        .filter(|i| i % 8 >= 4)
+        .chain(384..512)
+        .map(|i| blocks[i])
+        .collect();
+    freed.iter().for_each(|&a| heap.free(a));
+    let big = heap.allocate(512 << 10, 0).unwrap();
+    assert_eq!((big, heap.block_bytes(big)), (blocks[384], Some(512 << 10)));
+    let mut spans = Vec::new();
+    while let Some(a) = heap.allocate(16 << 10, spans.len() as u32) {
+        assert_eq!(heap.block_bytes(a), Some(16 << 10));
+        spans.push(a);
+    }
+    assert_eq!(spans.len(), 32, "every run of four 4 KiB blocks in chunk 0");
+    assert_eq!(heap.image().free_window(class_of(16 << 10)), None);
+    assert_eq!(heap.image().free_bytes(), 0);
+    heap.check().unwrap();
+    for a in spans.into_iter().chain([big]) {
+        heap.free(a);
+    }
+    assert_eq!(heap.image().free_bytes(), freed.len() as u64 * 4096);
+    heap.check().unwrap();
+    blocks
+        .iter()
+        .filter(|a| !freed.contains(a))
+        .for_each(|&a| heap.free(a));
+    heap.check().unwrap();
+    let c = heap.counters();
+    assert_eq!((c.live_bytes, c.bad_frees, heap.free_chunks()), (0, 0, 2));
 }

@@ -29,6 +29,10 @@ const NVCC_FLAGS: &[&str] = &[
     "all-warnings",
 ];
 
+/// Modules compiled with relocatable device code (`-rdc=true`): they are
+/// linked with each other when loaded (ctx's `CudaContext::link_ptx`).
+pub const RELOCATABLE: &[&str] = &["cm_link", "cm_user"];
+
 /// The files of `dir` ending in `.extension`, as sorted names without it.
 fn names_with_extension(dir: &Path, extension: &str) -> Result<Vec<String>> {
     let mut names = Vec::new();
@@ -61,6 +65,7 @@ pub fn run(root: &Path, mode: Mode) -> Result<()> {
         command
             .current_dir(&kernels)
             .args(NVCC_FLAGS)
+            .args(RELOCATABLE.contains(&name.as_str()).then_some("-rdc=true"))
             .arg("-o")
             .arg(out_dir.join(format!("{name}.ptx")))
             .arg(format!("cuda/{name}.cu"));

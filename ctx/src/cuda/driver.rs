@@ -17,9 +17,9 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 
 use cust::sys::{
     CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction,
-    CUfunction_attribute, CUjit_option, CUlimit, CUmemAccessDesc, CUmemAllocationGranularity_flags,
-    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPool_attribute, CUmemoryPool, CUmodule,
-    CUstream,
+    CUfunction_attribute, CUjit_option, CUjitInputType, CUlimit, CUlinkState, CUmemAccessDesc,
+    CUmemAllocationGranularity_flags, CUmemAllocationProp, CUmemGenericAllocationHandle,
+    CUmemPool_attribute, CUmemoryPool, CUmodule, CUstream,
 };
 
 use crate::{Error, Result};
@@ -140,6 +140,28 @@ unsafe extern "C" {
         option_values: *mut *mut c_void,
     ) -> RawResult;
     pub(crate) fn cuModuleUnload(module: CUmodule) -> RawResult;
+    pub(crate) fn cuLinkCreate_v2(
+        option_count: c_uint,
+        options: *mut CUjit_option,
+        option_values: *mut *mut c_void,
+        state: *mut CUlinkState,
+    ) -> RawResult;
+    pub(crate) fn cuLinkAddData_v2(
+        state: CUlinkState,
+        input_type: CUjitInputType,
+        data: *mut c_void,
+        bytes: usize,
+        name: *const c_char,
+        option_count: c_uint,
+        options: *mut CUjit_option,
+        option_values: *mut *mut c_void,
+    ) -> RawResult;
+    pub(crate) fn cuLinkComplete(
+        state: CUlinkState,
+        image: *mut *mut c_void,
+        bytes: *mut usize,
+    ) -> RawResult;
+    pub(crate) fn cuLinkDestroy(state: CUlinkState) -> RawResult;
     pub(crate) fn cuModuleGetGlobal_v2(
         address: *mut CUdeviceptr,
         bytes: *mut usize,

@@ -6,13 +6,17 @@ use std::{
     time::Duration,
 };
 
-use cust::sys::{CUdeviceptr, CUfunction, CUfunction_attribute, CUjit_option, CUmodule};
+use cust::sys::{
+    CUdeviceptr, CUfunction, CUfunction_attribute, CUjit_option, CUjitInputType, CUlinkState,
+    CUmodule,
+};
 
 use super::{
     CudaContext, Stream,
     driver::{self, check},
     stream::EventTimer,
 };
+use crate::error::driver_log;
 use crate::{Error, Result};
 
 /// Bytes of JIT error log kept when a module fails to load.
@@ -106,6 +110,135 @@ impl CudaContext {
                 format!("module `{name}`: {detail}; JIT log: {log}")
             };
             return Err(Error::Device { op, detail });
+        }
+        Ok(Module {
+            inner: Arc::new(Loaded {
+                context: self.clone(),
+                raw,
+                name: name.to_owned(),
+            }),
+        })
+    }
+}
+
+/// A link in progress; destroyed (with the image it made) when dropped.
+struct LinkState(CUlinkState);
+
+impl Drop for LinkState {
+    fn drop(&mut self) {
+        // SAFETY: the state came from cuLinkCreate and is destroyed once, here; the
+        // image it owns is not used after (the module loaded from it is a copy).
+        let _ = unsafe { driver::cuLinkDestroy(self.0) };
+    }
+}
+
+impl CudaContext {
+    /// Links PTX modules compiled with relocatable device code (`nvcc -ptx
+    /// -rdc=true`), `(name, text)` each, into one module and loads it: how
+    /// a user's module that calls `cm_malloc`/`cm_free` (declared extern,
+    /// `kernels/cuda/cm_link.cuh`) is loaded with `kernels::cm_link::LIBRARY`.
+    ///
+    /// A failure is [`Error::Link`] naming the driver call that failed and
+    /// carrying the linker's error log (an undefined function is named
+    /// there).
+    pub fn link_ptx(&self, name: &str, parts: &[(&str, &str)]) -> Result<Module> {
+        let fail = |step: &'static str, detail: String, log: &[u8]| Error::Link {
+            module: name.to_owned(),
+            step,
+            detail,
+            log: driver_log(log),
+        };
+        if parts.is_empty() {
+            return Err(fail("cuLinkAddData", "no PTX to link".into(), &[]));
+        }
+        let mut inputs = Vec::with_capacity(parts.len());
+        for &(part, ptx) in parts {
+            let nul = |what: &str| {
+                fail(
+                    "cuLinkAddData",
+                    format!("{part}: {what} contains a NUL byte"),
+                    &[],
+                )
+            };
+            inputs.push((
+                CString::new(part).map_err(|_| nul("the name"))?,
+                CString::new(ptx).map_err(|_| nul("the PTX text"))?,
+            ));
+        }
+        self.bind()?;
+        let mut log = vec![0u8; JIT_LOG_BYTES];
+        let mut options = [
+            CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        ];
+        // The size option's value is the number itself, passed in the pointer slot.
+        let mut values = [
+            log.as_mut_ptr().cast::<c_void>(),
+            JIT_LOG_BYTES as *mut c_void,
+        ];
+        let mut raw_state: CUlinkState = std::ptr::null_mut();
+        // SAFETY: `options` and `values` have the same length (2) and, like the log
+        // buffer they point to (JIT_LOG_BYTES long, as its option says), live until
+        // after the state is destroyed at the end of this function; `raw_state` is a
+        // valid out-pointer.
+        let code = unsafe {
+            driver::cuLinkCreate_v2(
+                options.len() as c_uint,
+                options.as_mut_ptr(),
+                values.as_mut_ptr(),
+                &mut raw_state,
+            )
+        };
+        if code != driver::SUCCESS {
+            return Err(fail("cuLinkCreate", driver::result_name(code), &log));
+        }
+        let state = LinkState(raw_state);
+        for (part, ptx) in &inputs {
+            let text = ptx.as_bytes_with_nul();
+            // SAFETY: `state` is a live link state; the driver reads `text` (NUL-
+            // terminated PTX, its length given) and `part` (a NUL-terminated name)
+            // during the call only and does not write through the data pointer; no
+            // per-input options.
+            let code = unsafe {
+                driver::cuLinkAddData_v2(
+                    state.0,
+                    CUjitInputType::CU_JIT_INPUT_PTX,
+                    text.as_ptr().cast_mut().cast(),
+                    text.len(),
+                    part.as_ptr(),
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if code != driver::SUCCESS {
+                let detail = format!("{}: {}", part.to_string_lossy(), driver::result_name(code));
+                return Err(fail("cuLinkAddData", detail, &log));
+            }
+        }
+        let mut image: *mut c_void = std::ptr::null_mut();
+        let mut image_bytes = 0usize;
+        // SAFETY: `state` is live; both out-pointers are valid. The image stays owned by
+        // the state, which outlives its use below.
+        let code = unsafe { driver::cuLinkComplete(state.0, &mut image, &mut image_bytes) };
+        if code != driver::SUCCESS {
+            return Err(fail("cuLinkComplete", driver::result_name(code), &log));
+        }
+        let mut raw: CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is the cubin cuLinkComplete made, alive until `state` drops
+        // after this call; no options; `raw` is a valid out-pointer.
+        let code = unsafe {
+            driver::cuModuleLoadDataEx(
+                &mut raw,
+                image.cast_const(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        drop(state);
+        if code != driver::SUCCESS {
+            return Err(fail("cuModuleLoadData", driver::result_name(code), &log));
         }
         Ok(Module {
             inner: Arc::new(Loaded {

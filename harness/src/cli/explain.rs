@@ -1,6 +1,7 @@
 //! `cudamem explain`: the context ledger. Where a GPU's memory goes before
 //! the program allocates anything: the driver and context, local memory for
-//! every resident thread, module code, the malloc heap and the printf FIFO.
+//! every resident thread, module code, the malloc heap, a cm_malloc heap
+//! (`--cm-heap`) and the printf FIFO.
 //! Predicted from a built-in device profile, or measured on a GPU (feature
 //! `cuda`).
 
@@ -8,7 +9,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow};
-use ctx::{DeviceProfile, Ledger, LedgerItemKind, Limits};
+use ctx::{DeviceProfile, Ledger, LedgerItemKind, Limits, Workload};
 use plotters::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -31,6 +32,11 @@ pub struct ExplainArgs {
     /// In-kernel malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE); default 8 MiB.
     #[arg(long, value_parser = byte_size::parse)]
     heap_size: Option<u64>,
+    /// A cm_malloc heap (ctx::DeviceHeap) of this much, e.g. 256MiB: a line
+    /// for the bytes it takes from the pool (descriptor and regions), beside
+    /// CUDA's malloc heap; default none.
+    #[arg(long, value_parser = byte_size::parse)]
+    cm_heap: Option<u64>,
     /// printf FIFO (CU_LIMIT_PRINTF_FIFO_SIZE); default 8,650,752 B.
     #[arg(long, value_parser = byte_size::parse)]
     printf_fifo: Option<u64>,
@@ -84,6 +90,13 @@ pub fn run(args: ExplainArgs) -> Result<()> {
     if let Some(snapshot) = &args.snapshot {
         return crate::cli::explain_snapshot::run(snapshot, args.json, args.report.as_deref());
     }
+    let most = kernels::cm_heap::region_bytes(kernels::cm_heap::MAX_CHUNKS);
+    if let Some(bytes) = args.cm_heap.filter(|&b| b > most) {
+        return Err(anyhow!(
+            "--cm-heap {bytes} B: a cm_malloc heap holds at most {} chunks, {most} B of regions",
+            kernels::cm_heap::MAX_CHUNKS
+        ));
+    }
     if args.device == Some(DeviceChoice::All) {
         if args.report.is_some() {
             return Err(anyhow!(
@@ -109,7 +122,7 @@ pub fn run(args: ExplainArgs) -> Result<()> {
                     known.join(", ")
                 )
             })?;
-            let ledger = Ledger::predict(&profile, &limits, &args.kernel_local_bytes, 0);
+            let ledger = predict(&profile, &limits, &args);
             Explained {
                 profile,
                 ledger,
@@ -143,6 +156,18 @@ pub fn run(args: ExplainArgs) -> Result<()> {
     Ok(())
 }
 
+/// The ledger the arguments describe, before anything is measured.
+fn predict(profile: &DeviceProfile, limits: &Limits, args: &ExplainArgs) -> Ledger {
+    let workload = Workload {
+        kernels_local_bytes: &args.kernel_local_bytes,
+        calls_printf: false,
+        calls_malloc: false,
+        user_bytes: 0,
+        cm_heap_bytes: args.cm_heap.map_or(0, ctx::device_heap_bytes),
+    };
+    Ledger::predict_workload(profile, limits, &workload)
+}
+
 #[cfg(not(feature = "cuda"))]
 pub(crate) fn measure(ordinal: u32, _args: &ExplainArgs) -> Result<Explained> {
     Err(anyhow!(
@@ -174,7 +199,7 @@ pub(crate) fn measure(ordinal: u32, args: &ExplainArgs) -> Result<Explained> {
     }
     let profile = context.profile()?;
     let limits = context.limits()?;
-    let mut ledger = Ledger::predict(&profile, &limits, &args.kernel_local_bytes, 0);
+    let mut ledger = predict(&profile, &limits, args);
     context.fill_measured(&mut ledger, FRAGMENTATION_PROBES)?;
     Ok(Explained {
         profile,
@@ -202,6 +227,7 @@ pub(crate) fn to_json(explained: &Explained, kernel_local_bytes: &[u64]) -> Valu
         "local_memory_per_sm_bytes": ledger.local_memory_per_sm_bytes,
         "local_memory_reservation_bytes": ledger.local_memory_reservation_bytes,
         "malloc_heap_bytes": ledger.limits.malloc_heap_bytes,
+        "cm_heap_bytes": ledger.item(LedgerItemKind::CmHeap).map_or(0, |item| item.predicted),
         "printf_fifo_bytes": ledger.limits.printf_fifo_bytes,
         "items": ledger.items,
     });

@@ -1,8 +1,10 @@
 //! (h) cm_malloc (kernels/cuda/cm_alloc.cuh) against CUDA's malloc in the
 //! same process: throughput at a million threads per size and for mixed
 //! sizes, allocate-all-then-free-all, the usable fraction of the heap,
-//! fragmentation, and a heap that grows after a launch ran out. Every block
-//! is filled and checked on the device; launches are timed with events.
+//! fragmentation (NULL only when no free window of the request's size is
+//! left), a heap that grows after a launch ran out, and a user's PTX module
+//! linked with ours. Every block is filled and checked on the device;
+//! launches are timed with events.
 
 use anyhow::{Context as _, Result};
 use ctx::{CudaContext, CudaDevice, DeviceHeap, LaunchConfig, Limit, Module};
@@ -20,6 +22,9 @@ const THREADS: u32 = 1 << 20;
 const SIZES: [u64; 5] = [16, 64, 256, 1024, 4096];
 /// Mixed sizes: log-uniform from 16 B to this.
 const MIXED_MAX: u64 = 4096;
+/// A heap with 4 KiB blocks for every thread an H200 holds resident
+/// (132 SMs x 2048 threads x 4 KiB is 1.03 GiB).
+const BIG_HEAP_BYTES: u64 = 1280 << 20;
 /// Allocate all then free all: every thread holds one block of this size.
 const HOLD_BYTES: u64 = 256;
 const LIST_THREADS: u32 = 4096;
@@ -193,6 +198,37 @@ pub fn run(out: &mut Checks) -> Result<()> {
         );
     }
 
+    // What limits 4 KiB: a 256 MiB heap holds 4 KiB blocks for about a third
+    // of the threads resident at once, the rest wait for frees. The same
+    // launch on a heap with room for every resident thread tells that
+    // apart from the allocator's own cost.
+    {
+        let big = new_heap(&context, BIG_HEAP_BYTES, &bench.cm)?;
+        let cold = bench.launch(true, cm_heap::MALLOC_FREE, THREADS, 4096, 1)?;
+        let ours = bench.launch(true, cm_heap::MALLOC_FREE, THREADS, 4096, 1)?;
+        let hc = big.counters()?;
+        out.check(
+            &format!(
+                "cm_malloc+free 4096 B x {THREADS} threads on a {} heap (room for every resident thread)",
+                mib(big.region_bytes())
+            ),
+            ours.c.allocations == u64::from(THREADS)
+                && ours.clean()
+                && cold.clean()
+                && heap_idle(&hc),
+            format!(
+                "ours {} ({:.3} ms, {} NULL; cold run {} NULL); {} bytes differ",
+                rate(ours.rate()),
+                ours.seconds * 1e3,
+                ours.c.nulls,
+                cold.c.nulls,
+                ours.c.mismatches + cold.c.mismatches
+            ),
+        );
+        drop(big);
+        heap.bind(&bench.cm)?;
+    }
+
     // Allocate all, then free all, in two launches.
     bench.clear_slots()?;
     let mut held = bench.launch(true, cm_heap::MALLOC_HOLD_MISSING, THREADS, HOLD_BYTES, 1)?;
@@ -276,7 +312,11 @@ pub fn run(out: &mut Checks) -> Result<()> {
         FRAGMENT_LARGE,
         LIST_BOUND,
     )?;
-    let live_at_null = fixed.counters()?.live_bytes;
+    // Every thread of the last launch met NULL: the rule says no free
+    // window of the request's class was left anywhere.
+    let at_null = fixed.image()?;
+    let window = at_null.free_window(cm_heap::class_of(FRAGMENT_LARGE));
+    let free_at_null = at_null.free_bytes();
     let released = bench.launch(
         true,
         cm_heap::RELEASE_LISTS,
@@ -285,17 +325,19 @@ pub fn run(out: &mut Checks) -> Result<()> {
         LIST_BOUND,
     )?;
     let hc = fixed.counters()?;
-    let free_at_null = fixed.table().block_bytes().saturating_sub(live_at_null);
     out.check(
         "cm fragmented heap: 8 KiB requests after freeing every other 1-4 KiB block",
         filled.c.capped == 0
+            && large.c.capped == 0
+            && large.c.nulls == u64::from(LIST_THREADS)
+            && window.is_none()
             && released.c.frees == filled.c.allocations - punched.c.frees + large.c.allocations
             && punched.clean()
             && released.clean()
             && heap_idle(&hc),
         format!(
             "filled {} in {} blocks; freed {}; then {} KiB requests got {} ({:.1}% of the freed \
-             bytes) and met NULL with {} free ({:.0}x the request); {} bytes differ",
+             bytes) and met NULL with {} free ({:.0}x the request) and {}; {} bytes differ",
             mib(filled.c.bytes),
             filled.c.allocations,
             mib(punched.c.bytes),
@@ -304,6 +346,13 @@ pub fn run(out: &mut Checks) -> Result<()> {
             percent(large.c.bytes, punched.c.bytes),
             mib(free_at_null),
             free_at_null as f64 / FRAGMENT_LARGE as f64,
+            match window {
+                None => "no free aligned window of the request's size (the rule)".to_string(),
+                Some((chunk, offset)) => format!(
+                    "VIOLATION: a free {} KiB window at chunk {chunk} offset {offset}",
+                    FRAGMENT_LARGE >> 10
+                ),
+            },
             punched.c.mismatches + released.c.mismatches
         ),
     );
@@ -354,6 +403,73 @@ pub fn run(out: &mut Checks) -> Result<()> {
             second.c.nulls,
             freed.c.frees,
             freed.c.mismatches
+        ),
+    );
+    linked_user_module(&context, &mut bench, out)
+}
+
+/// A user's module (kernels/cuda/cm_user.cu) that calls cm_malloc/cm_free
+/// declared extern, linked with the library module (cm_link.cu) by the
+/// driver, bound to a heap: every thread takes a block and writes it, a
+/// second launch checks every byte and frees it. The user module alone
+/// must fail to link, with the linker's log naming what is missing.
+fn linked_user_module(context: &CudaContext, bench: &mut Bench, out: &mut Checks) -> Result<()> {
+    use kernels::cm_link::{self, UserParams};
+    const USER_THREADS: u32 = 1 << 16;
+    const USER_BYTES: u64 = 200;
+    let parts = [
+        (cm_link::USER_EXAMPLE.name, cm_link::USER_EXAMPLE.ptx),
+        (cm_link::LIBRARY.name, cm_link::LIBRARY.ptx),
+    ];
+    let module = context.link_ptx("cm_user+cm_link", &parts)?;
+    let heap = new_heap(context, 16 << 20, &module)?;
+    let counts = bench.gpu.memory.alloc_chunk(16)?;
+    bench.gpu.memory.write(counts, &[0u8; 16])?;
+    bench.clear_slots()?;
+    let params = UserParams {
+        slots: bench.slots,
+        counts,
+        size: USER_BYTES,
+        threads: USER_THREADS,
+        seed: 0x5eed,
+    };
+    let shape = LaunchShape::covering(u64::from(USER_THREADS));
+    for kernel in [cm_link::USER_WRITE, cm_link::USER_CHECK_FREE] {
+        module
+            .function(kernel.name())?
+            .launch_timed(
+                &LaunchConfig::linear(shape.grid, shape.block),
+                kernel.param_bytes(&params),
+            )
+            .with_context(|| format!("running {}", kernel.name()))?;
+    }
+    let mut bytes = [0u8; 16];
+    bench.gpu.memory.read(counts, &mut bytes)?;
+    let differ = u64::from_le_bytes(bytes[..8].try_into()?);
+    let nulls = u64::from_le_bytes(bytes[8..].try_into()?);
+    let hc = heap.counters()?;
+    let alone = context.link_ptx("cm_user alone", &parts[..1]);
+    let refused = match &alone {
+        Err(ctx::Error::Link { log, .. }) => log.contains("cm_malloc") || log.contains("cm_free"),
+        _ => false,
+    };
+    out.check(
+        "cm_malloc from a user's PTX module linked with ours",
+        differ == 0
+            && nulls == 0
+            && hc.allocations == u64::from(USER_THREADS)
+            && heap_idle(&hc)
+            && refused,
+        format!(
+            "{USER_THREADS} x {USER_BYTES} B written by cm_user_write, checked and freed by \
+             cm_user_check_free: {differ} bytes differ, {nulls} NULL, heap allocations {} \
+             frees {}; the user module alone: {}",
+            hc.allocations,
+            hc.frees,
+            match alone {
+                Ok(_) => "linked (it must not)".to_string(),
+                Err(e) => e.to_string().chars().take(200).collect(),
+            }
         ),
     );
     Ok(())
