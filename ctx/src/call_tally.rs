@@ -18,7 +18,6 @@ pub struct CallTally {
 
 impl CallTally {
     /// Times one call covering `bytes`; returns what the call returned.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn record<T>(&mut self, bytes: u64, call: impl FnOnce() -> T) -> T {
         let start = Instant::now();
         let code = call();
