@@ -75,7 +75,7 @@ pub struct DeviceReplay {
     /// The pool's figures at the end: driver calls made, with their
     /// measured host time, and the model's counts and modeled time.
     #[serde(skip)]
-    pub stats: Option<StitchedStats>,
+    pub stats: StitchedStats,
     /// Host time of all driver calls together, ns.
     pub driver_ns: u64,
     /// The model's driver time from the measured cost table, ns.
@@ -150,7 +150,7 @@ pub fn replay<D: DeviceMemory>(
         measured_peak_bytes: measured_peak,
         allocate: Latency::of(allocate_ns),
         free: Latency::of(free_ns),
-        stats: Some(stats),
+        stats,
         driver_ns: driver.as_nanos() as u64,
         modeled_driver_ns: stats.model.calls.modeled_ns,
         peak_live_in_full_bandwidth_handles: stats.model.peak_live_in_full_bandwidth_handles,
@@ -218,6 +218,15 @@ impl DeviceReplay {
                     self.peak_live_bytes
                 )
             ),
+            format!(
+                "  driver calls: {} cuMemCreate, {} cuMemMap, {} cuMemSetAccess, {} cuMemUnmap, {} cuMemRelease; {} rollbacks",
+                self.stats.calls.create.calls,
+                self.stats.calls.map.calls,
+                self.stats.calls.set_access.calls,
+                self.stats.calls.unmap.calls,
+                self.stats.calls.release.calls,
+                self.stats.rollbacks
+            ),
         ]
     }
 }
@@ -266,11 +275,11 @@ mod tests {
             .filter(|e| matches!(e, Event::Alloc { .. }))
             .count();
         assert_eq!(replayed.allocate.calls, allocs as u64);
-        let stats = replayed.stats.unwrap();
+        let stats = replayed.stats;
         assert_eq!(stats.calls.create.calls, stats.model.calls.creates);
         assert_eq!(stats.calls.map.calls, stats.model.calls.maps);
         assert!(replayed.allocate.p50_ns <= replayed.allocate.p99_ns);
-        assert_eq!(replayed.lines().len(), 5);
+        assert_eq!(replayed.lines().len(), 6);
         let pair = warm_pair_ns(&pool, 1 << 20, 1000).unwrap();
         assert!(pair > 0.0);
     }
