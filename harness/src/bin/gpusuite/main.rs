@@ -27,6 +27,7 @@ mod host_alloc;
 mod ledger;
 mod pool_sequences;
 mod report;
+mod stitched;
 mod teardown;
 mod vmm;
 
@@ -41,7 +42,7 @@ use report::{Checks, Log, Section};
 
 type SectionFn = fn(&mut Checks) -> Result<()>;
 
-const SECTIONS: [(char, &str, SectionFn); 8] = [
+const SECTIONS: [(char, &str, SectionFn); 9] = [
     ('a', "pool sequences on the device", pool_sequences::run),
     ('b', "compaction contents and bandwidth", compaction::run),
     ('c', "VMM growth and shrink", vmm::run),
@@ -50,6 +51,7 @@ const SECTIONS: [(char, &str, SectionFn); 8] = [
     ('f', "host allocation cost", host_alloc::run),
     ('g', "context teardown", teardown::run),
     ('h', "cm_malloc device heap", cm_heap::run),
+    ('s', "stitched pool on the driver", stitched::run),
 ];
 
 struct Options {
