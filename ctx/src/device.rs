@@ -5,8 +5,8 @@
 
 use kernels::moves::BlockMove;
 
-use crate::Result;
 use crate::peers::PeerSet;
+use crate::{Error, Result};
 
 /// Device memory figures as `cuMemGetInfo` reports them, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -30,6 +30,12 @@ impl StreamId {
     /// The default (legacy) stream.
     pub const DEFAULT: StreamId = StreamId(0);
 }
+
+/// A physical allocation made by [`DeviceMemory::create_physical`]
+/// (`CUmemGenericAllocationHandle` on CUDA): memory that exists apart from
+/// any address until it is mapped. Only the device that made it knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PhysicalHandle(pub(crate) u64);
 
 /// Device memory as a pool uses it: virtual address reservations that are
 /// mapped and unmapped in granularity-sized pages (VMM), plain chunk
@@ -117,4 +123,58 @@ pub trait DeviceMemory: Send {
 
     /// Wait until all work queued on the device, on every stream, is done.
     fn synchronize(&mut self) -> Result<()>;
+
+    // Stitching: physical memory made, mapped and given back apart from its
+    // address (what `crate::StitchedPool` needs). [`map`](Self::map) does
+    // create, map and access in one call; these are its steps, so one
+    // physical allocation can move from one address to another with its
+    // contents. Devices without them refuse with [`Error::Unsupported`].
+
+    /// Create `size` bytes of physical memory (`cuMemCreate`), a positive
+    /// multiple of [`granularity`](Self::granularity), mapped nowhere.
+    fn create_physical(&mut self, size: u64) -> Result<PhysicalHandle> {
+        let _ = size;
+        Err(Error::Unsupported(
+            "this device cannot create physical memory apart from an address",
+        ))
+    }
+
+    /// Map all of `handle` at `addr` (`cuMemMap`): `[addr, addr + its
+    /// size)` lies inside a reservation, on granularity boundaries, with
+    /// nothing mapped there yet. The range is not accessible until
+    /// [`grant_access`](Self::grant_access).
+    fn map_physical(&mut self, handle: PhysicalHandle, addr: u64) -> Result<()> {
+        let _ = (handle, addr);
+        Err(Error::Unsupported(
+            "this device cannot map physical memory it created apart",
+        ))
+    }
+
+    /// Make `[addr, addr + size)`, whole mappings made by
+    /// [`map_physical`](Self::map_physical), readable and writable by this
+    /// device (`cuMemSetAccess`).
+    fn grant_access(&mut self, addr: u64, size: u64) -> Result<()> {
+        let _ = (addr, size);
+        Err(Error::Unsupported(
+            "this device cannot grant access to physical memory it mapped apart",
+        ))
+    }
+
+    /// Unmap the one mapping of a handle that covers exactly `[addr, addr +
+    /// size)` (`cuMemUnmap`), after queued work on it is done; the handle
+    /// and its contents stay, to be mapped again or released.
+    fn unmap_physical(&mut self, addr: u64, size: u64) -> Result<()> {
+        let _ = (addr, size);
+        Err(Error::Unsupported(
+            "this device cannot unmap physical memory it mapped apart",
+        ))
+    }
+
+    /// Give `handle`, mapped nowhere, back to the device (`cuMemRelease`).
+    fn release_physical(&mut self, handle: PhysicalHandle) -> Result<()> {
+        let _ = handle;
+        Err(Error::Unsupported(
+            "this device cannot release physical memory it created apart",
+        ))
+    }
 }

@@ -116,6 +116,31 @@ pub enum Error {
         "peer access needs Growth::Vmm: cuMemAlloc chunks are reachable by peers only          through cuCtxEnablePeerAccess, which opens the whole context; use Growth::Vmm          or name no peers"
     )]
     PeersNeedVmm,
+    /// A [`crate::StitchedPool`] could not back a request: the device
+    /// refused physical memory even after the pool released its idle
+    /// handles, or the pool's virtual reservation is full.
+    #[error(
+        "out of device memory in a stitched pool: requested {requested} bytes; \
+         the pool holds {physical_bytes} bytes in handles for {live_bytes} live bytes; \
+         {why}"
+    )]
+    StitchedOutOfMemory {
+        /// Requested size in bytes.
+        requested: u64,
+        /// Bytes in the pool's physical handles after the rollback.
+        physical_bytes: u64,
+        /// Requested bytes of the pool's live allocations.
+        live_bytes: u64,
+        /// What refused: the driver's error, or the reservation's size.
+        why: String,
+    },
+    /// A free of a pointer that no live allocation of this pool starts at:
+    /// never allocated here, or freed already.
+    #[error("no live allocation of this pool starts at {ptr:#x} (unknown pointer or double free)")]
+    UnknownPointer {
+        /// The pointer passed in.
+        ptr: u64,
+    },
     /// The operation needs something this device or configuration lacks.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),

@@ -305,3 +305,23 @@ fn the_report_is_html_with_svg() {
     );
     assert!(html.contains("Memory map: tlsf-compact"));
 }
+
+/// Without the `cuda` feature, `--gpu` is a clear error, after the trace
+/// was read (so a bad trace is still reported as such).
+#[test]
+#[cfg(not(feature = "cuda"))]
+fn gpu_replay_without_cuda_says_how_to_get_it() {
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/rmm/resnet50_train.csv.gz");
+    let output = replay(&trace, &["--gpu", "0"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("--gpu 0") && stderr.contains("`cuda` feature"),
+        "{stderr}"
+    );
+    assert!(
+        output.stdout.is_empty(),
+        "printed a replay: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+}

@@ -6,6 +6,7 @@
 //! DIR/bin/cudamem      the command, built with `cuda`, run on the device
 //! DIR/tests/*          ctx's test executables built with the `cuda` feature
 //! DIR/ptx/*.ptx        the kernels' PTX (also embedded in the binaries)
+//! DIR/traces/          the repository's real traces, for `cudamem replay --gpu`
 //! DIR/run.sh           runs them all; logs and summary.md to $1 or $OUT
 //! ```
 //!
@@ -87,6 +88,18 @@ for args in "explain --device 0" "explain --device 0 --json" \
   # shellcheck disable=SC2086 # the arguments are meant to split
   "$here/bin/cudamem" $args >> "$dest/cudamem.log" 2>&1
   record "cudamem $args" $? $(( $(date +%s) - start )) cudamem.log
+done
+
+# The stitched pool on the driver: every real trace replayed through it, with
+# footprint by cuMemGetInfo, time per call and copy bandwidth at the peak.
+: > "$dest/replay-gpu.log"
+for trace in "$here"/traces/rmm/*.csv.gz "$here"/traces/pytorch/*.full.default.pickle.gz; do
+  [ -f "$trace" ] || continue
+  name="$(basename "$trace")"
+  start=$(date +%s)
+  echo "=== cudamem replay $name --gpu 0" >> "$dest/replay-gpu.log"
+  "$here/bin/cudamem" replay "$trace" --gpu 0 >> "$dest/replay-gpu.log" 2>&1
+  record "cudamem replay $name --gpu 0" $? $(( $(date +%s) - start )) replay-gpu.log
 done
 
 cat "$summary"
@@ -199,6 +212,22 @@ fn install_binary(exe: &Path, to: &Path, stub: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Copies the files under `from` to `to`, folders and all.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to)?;
+    for entry in fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let entry = entry?;
+        let path = entry.path();
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&path, &target)?;
+        } else {
+            fs::copy(&path, &target).with_context(|| format!("copying {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
 fn bytes_under(dir: &Path) -> Result<u64> {
     let mut total = 0;
     for entry in fs::read_dir(dir)? {
@@ -260,6 +289,7 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
             fs::copy(&path, dir.join("ptx").join(name))?;
         }
     }
+    copy_tree(&root.join("traces"), &dir.join("traces"))?;
     let run_sh = dir.join("run.sh");
     fs::write(&run_sh, RUN_SH)?;
     step::run("chmod run.sh", Command::new("chmod").arg("+x").arg(&run_sh))?;
@@ -270,7 +300,7 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
         "the bundle is {bytes} bytes; the device tool carries at most {MAX_BUNDLE_BYTES}"
     );
     println!(
-        "==> bundle in {} ({:.1} MiB: gpusuite, cudamem + {} test executables); run it with `{}/run.sh LOG_DIR`",
+        "==> bundle in {} ({:.1} MiB: gpusuite, cudamem, traces + {} test executables); run it with `{}/run.sh LOG_DIR`",
         dir.display(),
         bytes as f64 / f64::from(1 << 20),
         gpu_tests.len(),
@@ -282,6 +312,25 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_tree_copies_nested_files() {
+        let base = std::env::temp_dir().join(format!("gpu-bundle-copy-{}", std::process::id()));
+        let from = base.join("from");
+        fs::create_dir_all(from.join("rmm")).unwrap();
+        fs::write(from.join("README.md"), b"top").unwrap();
+        fs::write(from.join("rmm").join("a.csv.gz"), b"nested").unwrap();
+        let to = base.join("to");
+        copy_tree(&from, &to).unwrap();
+        assert_eq!(fs::read(to.join("README.md")).unwrap(), b"top");
+        assert_eq!(
+            fs::read(to.join("rmm").join("a.csv.gz")).unwrap(),
+            b"nested"
+        );
+        assert_eq!(bytes_under(&to).unwrap(), 9);
+        assert!(copy_tree(&base.join("missing"), &to).is_err());
+        fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn executables_come_from_compiler_artifacts_only() {

@@ -22,8 +22,9 @@ use super::{
     driver::{self, check},
 };
 use crate::address_space::{self, AddressSpace, invalid_value};
-use crate::{DeviceMemory, Error, MemInfo, PeerSet, Result, VmmCalls};
+use crate::{DeviceMemory, Error, MemInfo, PeerSet, PhysicalHandle, Result, VmmCalls};
 use kernels::moves::BlockMove;
+use std::collections::HashMap;
 
 /// The page a pool rounds chunks to when the device has no VMM, bytes.
 const CHUNK_GRANULARITY: u64 = 2 << 20;
@@ -35,6 +36,9 @@ struct Backing {
     size: u64,
     /// The physical allocation behind a VMM mapping; `None` for a `cuMemAlloc` chunk.
     handle: Option<CUmemGenericAllocationHandle>,
+    /// Whether the handle is one of `create_physical`'s, mapped by `map_physical`:
+    /// unmapping such a mapping keeps the handle.
+    stitched: bool,
 }
 
 impl address_space::Backing for Backing {
@@ -63,6 +67,8 @@ pub struct CudaDevice {
     vmm_calls: VmmCalls,
     /// Peers `cuDeviceCanAccessPeer` has said reach this device's memory.
     reachable_peers: PeerSet,
+    /// Handles made by `create_physical`, with their bytes and whether they are mapped.
+    physical: HashMap<CUmemGenericAllocationHandle, (u64, bool)>,
 }
 
 /// Pinned device memory on `device`, the only kind this backend creates.
@@ -120,6 +126,7 @@ impl CudaDevice {
             copies: CopyQueue::new(context),
             vmm_calls: VmmCalls::default(),
             reachable_peers: PeerSet::NONE,
+            physical: HashMap::new(),
         })
     }
 
@@ -157,6 +164,25 @@ impl CudaDevice {
     /// device made, so the driver is only ever handed memory we own.
     fn check_backed(&self, addr: u64, len: u64) -> Result<()> {
         self.space.check_backed(addr, len)
+    }
+
+    /// `Ok` if `[addr, +size)` is a run of whole `map_physical` mappings.
+    fn check_stitched_run(&self, op: &'static str, addr: u64, size: u64) -> Result<()> {
+        let end = addr.saturating_add(size);
+        let mut cursor = addr;
+        while cursor < end {
+            match self.space.backings().get(&cursor) {
+                Some(b) if b.stitched && cursor + b.size <= end => cursor += b.size,
+                _ => break,
+            }
+        }
+        if size == 0 || cursor != end {
+            return Err(invalid_value(
+                op,
+                format!("[{addr:#x}, +{size}) is not a run of whole handle mappings"),
+            ));
+        }
+        Ok(())
     }
 
     /// Unmaps and releases one mapping we made, after the device has finished with it.
@@ -264,13 +290,7 @@ impl DeviceMemory for CudaDevice {
             let _ = unsafe { driver::cuMemRelease(handle) };
             return Err(error);
         }
-        let access = CUmemAccessDesc {
-            location: CUmemLocation {
-                type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: device,
-            },
-            flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
+        let access = read_write_access(device);
         let code = self.vmm_calls.set_access.record(size, || {
             // SAFETY: `[addr, +bytes)` is fully mapped (just now); one descriptor, which
             // outlives the call.
@@ -288,6 +308,7 @@ impl DeviceMemory for CudaDevice {
             Backing {
                 size,
                 handle: Some(handle),
+                stitched: false,
             },
         );
         Ok(())
@@ -356,6 +377,7 @@ impl DeviceMemory for CudaDevice {
                 Some(Backing {
                     size: piece,
                     handle: Some(handle),
+                    stitched: false,
                 }) if cursor + piece <= end => {
                     run.push((cursor, *piece, *handle));
                     cursor += piece;
@@ -389,8 +411,14 @@ impl DeviceMemory for CudaDevice {
         check("cuMemAlloc", unsafe {
             driver::cuMemAlloc_v2(&mut address, bytes)
         })?;
-        self.space
-            .add_backing(address, Backing { size, handle: None });
+        self.space.add_backing(
+            address,
+            Backing {
+                size,
+                handle: None,
+                stitched: false,
+            },
+        );
         Ok(address)
     }
 
@@ -399,6 +427,7 @@ impl DeviceMemory for CudaDevice {
             Some(Backing {
                 size: chunk,
                 handle: None,
+                ..
             }) if *chunk == size => {}
             _ => {
                 return Err(invalid_value(
@@ -465,6 +494,147 @@ impl DeviceMemory for CudaDevice {
     fn synchronize(&mut self) -> Result<()> {
         self.context.synchronize()
     }
+
+    fn create_physical(&mut self, size: u64) -> Result<PhysicalHandle> {
+        if !self.vmm {
+            return Err(Error::Unsupported(
+                "this CUDA device has no virtual memory management",
+            ));
+        }
+        if size == 0 || size % self.granularity != 0 {
+            return Err(invalid_value(
+                "create_physical",
+                format!(
+                    "size {size} is not a positive multiple of {}",
+                    self.granularity
+                ),
+            ));
+        }
+        let bytes = to_usize("create_physical", size)?;
+        self.context.bind()?;
+        let prop = allocation_prop(self.context.raw_device());
+        let mut handle: CUmemGenericAllocationHandle = 0;
+        let code = self.vmm_calls.create.record(size, || {
+            // SAFETY: `handle` is a valid out-pointer, `prop` a fully initialised
+            // description outliving the call, `bytes` a multiple of the granularity;
+            // flags must be 0.
+            unsafe { driver::cuMemCreate(&mut handle, bytes, &prop, 0) }
+        });
+        check("cuMemCreate", code)?;
+        self.physical.insert(handle, (size, false));
+        Ok(PhysicalHandle(handle))
+    }
+
+    fn map_physical(&mut self, handle: PhysicalHandle, addr: u64) -> Result<()> {
+        let Some(&(size, mapped)) = self.physical.get(&handle.0) else {
+            return Err(invalid_value("map_physical", "not a handle of this device"));
+        };
+        if mapped {
+            return Err(invalid_value(
+                "map_physical",
+                "the handle is mapped already",
+            ));
+        }
+        self.space.check_map(addr, size, self.granularity)?;
+        let bytes = to_usize("map_physical", size)?;
+        self.context.bind()?;
+        let code = self.vmm_calls.map.record(size, || {
+            // SAFETY: `[addr, +bytes)` lies in a reservation of ours with nothing mapped
+            // there (checked above); the handle is ours, mapped nowhere and exactly
+            // `bytes` long; offset and flags 0.
+            unsafe { driver::cuMemMap(addr, bytes, 0, handle.0, 0) }
+        });
+        check("cuMemMap", code)?;
+        self.physical.insert(handle.0, (size, true));
+        self.space.add_backing(
+            addr,
+            Backing {
+                size,
+                handle: Some(handle.0),
+                stitched: true,
+            },
+        );
+        Ok(())
+    }
+
+    fn grant_access(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.check_stitched_run("grant_access", addr, size)?;
+        let bytes = to_usize("grant_access", size)?;
+        self.context.bind()?;
+        let access = read_write_access(self.context.raw_device());
+        let code = self.vmm_calls.set_access.record(size, || {
+            // SAFETY: `[addr, +bytes)` is a run of whole mappings of ours (checked
+            // above); one descriptor, which outlives the call.
+            unsafe { driver::cuMemSetAccess(addr, bytes, &access, 1) }
+        });
+        check("cuMemSetAccess", code)
+    }
+
+    fn unmap_physical(&mut self, addr: u64, size: u64) -> Result<()> {
+        let handle = match self.space.backings().get(&addr) {
+            Some(Backing {
+                size: mapped,
+                handle: Some(handle),
+                stitched: true,
+            }) if *mapped == size => *handle,
+            _ => {
+                return Err(invalid_value(
+                    "unmap_physical",
+                    format!("[{addr:#x}, +{size}) is not one handle's mapping"),
+                ));
+            }
+        };
+        // Copies into or out of the range may still be queued.
+        self.synchronize()?;
+        let bytes = to_usize("unmap_physical", size)?;
+        let code = self.vmm_calls.unmap.record(size, || {
+            // SAFETY: `[addr, +bytes)` is exactly one mapping made by `map_physical`,
+            // and no queued work touches it any more.
+            unsafe { driver::cuMemUnmap(addr, bytes) }
+        });
+        check("cuMemUnmap", code)?;
+        self.space.remove_backing(addr);
+        self.physical.insert(handle, (size, false));
+        Ok(())
+    }
+
+    fn release_physical(&mut self, handle: PhysicalHandle) -> Result<()> {
+        match self.physical.get(&handle.0) {
+            Some(&(_, false)) => {}
+            Some(_) => {
+                return Err(invalid_value(
+                    "release_physical",
+                    "the handle is still mapped",
+                ));
+            }
+            None => {
+                return Err(invalid_value(
+                    "release_physical",
+                    "not a handle of this device",
+                ));
+            }
+        }
+        self.context.bind()?;
+        let size = self.physical[&handle.0].0;
+        let code = self.vmm_calls.release.record(size, || {
+            // SAFETY: the handle came from cuMemCreate and is mapped nowhere.
+            unsafe { driver::cuMemRelease(handle.0) }
+        });
+        check("cuMemRelease", code)?;
+        self.physical.remove(&handle.0);
+        Ok(())
+    }
+}
+
+/// Read-write access for `device`, the one kind of access this backend grants.
+fn read_write_access(device: CUdevice) -> CUmemAccessDesc {
+    CUmemAccessDesc {
+        location: CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
+        flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    }
 }
 
 impl Drop for CudaDevice {
@@ -476,6 +646,11 @@ impl Drop for CudaDevice {
         }
         for (address, backing) in self.space.take_backings() {
             match backing.handle {
+                Some(_) if backing.stitched => {
+                    // SAFETY: one mapping made by `map_physical`; the device is idle. Its
+                    // handle is released below.
+                    let _ = unsafe { driver::cuMemUnmap(address, backing.size as usize) };
+                }
                 Some(handle) => {
                     let _ = Self::drop_mapping(&mut self.vmm_calls, address, backing.size, handle);
                 }
@@ -484,6 +659,10 @@ impl Drop for CudaDevice {
                     let _ = unsafe { driver::cuMemFree_v2(address) };
                 }
             }
+        }
+        for (handle, _) in self.physical.drain() {
+            // SAFETY: a handle from cuMemCreate; its mapping, if any, was just unmapped.
+            let _ = unsafe { driver::cuMemRelease(handle) };
         }
         for (base, size) in std::mem::take(&mut self.space.reservations) {
             // SAFETY: a reservation we made; every mapping in it was just unmapped.

@@ -8,3 +8,5 @@ pub mod explain_snapshot;
 pub mod malloc_heap;
 pub mod output;
 pub mod replay_command;
+#[cfg(feature = "cuda")]
+pub mod replay_gpu;

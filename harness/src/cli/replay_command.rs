@@ -49,6 +49,12 @@ pub struct ReplayArgs {
     /// Of a multi-device PyTorch snapshot, replay only CUDA device N.
     #[arg(long)]
     device: Option<usize>,
+    /// Replay through the stitched pool on CUDA device N, on the real
+    /// driver (a cudamem built with the `cuda` feature): footprint by
+    /// cuMemGetInfo, time per allocate and free, copy bandwidth at the peak
+    /// against cuMemAlloc memory. (`--device` picks a snapshot's device.)
+    #[arg(long, value_name = "N")]
+    gpu: Option<u32>,
     /// The stitch policy's large handles, in bytes (a multiple of 2 MiB;
     /// 0 or 2MiB: 2 MiB handles only).
     #[arg(long, value_parser = byte_size::parse, default_value = "32MiB")]
@@ -132,6 +138,10 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         traces
     };
 
+    if let Some(gpu) = args.gpu {
+        return on_gpu(&traces, gpu, stitch, args.json);
+    }
+
     let record = report_file.is_some();
     let mut replayed: Vec<Replayed> = Vec::new();
     let mut out = crate::cli::output::stdout();
@@ -212,6 +222,20 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn on_gpu(traces: &[Trace], gpu: u32, stitch: memcore::StitchConfig, json: bool) -> Result<()> {
+    crate::cli::replay_gpu::run(traces, gpu, stitch, json)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn on_gpu(_: &[Trace], gpu: u32, _: memcore::StitchConfig, _: bool) -> Result<()> {
+    bail!(
+        "--gpu {gpu} replays on the CUDA driver, and this cudamem was built without the \
+         `cuda` feature: build it with `cargo build --release -p harness --features cuda`, \
+         or use the GPU bundle's bin/cudamem (cargo xtask gpu-bundle DIR)"
+    )
 }
 
 /// The report file, opened before the replay. Dropped unwritten (the

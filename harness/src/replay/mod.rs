@@ -2,6 +2,8 @@
 //! second, recording pass that keeps where every block lay for the report.
 
 pub mod baseline;
+#[cfg(any(feature = "cuda", test))]
+pub mod on_device;
 pub mod policy;
 pub mod pool_policy;
 pub mod stitch_policy;

@@ -30,6 +30,7 @@ mod ledger;
 mod peers;
 mod pool_sequences;
 mod report;
+mod stitched;
 mod teardown;
 mod vmm;
 
@@ -44,7 +45,7 @@ use report::{Checks, Log, Section};
 
 type SectionFn = fn(&mut Checks) -> Result<()>;
 
-const SECTIONS: [(char, &str, SectionFn); 9] = [
+const SECTIONS: [(char, &str, SectionFn); 10] = [
     ('a', "pool sequences on the device", pool_sequences::run),
     ('b', "compaction contents and bandwidth", compaction::run),
     ('c', "VMM growth and shrink", vmm::run),
@@ -54,6 +55,7 @@ const SECTIONS: [(char, &str, SectionFn); 9] = [
     ('g', "context teardown", teardown::run),
     ('h', "cm_malloc device heap", cm_heap::run),
     ('p', "peer access on two GPUs", peers::run),
+    ('s', "stitched pool on the driver", stitched::run),
 ];
 
 struct Options {

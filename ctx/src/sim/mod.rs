@@ -1,10 +1,12 @@
 //! A simulated device in host memory, for tests and trace replays.
 
+mod physical;
+
 use kernels::moves::{BlockMove, MAX_MOVES, SlideBlocksParams};
 
 use crate::address_space::{self, AddressSpace};
 use crate::copy::{self, Batch, CopyStep};
-use crate::device::{DeviceMemory, MemInfo};
+use crate::device::{DeviceMemory, MemInfo, PhysicalHandle};
 use crate::peers::{PeerLinks, PeerSet};
 use crate::{Error, Result};
 
@@ -77,6 +79,16 @@ pub struct SimCounters {
     pub synchronizes: u64,
     /// Successful `set_access` calls (peer grants).
     pub set_accesses: u64,
+    /// Successful `create_physical` calls.
+    pub physical_creates: u64,
+    /// Successful `map_physical` calls.
+    pub physical_maps: u64,
+    /// Successful `grant_access` calls.
+    pub access_grants: u64,
+    /// Successful `unmap_physical` calls.
+    pub physical_unmaps: u64,
+    /// Successful `release_physical` calls.
+    pub physical_releases: u64,
 }
 
 /// What a range of device memory is backed by.
@@ -86,9 +98,13 @@ enum BackingKind {
     Mapping,
     /// A plain allocation, made by `alloc_chunk`.
     Chunk,
+    /// A physical handle mapped by `map_physical`; its bytes live with the
+    /// handle, so they travel when it is mapped elsewhere.
+    Handle(u64),
 }
 
-/// One mapping or chunk; `data` is empty on an unbacked device.
+/// One mapping or chunk; `data` is empty on an unbacked device and for a
+/// handle's mapping.
 #[derive(Debug)]
 struct Backing {
     size: u64,
@@ -96,6 +112,9 @@ struct Backing {
     data: Vec<u8>,
     /// Other devices granted access (`set_access`).
     peers: PeerSet,
+    /// Whether the device may touch it: a handle's mapping is not until
+    /// `grant_access`, as with the driver.
+    accessible: bool,
 }
 
 impl address_space::Backing for Backing {
@@ -134,9 +153,11 @@ pub struct SimDevice {
     links: PeerLinks,
     next_va: u64,
     space: AddressSpace<Backing>,
-    /// Bytes of mappings and chunks.
+    /// Bytes of mappings, chunks and physical handles.
     used_bytes: u64,
     counters: SimCounters,
+    /// Physical handles by number, with their bytes.
+    handles: physical::Handles,
 }
 
 fn device_error(op: &'static str, detail: impl Into<String>) -> Error {
@@ -176,6 +197,7 @@ impl SimDevice {
             space: AddressSpace::default(),
             used_bytes: 0,
             counters: SimCounters::default(),
+            handles: physical::Handles::default(),
         }
     }
 
@@ -184,7 +206,7 @@ impl SimDevice {
         &self.config
     }
 
-    /// Bytes of mapped memory and chunks now.
+    /// Bytes of mapped memory, chunks and physical handles now.
     pub fn used_bytes(&self) -> u64 {
         self.used_bytes
     }
@@ -218,7 +240,7 @@ impl SimDevice {
         }
         let mut pos = 0;
         for p in from {
-            let data = &self.space.backings()[&p.backing].data;
+            let data = self.bytes_of(p.backing);
             out[pos..pos + p.len]
                 .copy_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
             pos += p.len;
@@ -305,6 +327,9 @@ impl SimDevice {
                 .next_back()
                 .filter(|(start, b)| *start + b.size > cursor)
                 .ok_or(invalid("not mapped"))?;
+            if !backing.accessible {
+                return Err(invalid("mapped without access"));
+            }
             let piece_end = end.min(start + backing.size);
             pieces.push(Piece {
                 backing: start,
@@ -372,6 +397,7 @@ impl DeviceMemory for SimDevice {
                 kind: BackingKind::Mapping,
                 data,
                 peers: PeerSet::NONE,
+                accessible: true,
             },
         );
         self.counters.maps += 1;
@@ -466,6 +492,7 @@ impl DeviceMemory for SimDevice {
                 kind: BackingKind::Chunk,
                 data,
                 peers: PeerSet::NONE,
+                accessible: true,
             },
         );
         self.counters.chunk_allocs += 1;
@@ -569,6 +596,26 @@ impl DeviceMemory for SimDevice {
         self.counters.synchronizes += 1;
         Ok(())
     }
+
+    fn create_physical(&mut self, size: u64) -> Result<PhysicalHandle> {
+        self.create_handle(size)
+    }
+
+    fn map_physical(&mut self, handle: PhysicalHandle, addr: u64) -> Result<()> {
+        self.map_handle(handle, addr)
+    }
+
+    fn grant_access(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.grant_handle_access(addr, size)
+    }
+
+    fn unmap_physical(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.unmap_handle(addr, size)
+    }
+
+    fn release_physical(&mut self, handle: PhysicalHandle) -> Result<()> {
+        self.release_handle(handle)
+    }
 }
 
 impl SimDevice {
@@ -580,7 +627,7 @@ impl SimDevice {
         }
         let mut staging = Vec::with_capacity(len as usize);
         for p in &from {
-            let data = &self.space.backings()[&p.backing].data;
+            let data = self.bytes_of(p.backing);
             staging.extend_from_slice(&data[p.offset_in_backing..p.offset_in_backing + p.len]);
         }
         Ok(Some(staging))
@@ -600,11 +647,30 @@ impl SimDevice {
     fn scatter(&mut self, pieces: &[Piece], data: &[u8]) {
         let mut pos = 0;
         for p in pieces {
-            if let Some(b) = self.space.backing_mut(p.backing) {
-                b.data[p.offset_in_backing..p.offset_in_backing + p.len]
+            if let Some(bytes) = self.bytes_of_mut(p.backing) {
+                bytes[p.offset_in_backing..p.offset_in_backing + p.len]
                     .copy_from_slice(&data[pos..pos + p.len]);
             }
             pos += p.len;
+        }
+    }
+
+    /// The bytes behind the backing that starts at `start`: its own, or
+    /// its handle's. The caller found `start` by `pieces`.
+    fn bytes_of(&self, start: u64) -> &[u8] {
+        let backing = &self.space.backings()[&start];
+        match backing.kind {
+            BackingKind::Handle(number) => self.handles.bytes(number),
+            BackingKind::Mapping | BackingKind::Chunk => &backing.data,
+        }
+    }
+
+    /// [`SimDevice::bytes_of`], to write.
+    fn bytes_of_mut(&mut self, start: u64) -> Option<&mut [u8]> {
+        let backing = self.space.backing_mut(start)?;
+        match backing.kind {
+            BackingKind::Handle(number) => self.handles.bytes_mut(number),
+            BackingKind::Mapping | BackingKind::Chunk => Some(&mut backing.data),
         }
     }
 }
