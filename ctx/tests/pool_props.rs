@@ -44,6 +44,7 @@ fn config() -> impl Strategy<Value = PoolConfig> {
             reserve_bytes: 32 * PAGE,
             max_bytes: max_pages * PAGE,
             min_growth_bytes: chunk_pages * PAGE,
+            growth_divisor: 0,
             peers: ctx::PeerSet::NONE,
         },
     )

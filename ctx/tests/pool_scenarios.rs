@@ -23,6 +23,7 @@ fn pool(growth: Growth, compaction: CompactionPolicy, max_bytes: u64) -> Pool<Si
         } else {
             0
         },
+        growth_divisor: 0,
         peers: ctx::PeerSet::NONE,
     };
     Pool::new(SimDevice::new(SimConfig::small(64 * PAGE)), config).unwrap()
@@ -160,6 +161,7 @@ fn vmm_growth_takes_whole_steps_where_there_is_room() {
     let config = PoolConfig {
         reserve_bytes: 20 * PAGE,
         min_growth_bytes: 8 * PAGE - 1,
+        growth_divisor: 0,
         ..PoolConfig::vmm(0)
     };
     let pool = Pool::new(SimDevice::new(SimConfig::small(64 * PAGE)), config).unwrap();
@@ -209,6 +211,7 @@ fn a_vmm_step_shrinks_to_what_is_left() {
         reserve_bytes: 64 * PAGE,
         max_bytes: 5 * PAGE,
         min_growth_bytes: 8 * PAGE,
+        growth_divisor: 0,
         ..PoolConfig::vmm(0)
     };
     let pool = Pool::new(SimDevice::new(SimConfig::small(64 * PAGE)), capped).unwrap();
@@ -222,6 +225,7 @@ fn a_vmm_step_shrinks_to_what_is_left() {
     let config = PoolConfig {
         reserve_bytes: 64 * PAGE,
         min_growth_bytes: 8 * PAGE,
+        growth_divisor: 0,
         ..PoolConfig::vmm(0)
     };
     let pool = Pool::new(SimDevice::new(device_full), config).unwrap();
@@ -242,6 +246,7 @@ fn an_over_large_step_shrinks_alike_for_both_growths() {
             reserve_bytes: 64 * PAGE,
             max_bytes,
             min_growth_bytes: 32 * PAGE,
+            growth_divisor: 0,
             peers: ctx::PeerSet::NONE,
         };
         // A 16-page device refuses a 32-page step: each growth takes what
@@ -552,4 +557,45 @@ fn slide_before_grow_grows_the_least() {
         figures.push((stats.peak_mapped_bytes, stats.bytes_moved));
     }
     assert_eq!(figures, [(4 * BLOCK, 0), (3 * BLOCK, BLOCK)]);
+}
+
+#[test]
+fn vmm_growth_takes_a_share_of_the_mapped_bytes_up_to_a_full_bandwidth_handle() {
+    const MIB: u64 = 1 << 20;
+    let full = memcore::FULL_BANDWIDTH_HANDLE_BYTES;
+    let reserve = 4096 * MIB;
+    let pool = |growth_divisor| {
+        let config = PoolConfig {
+            reserve_bytes: reserve,
+            growth_divisor,
+            ..PoolConfig::vmm(0)
+        };
+        Pool::new(SimDevice::new(SimConfig::h200_like()), config).unwrap()
+    };
+    let shared = pool(16);
+    // Empty: the first growth is what the request needs.
+    let mut held = vec![shared.allocate(64 * MIB, 256, None).unwrap()];
+    assert_eq!(shared.stats().mapped_bytes, 64 * MIB);
+    // 64 MiB mapped: a one-byte request grows by 64 / 16 = 4 MiB.
+    held.push(shared.allocate(1, 256, None).unwrap());
+    assert_eq!(shared.stats().mapped_bytes, 68 * MIB);
+    // Past 16 x 32 MiB mapped, a growth is one full-bandwidth handle, no more.
+    held.push(shared.allocate(1024 * MIB, 256, None).unwrap());
+    let before = shared.stats().mapped_bytes;
+    assert!(before >= 16 * full, "{before}");
+    // The 1 GiB growth took what it needed (more than the share), so less
+    // than a page is left at the top: 8 MiB more needs a growth, which
+    // takes a whole 32 MiB handle.
+    held.push(shared.allocate(8 * MIB, 256, None).unwrap());
+    assert_eq!(shared.stats().mapped_bytes, before + full);
+    for handle in held {
+        shared.free(handle).unwrap();
+    }
+    // Off (0): a one-byte request past 1 GiB grows by one page.
+    let plain = pool(0);
+    let big = plain.allocate(1024 * MIB, 256, None).unwrap();
+    let one = plain.allocate(1, 256, None).unwrap();
+    assert_eq!(plain.stats().mapped_bytes, 1026 * MIB);
+    plain.free(one).unwrap();
+    plain.free(big).unwrap();
 }

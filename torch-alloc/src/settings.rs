@@ -95,8 +95,8 @@ pub struct Settings {
     /// The fewest bytes the pool maps at once (`CUDAMEM_MIN_GROWTH`), bytes; rounded up
     /// to whole device pages by the pool.
     ///
-    /// The default, one 2 MiB page, maps exactly what requests need: the smallest
-    /// footprint. A larger step makes fewer driver calls (each growth is a
+    /// The default, one 2 MiB page, maps what requests need (and, past 512 MiB, at least
+    /// 32 MiB at a time: [`Settings::DEFAULT_GROWTH_DIVISOR`]). A larger step makes fewer driver calls (each growth is a
     /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, whatever its size) and so a
     /// faster warm-up, at the price of holding up to one step more than needed.
     pub min_growth_bytes: u64,
@@ -106,6 +106,11 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The pool's [`PoolConfig::growth_divisor`]: once it maps more than 16 x 32 MiB,
+    /// every growth is a handle of 32 MiB or more (full copy bandwidth); below that it
+    /// overshoots by at most 1/16 of itself.
+    pub const DEFAULT_GROWTH_DIVISOR: u32 = 16;
+
     /// `CUDAMEM_MIN_GROWTH` when unset: one H200 VMM page, bytes.
     pub const DEFAULT_MIN_GROWTH_BYTES: u64 = 2 << 20;
 
@@ -158,6 +163,7 @@ impl Settings {
                 reserve_bytes,
                 max_bytes: u64::MAX,
                 min_growth_bytes: self.min_growth_bytes,
+                growth_divisor: Settings::DEFAULT_GROWTH_DIVISOR,
                 peers,
             },
         }

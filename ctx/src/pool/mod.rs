@@ -76,6 +76,14 @@ pub struct PoolConfig {
     /// left, and a step the device refuses shrinks to what the request
     /// needs.
     pub min_growth_bytes: u64,
+    /// For [`Growth::Vmm`]: each growth maps at least the pool's mapped
+    /// bytes divided by this, capped at
+    /// [`memcore::FULL_BANDWIDTH_HANDLE_BYTES`] (0: off). A growth is one
+    /// handle, and copies over handles smaller than that run below the
+    /// bandwidth of `cuMemAlloc` memory (BENCHMARKS.md); with this rule a
+    /// pool of more than `divisor` x 32 MiB maps 32 MiB handles or larger,
+    /// while a smaller one overshoots by at most 1/`divisor` of itself.
+    pub growth_divisor: u32,
     /// Other devices of the host, by ordinal, that may read and write the
     /// pool's memory directly: every mapping the pool makes is granted to
     /// each of them as it is made ([`DeviceMemory::set_access`]), counted
@@ -96,6 +104,7 @@ impl PoolConfig {
             reserve_bytes,
             max_bytes: u64::MAX,
             min_growth_bytes: 0,
+            growth_divisor: 0,
             peers: PeerSet::NONE,
         }
     }
@@ -109,6 +118,7 @@ impl PoolConfig {
             reserve_bytes: 0,
             max_bytes: u64::MAX,
             min_growth_bytes,
+            growth_divisor: 0,
             peers: PeerSet::NONE,
         }
     }

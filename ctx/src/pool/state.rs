@@ -178,12 +178,22 @@ impl<D: DeviceMemory> PoolState<D> {
     }
 
     /// Grow by `need` bytes (whole pages) or by a whole step of
-    /// `min_growth_bytes`, for both kinds of growth alike: a step larger
+    /// `min_growth_bytes` (or, for VMM, of the `growth_divisor` share of the
+    /// mapped bytes, if larger), for both kinds of growth alike: a step larger
     /// than the room left under `max_bytes` (and the reservation) shrinks
     /// to that room, and a step the device refuses shrinks to `need`.
     /// `false` if even `need` cannot be had.
     fn grow_by_step(&mut self, need: u64) -> Result<bool> {
-        let step = memcore::align_up(self.config.min_growth_bytes, self.granularity);
+        let proportional = match (self.config.growth, self.config.growth_divisor) {
+            (Growth::Vmm, divisor) if divisor > 0 => (self.memory.mapped_bytes()
+                / u64::from(divisor))
+            .min(memcore::FULL_BANDWIDTH_HANDLE_BYTES),
+            _ => 0,
+        };
+        let step = memcore::align_up(
+            self.config.min_growth_bytes.max(proportional),
+            self.granularity,
+        );
         let room = self.memory.headroom(self.config.max_bytes);
         let room = room - room % self.granularity;
         let bytes = need.max(step.unwrap_or(u64::MAX).min(room));

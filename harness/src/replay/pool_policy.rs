@@ -32,6 +32,7 @@ pub fn pool(arena: Arena, compaction: CompactionPolicy) -> Result<Pool<SimDevice
         reserve_bytes: bytes,
         max_bytes: bytes,
         min_growth_bytes: 0,
+        growth_divisor: 0,
         peers: ctx::PeerSet::NONE,
     };
     Ok(Pool::new(device, config)?)

@@ -108,6 +108,7 @@ fn fill_by_steps(out: &mut Checks, context: &CudaContext) -> Result<()> {
     for step in [0, FILL_STEP] {
         let config = PoolConfig {
             min_growth_bytes: step,
+            growth_divisor: 0,
             ..PoolConfig::vmm(RESERVE_BYTES)
         };
         let pool = Pool::new(CudaDevice::new(context)?, config)?;
