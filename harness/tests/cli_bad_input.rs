@@ -3,15 +3,15 @@
 //! paths that cannot work. Each ends in a clear error or a reported warning,
 //! in bounded time and memory.
 
-use std::io::{Read, Write};
+mod support;
+use support::{cudamem, gzip, temp_path, write_file};
+
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use flate2::Compression;
 use flate2::read::GzDecoder;
-use flate2::write::GzEncoder;
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
 /// The real RMM log these tests change.
@@ -21,32 +21,6 @@ const RESNET50: &str = concat!(
 );
 /// The H200 profile's memory, bytes.
 const H200_TOTAL: &str = "150109880320";
-
-fn temp_path(name: &str) -> PathBuf {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!("cudamem-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(format!("{}-{name}", NEXT.fetch_add(1, Ordering::Relaxed)))
-}
-
-fn write_file(name: &str, bytes: &[u8]) -> PathBuf {
-    let path = temp_path(name);
-    std::fs::write(&path, bytes).unwrap();
-    path
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut encoder = GzEncoder::new(Vec::new(), Compression::best());
-    encoder.write_all(bytes).unwrap();
-    encoder.finish().unwrap()
-}
-
-fn cudamem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cudamem"))
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 /// Run `cudamem` with its address space capped at `mib` MiB and a wall
 /// clock limit: a run that needs more memory or time fails the test.

@@ -1,22 +1,7 @@
 //! `cudamem explain` and `cudamem heap` as a user runs them.
 
-use std::process::{Command, Output};
-
-fn cudamem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cudamem"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn json_of(output: &Output) -> serde_json::Value {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
-}
+mod support;
+use support::{cudamem, json_of};
 
 #[test]
 fn h200_ledger_has_the_local_memory_reservation() {

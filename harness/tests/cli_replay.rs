@@ -1,42 +1,13 @@
 //! `cudamem replay` as a user runs it: the built binary on trace files
 //! written to a temporary folder.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU32, Ordering};
+mod support;
+use support::{cudamem, gzip, temp_path, write_file};
 
-use flate2::Compression;
-use flate2::write::GzEncoder;
+use std::path::{Path, PathBuf};
+use std::process::Output;
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
-
-/// A fresh path in the temporary folder, unique to this test process.
-fn temp_path(name: &str) -> PathBuf {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!("cudamem-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(format!("{}-{name}", NEXT.fetch_add(1, Ordering::Relaxed)))
-}
-
-fn write_file(name: &str, bytes: &[u8]) -> PathBuf {
-    let path = temp_path(name);
-    std::fs::write(&path, bytes).unwrap();
-    path
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut encoder = GzEncoder::new(Vec::new(), Compression::default());
-    encoder.write_all(bytes).unwrap();
-    encoder.finish().unwrap()
-}
-
-fn cudamem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cudamem"))
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn replay(path: &Path, extra: &[&str]) -> Output {
     let mut args = vec!["replay", path.to_str().unwrap()];

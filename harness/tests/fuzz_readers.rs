@@ -5,16 +5,15 @@
 //! ends with a result (exit 0, JSON) or one short error (exit 1), within a
 //! capped address space and a time limit: never a panic, an abort or a hang.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+mod support;
+use support::{gzip, temp_path};
+
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use flate2::Compression;
 use flate2::read::GzDecoder;
-use flate2::write::GzEncoder;
 use proptest::prelude::*;
 
 /// Lines taken from the front of each real log: enough for every kind of
@@ -42,19 +41,6 @@ fn real_prefixes() -> &'static [Vec<String>] {
             })
             .collect()
     })
-}
-
-fn temp_path(name: &str) -> PathBuf {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!("cudamem-fuzz-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(format!("{}-{name}", NEXT.fetch_add(1, Ordering::Relaxed)))
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
-    encoder.write_all(bytes).unwrap();
-    encoder.finish().unwrap()
 }
 
 /// One change to a log.

@@ -2,9 +2,10 @@
 //! writes, shared and recursive objects, and hostile pickles (deep nesting,
 //! huge integers, truncation, wrapped histories), through the built binary.
 
-mod snapshot_support;
+mod support;
 
-use snapshot_support::*;
+use support::pickle::*;
+use support::*;
 
 const MIB: i64 = 1 << 20;
 

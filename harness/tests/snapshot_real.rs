@@ -1,14 +1,14 @@
 //! The real snapshots in traces/pytorch (PyTorch 2.11 on an H200) against
 //! what PyTorch said in the same process, and random damage to them.
 
-mod snapshot_support;
+mod support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use snapshot_support::*;
+use support::*;
 
 fn traces_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/pytorch")

@@ -3,11 +3,11 @@
 //! half a percent of peak live bytes or one 2 MiB granule (a granule is more
 //! than half a percent of the smallest traces).
 
-mod snapshot_support;
+mod support;
 
 use std::path::{Path, PathBuf};
 
-use snapshot_support::*;
+use support::*;
 
 const GRANULE: f64 = (2 << 20) as f64;
 
