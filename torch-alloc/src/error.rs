@@ -83,6 +83,15 @@ pub enum Error {
         /// The value, cut to 80 characters.
         value: String,
     },
+    /// `CUDAMEM_GROWTH_DIVISOR` is not a whole number below 2^32.
+    #[error(
+        "CUDAMEM_GROWTH_DIVISOR={value:?} is not a whole number from 0 to 4294967295 \
+         (0: off; e.g. 16 grows by at least 1/16 of the mapped bytes, up to 32 MiB)"
+    )]
+    BadGrowthDivisor {
+        /// The value, cut to 80 characters.
+        value: String,
+    },
     /// `CUDAMEM_PEERS` is neither `all` nor device ordinals below 64.
     #[error(
         "CUDAMEM_PEERS={value:?} is not `all` or device ordinals 0 to 63 separated by \

@@ -95,30 +95,43 @@ pub struct Settings {
     /// The fewest bytes the pool maps at once (`CUDAMEM_MIN_GROWTH`), bytes; rounded up
     /// to whole device pages by the pool.
     ///
-    /// The default, one 2 MiB page, maps what requests need (and, past 512 MiB, at least
-    /// 32 MiB at a time: [`Settings::DEFAULT_GROWTH_DIVISOR`]). A larger step makes fewer driver calls (each growth is a
+    /// The default, one 2 MiB page, maps exactly what requests need: the smallest
+    /// footprint. A larger step makes fewer driver calls (each growth is a
     /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, whatever its size) and so a
     /// faster warm-up, at the price of holding up to one step more than needed.
     pub min_growth_bytes: u64,
+    /// The pool's [`PoolConfig::growth_divisor`] (`CUDAMEM_GROWTH_DIVISOR`).
+    pub growth_divisor: u32,
     /// The devices each pool grants access to (`CUDAMEM_PEERS`), resolved per device by
     /// [`Peers::resolve`].
     pub peers: Peers,
 }
 
 impl Settings {
-    /// The pool's [`PoolConfig::growth_divisor`]: once it maps more than 16 x 32 MiB,
-    /// every growth is a handle of 32 MiB or more (full copy bandwidth); below that it
-    /// overshoots by at most 1/16 of itself.
-    pub const DEFAULT_GROWTH_DIVISOR: u32 = 16;
+    /// `CUDAMEM_GROWTH_DIVISOR` when unset: off. Growing by a share of the mapped bytes
+    /// (e.g. 16: every growth of a pool past 512 MiB is a handle of 32 MiB, which copies
+    /// at full bandwidth) left ResNet-50's free tail to be carved up by small blocks and
+    /// raised its peak by a tenth on the H200 (BENCHMARKS.md, "Two GPUs").
+    pub const DEFAULT_GROWTH_DIVISOR: u32 = 0;
 
     /// `CUDAMEM_MIN_GROWTH` when unset: one H200 VMM page, bytes.
     pub const DEFAULT_MIN_GROWTH_BYTES: u64 = 2 << 20;
 
-    /// The settings from `CUDAMEM_POLICY`, `CUDAMEM_MIN_GROWTH` and `CUDAMEM_PEERS`.
+    /// The settings from `CUDAMEM_POLICY`, `CUDAMEM_MIN_GROWTH`, `CUDAMEM_GROWTH_DIVISOR`
+    /// and `CUDAMEM_PEERS`.
     pub fn from_env() -> Result<Self> {
         let policy = std::env::var("CUDAMEM_POLICY").ok();
         let growth = std::env::var("CUDAMEM_MIN_GROWTH").ok();
         let mut settings = Self::parse(policy.as_deref(), growth.as_deref())?;
+        if let Ok(divisor) = std::env::var("CUDAMEM_GROWTH_DIVISOR") {
+            settings.growth_divisor =
+                divisor
+                    .trim()
+                    .parse()
+                    .map_err(|_| Error::BadGrowthDivisor {
+                        value: cut(&divisor),
+                    })?;
+        }
         if let Ok(peers) = std::env::var("CUDAMEM_PEERS") {
             settings.peers = Peers::parse(&peers)?;
         }
@@ -149,6 +162,7 @@ impl Settings {
         Ok(Settings {
             policy,
             min_growth_bytes,
+            growth_divisor: Self::DEFAULT_GROWTH_DIVISOR,
             peers: Peers::Devices(PeerSet::NONE),
         })
     }
@@ -163,7 +177,7 @@ impl Settings {
                 reserve_bytes,
                 max_bytes: u64::MAX,
                 min_growth_bytes: self.min_growth_bytes,
-                growth_divisor: Settings::DEFAULT_GROWTH_DIVISOR,
+                growth_divisor: self.growth_divisor,
                 peers,
             },
         }

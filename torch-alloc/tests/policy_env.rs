@@ -1,5 +1,5 @@
-//! `CUDAMEM_POLICY` read by the C functions: an unknown policy refuses every call with
-//! one message. The outer test runs the inner one in a child process with the variable
+//! `CUDAMEM_POLICY` and `CUDAMEM_GROWTH_DIVISOR` read by the C functions: an unknown
+//! policy or a divisor that is not a number refuses every call with one message. The outer test runs the inner one in a child process with the variable
 //! set, since the environment and the registry are process-wide.
 
 use std::process::Command;
@@ -12,7 +12,8 @@ use cudamem_torch::{AllocatorStats, registry};
 #[test]
 fn inner_malloc_follows_the_policy_variable() {
     registry::install_simulated(SimConfig::small(16 << 20), 1).expect("first C call");
-    let unknown = std::env::var("CUDAMEM_POLICY").is_ok_and(|p| p != "tlsf");
+    let unknown = std::env::var("CUDAMEM_POLICY").is_ok_and(|p| p != "tlsf")
+        || std::env::var("CUDAMEM_GROWTH_DIVISOR").is_ok_and(|d| d.parse::<u32>().is_err());
     for _ in 0..3 {
         // SAFETY: the simulated backend only compares stream handles.
         let ptr = unsafe { cudamem_malloc(4096, 0, std::ptr::null_mut()) };
@@ -24,8 +25,8 @@ fn inner_malloc_follows_the_policy_variable() {
     assert_eq!(code, if unknown { -1 } else { 0 });
 }
 
-#[test]
-fn an_unknown_policy_refuses_with_one_message() {
+/// The inner test, run again with `name=value`; its stderr.
+fn inner_with(name: &str, value: &str) -> String {
     let exe = std::env::current_exe().expect("the test binary");
     let output = Command::new(exe)
         .args([
@@ -33,11 +34,26 @@ fn an_unknown_policy_refuses_with_one_message() {
             "inner_malloc_follows_the_policy_variable",
             "--nocapture",
         ])
-        .env("CUDAMEM_POLICY", "stitch")
+        .env(name, value)
         .output()
         .expect("run the test binary again");
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{stderr}");
+    stderr
+}
+
+#[test]
+fn a_growth_divisor_is_a_number_or_refused_with_one_message() {
+    let stderr = inner_with("CUDAMEM_GROWTH_DIVISOR", "sixteen");
+    let message = "CUDAMEM_GROWTH_DIVISOR=\"sixteen\" is not a whole number";
+    assert_eq!(stderr.matches(message).count(), 1, "{stderr}");
+    let stderr = inner_with("CUDAMEM_GROWTH_DIVISOR", "16");
+    assert!(!stderr.contains("CUDAMEM_GROWTH_DIVISOR"), "{stderr}");
+}
+
+#[test]
+fn an_unknown_policy_refuses_with_one_message() {
+    let stderr = inner_with("CUDAMEM_POLICY", "stitch");
     let message = "CUDAMEM_POLICY=\"stitch\" is not a policy; known: tlsf";
     assert_eq!(stderr.matches(message).count(), 1, "{stderr}");
 }

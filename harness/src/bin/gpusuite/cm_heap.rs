@@ -422,7 +422,9 @@ fn linked_user_module(context: &CudaContext, bench: &mut Bench, out: &mut Checks
         (cm_link::LIBRARY.name, cm_link::LIBRARY.ptx),
     ];
     let module = context.link_ptx("cm_user+cm_link", &parts)?;
-    let heap = new_heap(context, 16 << 20, &module)?;
+    // 65536 blocks of the 256 B class fill 16 chunks; a heap of 32 MiB has
+    // room for them beside the chunks' maps.
+    let heap = new_heap(context, 32 << 20, &module)?;
     let counts = bench.gpu.memory.alloc_chunk(16)?;
     bench.gpu.memory.write(counts, &[0u8; 16])?;
     bench.clear_slots()?;
