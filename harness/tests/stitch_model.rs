@@ -42,17 +42,23 @@ fn config() -> impl Strategy<Value = StitchConfig> {
     (
         prop_oneof![Just(0u32), Just(2), Just(4), Just(16)],
         any::<bool>(),
+        prop_oneof![Just(0u32), Just(20), Just(1000)],
+        prop_oneof![Just(0u32), Just(500), Just(1000)],
         prop_oneof![Just(0u64), Just(8 * MIB), Just(u64::MAX)],
         prop_oneof![Just(u64::MAX), Just(16 * MIB)],
     )
         .prop_map(
-            |(large_pages, align_large, keep_idle_bytes, max_idle_bytes)| StitchConfig {
-                large_pages,
-                align_large,
-                keep_idle_bytes,
-                max_idle_bytes,
-                log_ops: true,
-                ..StitchConfig::default()
+            |(large_pages, align_large, slack, overshoot, keep_idle_bytes, max_idle_bytes)| {
+                StitchConfig {
+                    large_pages,
+                    align_large,
+                    slack_permille: slack,
+                    overshoot_permille: overshoot,
+                    keep_idle_bytes,
+                    max_idle_bytes,
+                    log_ops: true,
+                    ..StitchConfig::default()
+                }
             },
         )
 }

@@ -35,18 +35,8 @@ enum Class {
     Large = 1,
 }
 
-impl Class {
-    fn other(self) -> Class {
-        match self {
-            Class::Small => Class::Large,
-            Class::Large => Class::Small,
-        }
-    }
-}
-
-/// A created handle. A small one is always mapped: taken from one place,
-/// it is mapped at the next at once, or released; a large one may wait
-/// unmapped among the spares.
+/// A created handle. Between calls it is always mapped: one taken from
+/// where it idles is mapped at its new place at once, or released.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     /// Handle bytes; 0 for a slot whose handle was released.
@@ -73,9 +63,8 @@ pub(super) struct Backing {
     /// whose stamp no longer matches its slot is stale and skipped.
     idle: [VecDeque<(u32, u64)>; 2],
     idle_handles: [usize; 2],
-    /// Large handles taken off their pages and not yet mapped again; their
-    /// bytes count as idle.
-    spare_large: Vec<u32>,
+    /// Physical bytes to stay within while idle handles are cached.
+    budget: u64,
     idle_bytes: u64,
     next_stamp: u64,
     physical_bytes: u64,
@@ -95,7 +84,7 @@ impl Backing {
             spare_slots: Vec::new(),
             idle: [VecDeque::new(), VecDeque::new()],
             idle_handles: [0; 2],
-            spare_large: Vec::new(),
+            budget: u64::MAX,
             idle_bytes: 0,
             next_stamp: 1,
             physical_bytes: 0,
@@ -168,12 +157,24 @@ impl Backing {
         (offset / PAGE_BYTES, (offset + len - 1) / PAGE_BYTES)
     }
 
+    /// Physical bytes the pool means to stay within, set before each
+    /// [`Backing::touch`]: while creating a handle keeps the footprint
+    /// within it, idle handles stay cached where they are mapped.
+    pub(super) fn set_budget(&mut self, bytes: u64) {
+        self.budget = bytes;
+    }
+
     /// A block now covers `[offset, offset + len)` (`len > 0`): count it on
     /// every page it touches and back those no handle backs.
     pub(super) fn touch(&mut self, offset: u64, len: u64) -> Result<()> {
         let (first, last) = Self::page_span(offset, len);
-        let needed =
-            usize::try_from(last + 1).map_err(|_| Error::Overflow { offset, size: len })?;
+        // The page table covers whole chunks, so a chunk's pages can be
+        // inspected without bounds checks.
+        let chunk = self.large_pages().max(1);
+        let needed = (last / chunk + 1)
+            .checked_mul(chunk)
+            .and_then(|pages| usize::try_from(pages).ok())
+            .ok_or(Error::Overflow { offset, size: len })?;
         if self.pages.len() < needed {
             self.pages.resize(needed, EMPTY_PAGE);
         }
@@ -186,57 +187,38 @@ impl Backing {
             }
             match entry.handle {
                 NONE => unbacked = true,
-                slot => {
-                    // A large handle serves only a block that holds its
-                    // whole run: serving part of it would keep all of it.
-                    // An idle one this block only overlaps leaves its pages.
-                    let handle = self.slots[slot as usize];
-                    let range_start = handle.first_page * PAGE_BYTES;
-                    let inside =
-                        range_start >= offset && range_start + handle.bytes <= offset + len;
-                    if handle.bytes > PAGE_BYTES && !inside {
-                        if handle.used > 0 {
-                            return Err(Error::Corrupt("a large handle serves two blocks"));
-                        }
-                        self.take_idle(slot);
-                        self.unmap(slot);
-                        self.spare_large.push(slot);
-                        self.idle_bytes += handle.bytes;
-                        unbacked = true;
-                    } else {
-                        self.use_page_of(slot);
-                    }
-                }
+                slot => self.use_page_of(slot),
             }
         }
         if !unbacked {
             return Ok(());
         }
-        let large = self.large_pages();
-        let end = offset + len;
-        let mut page = first;
-        while page <= last {
-            if self.pages[page as usize].handle != NONE {
-                page += 1;
-                continue;
-            }
-            // A large handle only where its whole run lies inside this
-            // block: it is then used or idle as one piece, never pinned by
-            // a neighbour's boundary page.
-            let run_fits = large > 1
-                && page % large == 0
-                && page * PAGE_BYTES >= offset
-                && (page + large) * PAGE_BYTES <= end
-                && (page..page + large).all(|p| self.pages[p as usize].handle == NONE);
-            if run_fits {
-                self.back(page, Class::Large)?;
-                page += large;
-            } else {
-                self.back(page, Class::Small)?;
-                page += 1;
+        for page in first..=last {
+            if self.pages[page as usize].handle == NONE {
+                self.back_page(page)?;
             }
         }
         Ok(())
+    }
+
+    /// Back `page`, which a live block touches and no handle backs: with a
+    /// large handle over its whole chunk when no page of the chunk is
+    /// backed and one fits the budget (or an idle one can move there),
+    /// else with a page-sized handle.
+    fn back_page(&mut self, page: u64) -> Result<()> {
+        let large = self.large_pages();
+        if large > 1 {
+            let chunk_first = page / large * large;
+            let chunk_empty =
+                (chunk_first..chunk_first + large).all(|p| self.pages[p as usize].handle == NONE);
+            if chunk_empty && let Some(slot) = self.obtain(Class::Large)? {
+                return self.map_at(slot, chunk_first);
+            }
+        }
+        let slot = self
+            .obtain(Class::Small)?
+            .ok_or(Error::Corrupt("no page-sized handle could be had"))?;
+        self.map_at(slot, page)
     }
 
     /// A block no longer covers `[offset, offset + len)`: pages no live
@@ -268,11 +250,6 @@ impl Backing {
             }
         }
         while self.idle_bytes > self.config.max_idle_bytes {
-            if let Some(slot) = self.spare_large.pop() {
-                self.idle_bytes -= self.slots[slot as usize].bytes;
-                self.release(slot);
-                continue;
-            }
             let Some(slot) = self.pop_oldest_idle() else {
                 break;
             };
@@ -284,10 +261,6 @@ impl Backing {
 
     /// Unmap and release every idle handle: what `empty_cache` does.
     pub(super) fn trim(&mut self) {
-        while let Some(slot) = self.spare_large.pop() {
-            self.idle_bytes -= self.slots[slot as usize].bytes;
-            self.release(slot);
-        }
         while let Some(slot) = self.pop_oldest_idle() {
             self.unmap(slot);
             self.release(slot);
@@ -383,10 +356,9 @@ impl Backing {
         self.pop_idle(class)
     }
 
-    /// Back `page` (and the run after it, for a large handle) with a
-    /// handle of `class`, every page of which live blocks touch.
-    fn back(&mut self, page: u64, class: Class) -> Result<()> {
-        let slot = self.obtain(class)?;
+    /// Map the unmapped handle `slot` from `page` on and count the pages
+    /// of it live blocks touch.
+    fn map_at(&mut self, slot: u32, page: u64) -> Result<()> {
         let bytes = self.slots[slot as usize].bytes;
         let pages = bytes / PAGE_BYTES;
         let mut used = 0;
@@ -402,6 +374,9 @@ impl Backing {
         handle.mapped = true;
         handle.first_page = page;
         handle.used = used;
+        if used == 0 {
+            self.make_idle(slot);
+        }
         let at = page * PAGE_BYTES;
         self.record(
             DriverCall::Map,
@@ -416,40 +391,45 @@ impl Backing {
         Ok(())
     }
 
-    /// An unmapped handle of `class`: an idle one of that class taken from
-    /// where it was mapped, when the cache holds more than
-    /// `keep_idle_bytes`; else a new one, after releasing idle handles of
-    /// the other class worth as much, under the same condition.
-    fn obtain(&mut self, class: Class) -> Result<u32> {
+    /// An unmapped handle of `class`, or `None` for a large one that would
+    /// take the footprint past the budget when no idle one can move.
+    ///
+    /// Within the budget a new handle is created and the idle ones stay
+    /// cached where they are (a later request there costs no call). Past
+    /// it, once the cache holds more than `keep_idle_bytes`, the
+    /// longest-idle handle of the class is unmapped to serve here; a page
+    /// with no idle page-sized handle to take releases an idle large one
+    /// first, so the footprint does not grow.
+    fn obtain(&mut self, class: Class) -> Result<Option<u32>> {
         let bytes = self.class_bytes(class);
-        if class == Class::Large
-            && let Some(slot) = self.spare_large.pop()
-        {
-            self.idle_bytes -= bytes;
-            return Ok(slot);
-        }
-        if self.idle_bytes > self.config.keep_idle_bytes {
-            if let Some(slot) = self.pop_idle(class) {
-                self.unmap(slot);
-                return Ok(slot);
+        // A large handle may overshoot the budget by part of itself: the
+        // frontier chunk, partly used, is what growth in large handles
+        // costs.
+        let allowance = match class {
+            Class::Large => {
+                let share = u128::from(bytes) * u128::from(self.config.overshoot_permille) / 1000;
+                u64::try_from(share).unwrap_or(u64::MAX)
             }
-            let mut released = 0;
-            while released < bytes && self.idle_bytes > self.config.keep_idle_bytes {
-                if let Some(slot) = self.spare_large.pop() {
-                    released += self.slots[slot as usize].bytes;
-                    self.idle_bytes -= self.slots[slot as usize].bytes;
-                    self.release(slot);
-                    continue;
-                }
-                let Some(slot) = self.pop_idle(class.other()) else {
-                    break;
-                };
-                released += self.slots[slot as usize].bytes;
-                self.unmap(slot);
-                self.release(slot);
-            }
+            Class::Small => 0,
+        };
+        let within =
+            self.physical_bytes.saturating_add(bytes) <= self.budget.saturating_add(allowance);
+        if within {
+            return self.create(bytes).map(Some);
         }
-        self.create(bytes)
+        let may_recycle = self.idle_bytes > self.config.keep_idle_bytes;
+        if may_recycle && let Some(slot) = self.pop_idle(class) {
+            self.unmap(slot);
+            return Ok(Some(slot));
+        }
+        if class == Class::Large {
+            return Ok(None);
+        }
+        if may_recycle && let Some(slot) = self.pop_idle(Class::Large) {
+            self.unmap(slot);
+            self.release(slot);
+        }
+        self.create(bytes).map(Some)
     }
 
     fn create(&mut self, bytes: u64) -> Result<u32> {
