@@ -10,8 +10,13 @@
 //! driver operations, carried out on a strict mirror of the driver, leave
 //! exactly the handles and mappings the allocator reports. At the end,
 //! freeing everything and trimming leaves no handle.
+//!
+//! Then the real traces in `traces/`, replayed by the `cudamem` binary:
+//! the goals of issue #13 that the default configuration meets stay met.
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
 
 use memcore::{DriverOp, Extent, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock, StitchConfig};
 use proptest::prelude::*;
@@ -241,4 +246,212 @@ proptest! {
         prop_assert_eq!(calls.maps, calls.unmaps);
         prop_assert_eq!(calls.maps, calls.set_access);
     }
+}
+
+/// The goals of issue #13 on one real trace, as the default stitch
+/// configuration meets them: footprint at most 1.03 x peak live, modeled
+/// driver time at most 1% of the recorded duration, at least 90% of the
+/// live bytes at the peak in handles of 32 MiB or more. BENCHMARKS.md
+/// ("Stitching") says why the unmet ones are not met.
+struct Goals {
+    trace: &'static str,
+    footprint: bool,
+    driver_time: bool,
+    large_share: bool,
+}
+
+const fn goals(
+    trace: &'static str,
+    footprint: bool,
+    driver_time: bool,
+    large_share: bool,
+) -> Goals {
+    Goals {
+        trace,
+        footprint,
+        driver_time,
+        large_share,
+    }
+}
+
+const REAL_TRACES: &[Goals] = &[
+    goals(
+        "pytorch/bert_train.fixture.default.pickle.gz",
+        true,
+        false,
+        true,
+    ),
+    goals(
+        "pytorch/bert_train.full.default.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/bert_train.full.expandable.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/gpt2_train.fixture.default.pickle.gz",
+        false,
+        false,
+        true,
+    ),
+    goals(
+        "pytorch/gpt2_train.full.default.pickle.gz",
+        false,
+        false,
+        true,
+    ),
+    goals(
+        "pytorch/gpt2_train.full.expandable.pickle.gz",
+        false,
+        false,
+        true,
+    ),
+    goals(
+        "pytorch/llama_finetune.fixture.default.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/llama_finetune.full.default.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/llama_finetune.full.expandable.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/mixtral_moe_infer.fixture.default.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/mixtral_moe_infer.full.default.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/mixtral_moe_infer.full.expandable.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/resnet50_train.fixture.default.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/resnet50_train.full.default.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/resnet50_train.full.expandable.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/vit_infer.fixture.default.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/vit_infer.full.default.pickle.gz",
+        false,
+        true,
+        false,
+    ),
+    goals(
+        "pytorch/vit_infer.full.expandable.pickle.gz",
+        false,
+        true,
+        false,
+    ),
+    goals("rmm/llama_generate.csv.gz", true, true, true),
+    goals("rmm/resnet50_train.csv.gz", true, true, true),
+];
+
+/// Every real trace through `cudamem replay --policy stitch` (default
+/// configuration): each goal the table says is met holds, and no figure
+/// falls behind the bound that keeps the unmet ones from getting worse
+/// unnoticed (footprint 1.11, driver time 2.5%, share 55%).
+#[test]
+fn real_traces_meet_the_goals_they_met() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces");
+    let paths: Vec<_> = REAL_TRACES
+        .iter()
+        .map(|goals| root.join(goals.trace))
+        .collect();
+    let output = Command::new(env!("CARGO_BIN_EXE_cudamem"))
+        .args(["replay", "--json", "--policy", "stitch"])
+        .args(&paths)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), REAL_TRACES.len());
+    let mut missed = Vec::new();
+    for (goals, line) in REAL_TRACES.iter().zip(&lines) {
+        assert!(goals.trace.ends_with(line["trace"].as_str().unwrap()));
+        let policy = &line["policies"][0];
+        assert_eq!(policy["name"], "stitch");
+        let footprint = policy["footprint_ratio"].as_f64().unwrap();
+        let driver_time = policy["driver_time_share"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{}: no recorded duration", goals.trace));
+        let share = policy["full_bandwidth_share"].as_f64().unwrap();
+        let checks = [
+            (
+                "footprint",
+                footprint,
+                goals.footprint,
+                footprint <= 1.03,
+                footprint <= 1.11,
+            ),
+            (
+                "driver time",
+                driver_time,
+                goals.driver_time,
+                driver_time <= 0.01,
+                driver_time <= 0.025,
+            ),
+            (
+                "share in >= 32 MiB",
+                share,
+                goals.large_share,
+                share >= 0.9,
+                share >= 0.55,
+            ),
+        ];
+        for (what, value, goal_met, meets_goal, within_bound) in checks {
+            if (goal_met && !meets_goal) || !within_bound {
+                missed.push(format!("{}: {what} {value:.4}", goals.trace));
+            }
+        }
+    }
+    assert!(missed.is_empty(), "regressed: {missed:#?}");
 }
