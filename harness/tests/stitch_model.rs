@@ -8,7 +8,8 @@
 //! overlap in virtual space; the physical bytes counted are the bytes in
 //! created handles; the allocator's own walk finds nothing wrong; the logged
 //! driver operations, carried out on a strict mirror of the driver, leave
-//! exactly the handles and mappings the allocator reports. At the end,
+//! exactly the handles and mappings the allocator reports; a pool with a
+//! capacity never holds more and refuses what would need more. At the end,
 //! freeing everything and trimming leaves no handle.
 //!
 //! Then the real traces in `traces/`, replayed by the `cudamem` binary:
@@ -18,7 +19,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use memcore::{DriverOp, Extent, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock, StitchConfig};
+use memcore::{
+    DriverOp, Error, Extent, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock, StitchConfig,
+};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -51,9 +54,18 @@ fn config() -> impl Strategy<Value = StitchConfig> {
         prop_oneof![Just(0u32), Just(500), Just(1000)],
         prop_oneof![Just(0u64), Just(8 * MIB), Just(u64::MAX)],
         prop_oneof![Just(u64::MAX), Just(16 * MIB)],
+        prop_oneof![3 => Just(u64::MAX), 1 => Just(160 * MIB)],
     )
         .prop_map(
-            |(large_pages, align_large, slack, overshoot, keep_idle_bytes, max_idle_bytes)| {
+            |(
+                large_pages,
+                align_large,
+                slack,
+                overshoot,
+                keep_idle_bytes,
+                max_idle_bytes,
+                capacity_bytes,
+            )| {
                 StitchConfig {
                     large_pages,
                     align_large,
@@ -61,6 +73,7 @@ fn config() -> impl Strategy<Value = StitchConfig> {
                     overshoot_permille: overshoot,
                     keep_idle_bytes,
                     max_idle_bytes,
+                    capacity_bytes,
                     log_ops: true,
                     ..StitchConfig::default()
                 }
@@ -219,7 +232,13 @@ proptest! {
         let mut driver = DriverMirror::default();
         for (index, step) in steps.iter().enumerate() {
             match *step {
-                Step::Alloc(size) => live.push(pool.allocate(size).unwrap()),
+                Step::Alloc(size) => match pool.allocate(size) {
+                    Ok(block) => live.push(block),
+                    // A full device refuses; the pool stays whole (checked
+                    // below) and within its capacity.
+                    Err(Error::OutOfMemory { .. }) if config.capacity_bytes != u64::MAX => {}
+                    Err(err) => panic!("step {index}: {err}"),
+                },
                 Step::Free(pick) => {
                     if !live.is_empty() {
                         let block = live.swap_remove(pick % live.len());
@@ -229,6 +248,7 @@ proptest! {
                 }
             }
             assert_sound(&pool, &live, index);
+            prop_assert!(pool.stats().physical_bytes <= config.capacity_bytes);
             driver.apply(&pool.take_ops(), index);
             driver.assert_matches(&pool, index);
         }

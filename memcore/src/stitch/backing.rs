@@ -221,9 +221,19 @@ impl Backing {
         self.map_at(slot, page)
     }
 
+    /// Undo a [`Backing::touch`] that failed part way: the pages it counted
+    /// are uncounted; those it backed stay mapped, idle.
+    pub(super) fn untouch_failed(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.untouch_pages(offset, len, true)
+    }
+
     /// A block no longer covers `[offset, offset + len)`: pages no live
     /// block touches any more leave their handle idle (still mapped).
     pub(super) fn untouch(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.untouch_pages(offset, len, false)
+    }
+
+    fn untouch_pages(&mut self, offset: u64, len: u64, failed_touch: bool) -> Result<()> {
         let (first, last) = Self::page_span(offset, len);
         for page in first..=last {
             let entry = self
@@ -238,6 +248,9 @@ impl Backing {
                 continue;
             }
             let slot = entry.handle;
+            if slot == NONE && failed_touch {
+                continue;
+            }
             let handle = self
                 .slots
                 .get_mut(slot as usize)
@@ -412,8 +425,9 @@ impl Backing {
             }
             Class::Small => 0,
         };
-        let within =
-            self.physical_bytes.saturating_add(bytes) <= self.budget.saturating_add(allowance);
+        let capacity = self.config.capacity_bytes;
+        let after = self.physical_bytes.saturating_add(bytes);
+        let within = after <= self.budget.saturating_add(allowance) && after <= capacity;
         if within {
             return self.create(bytes).map(Some);
         }
@@ -428,6 +442,18 @@ impl Backing {
         if may_recycle && let Some(slot) = self.pop_idle(Class::Large) {
             self.unmap(slot);
             self.release(slot);
+        }
+        if self.physical_bytes.saturating_add(bytes) > capacity {
+            // The device is full: release every idle handle, then give up.
+            self.trim();
+            if self.physical_bytes.saturating_add(bytes) > capacity {
+                return Err(Error::OutOfMemory {
+                    requested: bytes,
+                    align: PAGE_BYTES,
+                    free_bytes: capacity.saturating_sub(self.physical_bytes),
+                    largest_free: capacity.saturating_sub(self.physical_bytes),
+                });
+            }
         }
         self.create(bytes).map(Some)
     }

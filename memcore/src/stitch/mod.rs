@@ -84,6 +84,11 @@ pub struct StitchConfig {
     /// 0 recycles whenever the budget says so, `u64::MAX` never (fewest
     /// driver calls).
     pub keep_idle_bytes: u64,
+    /// Physical bytes the device can give, in bytes: no handle is created
+    /// past them (large ones fall back to pages, idle ones are released
+    /// first), and a request that would need more is
+    /// [`Error::OutOfMemory`]. `u64::MAX`: no limit.
+    pub capacity_bytes: u64,
     /// Idle bytes beyond which the longest-idle handles are released, in
     /// bytes; `u64::MAX`: idle handles stay until [`Stitch::trim`].
     pub max_idle_bytes: u64,
@@ -106,6 +111,7 @@ impl Default for StitchConfig {
             slack_permille: 20,
             overshoot_permille: 1000,
             keep_idle_bytes: 0,
+            capacity_bytes: u64::MAX,
             max_idle_bytes: u64::MAX,
             costs: H200_DRIVER_COSTS,
             log_ops: false,
@@ -221,7 +227,9 @@ impl Stitch {
     /// `size` bytes at a multiple of [`STITCH_ALIGN`], backed by physical
     /// handles before it returns. [`Error::ZeroSize`], [`Error::Overflow`]
     /// past the address space, [`Error::OutOfMemory`] when the virtual
-    /// arena is full.
+    /// arena is full or the handles would pass
+    /// [`StitchConfig::capacity_bytes`]; a failed request leaves no block
+    /// (pages it had backed stay mapped, idle).
     pub fn allocate(&mut self, size: u64) -> Result<StitchBlock> {
         if size == 0 {
             return Err(Error::ZeroSize);
@@ -243,7 +251,8 @@ impl Stitch {
         self.backing
             .set_budget(basis.saturating_add(u64::try_from(slack).unwrap_or(u64::MAX)));
         if let Err(err) = self.backing.touch(allocation.offset, rounded) {
-            let _ = self.arena.free(allocation);
+            self.backing.untouch_failed(allocation.offset, rounded)?;
+            self.arena.free(allocation)?;
             return Err(err);
         }
         self.live_bytes += size;
@@ -415,6 +424,31 @@ mod tests {
         pool.check().unwrap();
         pool.free(b).unwrap();
         pool.free(c).unwrap();
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn a_full_device_gets_pages_then_refuses_and_stays_whole() {
+        let config = StitchConfig {
+            capacity_bytes: 16 * MIB,
+            ..StitchConfig::default()
+        };
+        let mut pool = Stitch::new(config);
+        // A 32 MiB handle does not fit: two pages.
+        let a = pool.allocate(3 * MIB).unwrap();
+        let stats = pool.stats();
+        assert_eq!((stats.large_handles, stats.small_handles), (0, 2));
+        assert!(matches!(
+            pool.allocate(20 * MIB),
+            Err(Error::OutOfMemory { .. })
+        ));
+        let stats = pool.stats();
+        assert!(stats.physical_bytes <= 16 * MIB);
+        assert_eq!((stats.live_blocks, stats.live_bytes), (1, 3 * MIB));
+        pool.check().unwrap();
+        // What fits still does, next to a.
+        let b = pool.allocate(10 * MIB).unwrap();
+        assert_eq!(b.offset, a.offset + 3 * MIB);
         pool.check().unwrap();
     }
 
