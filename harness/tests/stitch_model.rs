@@ -55,6 +55,7 @@ fn config() -> impl Strategy<Value = StitchConfig> {
         prop_oneof![Just(0u64), Just(8 * MIB), Just(u64::MAX)],
         prop_oneof![Just(u64::MAX), Just(16 * MIB)],
         prop_oneof![3 => Just(u64::MAX), 1 => Just(160 * MIB)],
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -65,6 +66,7 @@ fn config() -> impl Strategy<Value = StitchConfig> {
                 keep_idle_bytes,
                 max_idle_bytes,
                 capacity_bytes,
+                grow_in_large,
             )| {
                 StitchConfig {
                     large_pages,
@@ -74,6 +76,7 @@ fn config() -> impl Strategy<Value = StitchConfig> {
                     keep_idle_bytes,
                     max_idle_bytes,
                     capacity_bytes,
+                    grow_in_large,
                     log_ops: true,
                     ..StitchConfig::default()
                 }
@@ -298,7 +301,7 @@ const REAL_TRACES: &[Goals] = &[
     goals(
         "pytorch/bert_train.fixture.default.pickle.gz",
         true,
-        false,
+        true,
         true,
     ),
     goals(
@@ -316,7 +319,7 @@ const REAL_TRACES: &[Goals] = &[
     goals(
         "pytorch/gpt2_train.fixture.default.pickle.gz",
         false,
-        false,
+        true,
         true,
     ),
     goals(
@@ -395,13 +398,13 @@ const REAL_TRACES: &[Goals] = &[
         "pytorch/vit_infer.full.default.pickle.gz",
         false,
         true,
-        false,
+        true,
     ),
     goals(
         "pytorch/vit_infer.full.expandable.pickle.gz",
         false,
         true,
-        false,
+        true,
     ),
     goals("rmm/llama_generate.csv.gz", true, true, true),
     goals("rmm/resnet50_train.csv.gz", true, true, true),
@@ -410,7 +413,7 @@ const REAL_TRACES: &[Goals] = &[
 /// Every real trace through `cudamem replay --policy stitch` (default
 /// configuration): each goal the table says is met holds, and no figure
 /// falls behind the bound that keeps the unmet ones from getting worse
-/// unnoticed (footprint 1.11, driver time 2.5%, share 55%).
+/// unnoticed (footprint 1.13, driver time 1.5%).
 #[test]
 fn real_traces_meet_the_goals_they_met() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces");
@@ -450,21 +453,21 @@ fn real_traces_meet_the_goals_they_met() {
                 footprint,
                 goals.footprint,
                 footprint <= 1.03,
-                footprint <= 1.11,
+                footprint <= 1.13,
             ),
             (
                 "driver time",
                 driver_time,
                 goals.driver_time,
                 driver_time <= 0.01,
-                driver_time <= 0.025,
+                driver_time <= 0.015,
             ),
             (
                 "share in >= 32 MiB",
                 share,
                 goals.large_share,
                 share >= 0.9,
-                share >= 0.55,
+                share >= 0.9,
             ),
         ];
         for (what, value, goal_met, meets_goal, within_bound) in checks {

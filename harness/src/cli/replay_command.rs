@@ -67,6 +67,10 @@ pub struct ReplayArgs {
     /// by whole large handles; 0: stitch the frontier from 2 MiB handles).
     #[arg(long, default_value_t = memcore::StitchConfig::default().overshoot_permille)]
     stitch_overshoot: u32,
+    /// With nothing idle, let the stitch policy stitch growth past its
+    /// budget from 2 MiB pages rather than take a whole large handle.
+    #[arg(long)]
+    stitch_grow_pages: bool,
     /// Place the stitch policy's requests of at least a large handle at a
     /// multiple of it rather than at any 512-byte address.
     #[arg(long)]
@@ -90,6 +94,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         large_pages: (args.stitch_large / page) as u32,
         align_large: args.stitch_align_large,
         overshoot_permille: args.stitch_overshoot,
+        grow_in_large: !args.stitch_grow_pages,
         keep_idle_bytes: args.stitch_keep_idle,
         slack_permille: args.stitch_slack,
         ..memcore::StitchConfig::default()

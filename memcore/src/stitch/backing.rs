@@ -405,14 +405,18 @@ impl Backing {
     }
 
     /// An unmapped handle of `class`, or `None` for a large one that would
-    /// take the footprint past the budget when no idle one can move.
+    /// take the footprint past the budget while idle handles could serve
+    /// the chunk's pages instead.
     ///
     /// Within the budget a new handle is created and the idle ones stay
     /// cached where they are (a later request there costs no call). Past
     /// it, once the cache holds more than `keep_idle_bytes`, the
-    /// longest-idle handle of the class is unmapped to serve here; a page
-    /// with no idle page-sized handle to take releases an idle large one
-    /// first, so the footprint does not grow.
+    /// longest-idle handle of the class is unmapped to serve here; with
+    /// nothing idle at all a large handle is created anyway
+    /// (`grow_in_large`); a large one
+    /// may also replace a large handle's worth of idle pages, released;
+    /// a page with no idle page-sized handle to take releases an idle
+    /// large one first, so the footprint does not grow.
     fn obtain(&mut self, class: Class) -> Result<Option<u32>> {
         let bytes = self.class_bytes(class);
         // A large handle may overshoot the budget by part of itself: the
@@ -437,7 +441,29 @@ impl Backing {
             return Ok(Some(slot));
         }
         if class == Class::Large {
-            return Ok(None);
+            // Nothing idle: the footprint grows whatever backs the chunk, and
+            // a large handle keeps its bytes at full bandwidth with one call
+            // where pages would take up to sixteen.
+            if self.config.grow_in_large
+                && self.idle_bytes == 0
+                && self.physical_bytes.saturating_add(bytes) <= capacity
+            {
+                return self.create(bytes).map(Some);
+            }
+            // Idle pages worth a large handle give way to one: no more
+            // memory, and fewer calls than backing the chunk page by page.
+            let pages = self.large_pages() as usize;
+            if !may_recycle || self.idle_handles[Class::Small as usize] < pages {
+                return Ok(None);
+            }
+            for _ in 0..pages {
+                let Some(slot) = self.pop_idle(Class::Small) else {
+                    break;
+                };
+                self.unmap(slot);
+                self.release(slot);
+            }
+            return self.create(bytes).map(Some);
         }
         if may_recycle && let Some(slot) = self.pop_idle(Class::Large) {
             self.unmap(slot);

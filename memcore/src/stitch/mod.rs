@@ -14,9 +14,10 @@
 //!   pages (32 MiB). The first live block to touch an unbacked chunk gets
 //!   one large handle over the whole chunk, so the growth frontier and
 //!   every densely used chunk sit in handles that copy at full bandwidth.
-//!   A page-sized handle backs a page only where a large one would take
-//!   the footprint past its budget (below) or part of its chunk is already
-//!   backed by page-sized ones: the tail pages, stitched. A mapping is
+//!   Page-sized handles back a chunk's pages only where a large one may
+//!   not be had: past the budget (below) while idle handles could serve
+//!   instead, past the device's capacity, with `grow_in_large` off, or in
+//!   a chunk already part-backed by pages: the stitched tail. A mapping is
 //!   always one whole handle, as the driver demands.
 //! - **The budget**: `(1 + slack_permille / 1000) x` the most bytes live so
 //!   far (the request counted); a new large handle may pass it by
@@ -80,6 +81,12 @@ pub struct StitchConfig {
     /// the footprint within the budget and stitches the frontier from
     /// page-sized handles.
     pub overshoot_permille: u32,
+    /// With no idle handle at all, back an unbacked chunk with a large
+    /// handle whatever the budget: the footprint grows either way, and one
+    /// large handle is one call and full bandwidth where pages would be up
+    /// to sixteen calls. Off: such growth is stitched from pages past the
+    /// budget (less memory at the frontier).
+    pub grow_in_large: bool,
     /// Idle bytes the cache keeps mapped even past the budget, in bytes:
     /// 0 recycles whenever the budget says so, `u64::MAX` never (fewest
     /// driver calls).
@@ -102,14 +109,15 @@ pub struct StitchConfig {
 impl Default for StitchConfig {
     /// 32 MiB large handles, every request at any 512-byte address (the
     /// densest packing), a 2% budget that a whole large handle may
-    /// overshoot, nothing released until [`Stitch::trim`], the H200's
-    /// costs.
+    /// overshoot, growth in large handles when nothing is idle, nothing
+    /// released until [`Stitch::trim`], the H200's costs.
     fn default() -> Self {
         Self {
             large_pages: 16,
             align_large: false,
             slack_permille: 20,
             overshoot_permille: 1000,
+            grow_in_large: true,
             keep_idle_bytes: 0,
             capacity_bytes: u64::MAX,
             max_idle_bytes: u64::MAX,
@@ -367,18 +375,45 @@ mod tests {
     }
 
     #[test]
-    fn without_overshoot_the_tail_is_stitched_from_pages() {
+    fn the_tail_is_stitched_from_pages_where_a_large_handle_would_not_fit() {
         let config = StitchConfig {
-            overshoot_permille: 0,
+            capacity_bytes: 70 * MIB,
             ..StitchConfig::default()
         };
         let mut pool = Stitch::new(config);
         pool.allocate(70 * MIB).unwrap();
         let stats = pool.stats();
-        // Two chunks fit the 71.4 MiB budget; the last 6 MiB are three pages.
+        // Two chunks in large handles; the last 6 MiB are three pages.
         assert_eq!((stats.large_handles, stats.small_handles), (2, 3));
         assert_eq!(stats.physical_bytes, 70 * MIB);
         assert_eq!(stats.peak_live_in_full_bandwidth_handles, 64 * MIB);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn with_nothing_idle_growth_takes_a_whole_large_handle_unless_told_not_to() {
+        let config = StitchConfig {
+            slack_permille: 0,
+            overshoot_permille: 0,
+            ..StitchConfig::default()
+        };
+        let mut pool = Stitch::new(config);
+        // Past the budget, but no handle to recycle: one large handle
+        // rather than three pages.
+        pool.allocate(70 * MIB).unwrap();
+        let stats = pool.stats();
+        assert_eq!((stats.large_handles, stats.small_handles), (3, 0));
+        assert_eq!(stats.peak_live_in_full_bandwidth_handles, 70 * MIB);
+        pool.check().unwrap();
+        // Without: the budget (70 MiB) holds two chunks, the tail is pages.
+        let mut pool = Stitch::new(StitchConfig {
+            grow_in_large: false,
+            ..config
+        });
+        pool.allocate(70 * MIB).unwrap();
+        let stats = pool.stats();
+        assert_eq!((stats.large_handles, stats.small_handles), (2, 3));
+        assert_eq!(stats.physical_bytes, 70 * MIB);
         pool.check().unwrap();
     }
 
