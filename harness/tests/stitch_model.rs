@@ -325,13 +325,13 @@ const REAL_TRACES: &[Goals] = &[
     goals(
         "pytorch/gpt2_train.full.default.pickle.gz",
         false,
-        false,
+        true,
         true,
     ),
     goals(
         "pytorch/gpt2_train.full.expandable.pickle.gz",
         false,
-        false,
+        true,
         true,
     ),
     goals(
@@ -413,7 +413,7 @@ const REAL_TRACES: &[Goals] = &[
 /// Every real trace through `cudamem replay --policy stitch` (default
 /// configuration): each goal the table says is met holds, and no figure
 /// falls behind the bound that keeps the unmet ones from getting worse
-/// unnoticed (footprint 1.13, driver time 1.5%).
+/// unnoticed (footprint 1.13; every trace meets the other two).
 #[test]
 fn real_traces_meet_the_goals_they_met() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces");
@@ -460,7 +460,7 @@ fn real_traces_meet_the_goals_they_met() {
                 driver_time,
                 goals.driver_time,
                 driver_time <= 0.01,
-                driver_time <= 0.015,
+                driver_time <= 0.01,
             ),
             (
                 "share in >= 32 MiB",

@@ -2,7 +2,7 @@
 //! page of the virtual arena, how many live blocks touch each page, and
 //! the cache of mapped handles no live block uses.
 
-use alloc::collections::VecDeque;
+use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 
 use super::{HandleInfo, PAGE_BYTES, StitchConfig};
@@ -47,9 +47,8 @@ struct Slot {
     first_page: u64,
     /// Its pages that live blocks touch.
     used: u32,
-    /// While idle (`used == 0`), the stamp of its entry in the idle queue;
-    /// 0 otherwise.
-    idle_stamp: u64,
+    /// Whether it is in the idle cache (mapped, `used == 0`).
+    cached: bool,
 }
 
 /// Pages, handles and the idle cache.
@@ -59,14 +58,12 @@ pub(super) struct Backing {
     pages: Vec<Page>,
     slots: Vec<Slot>,
     spare_slots: Vec<u32>,
-    /// Idle handles per class, oldest first, as `(slot, stamp)`; an entry
-    /// whose stamp no longer matches its slot is stale and skipped.
-    idle: [VecDeque<(u32, u64)>; 2],
-    idle_handles: [usize; 2],
+    /// Idle (cached) handles per class as `(first page, slot)`, so the one
+    /// mapped highest is at hand.
+    idle: [BTreeSet<(u64, u32)>; 2],
     /// Physical bytes to stay within while idle handles are cached.
     budget: u64,
     idle_bytes: u64,
-    next_stamp: u64,
     physical_bytes: u64,
     peak_physical_bytes: u64,
     handles: [u64; 2],
@@ -82,11 +79,9 @@ impl Backing {
             pages: Vec::new(),
             slots: Vec::new(),
             spare_slots: Vec::new(),
-            idle: [VecDeque::new(), VecDeque::new()],
-            idle_handles: [0; 2],
+            idle: [BTreeSet::new(), BTreeSet::new()],
             budget: u64::MAX,
             idle_bytes: 0,
-            next_stamp: 1,
             physical_bytes: 0,
             peak_physical_bytes: 0,
             handles: [0; 2],
@@ -263,7 +258,7 @@ impl Backing {
             }
         }
         while self.idle_bytes > self.config.max_idle_bytes {
-            let Some(slot) = self.pop_oldest_idle() else {
+            let Some(slot) = self.pop_highest_idle() else {
                 break;
             };
             self.unmap(slot);
@@ -274,7 +269,7 @@ impl Backing {
 
     /// Unmap and release every idle handle: what `empty_cache` does.
     pub(super) fn trim(&mut self) {
-        while let Some(slot) = self.pop_oldest_idle() {
+        while let Some(slot) = self.pop_highest_idle() {
             self.unmap(slot);
             self.release(slot);
         }
@@ -306,62 +301,43 @@ impl Backing {
         self.take_idle(slot);
     }
 
-    /// Take a specific idle handle out of the cache; its queue entry goes
-    /// stale.
+    /// Take a specific idle handle out of the cache.
     fn take_idle(&mut self, slot: u32) {
         let handle = &mut self.slots[slot as usize];
-        if handle.idle_stamp != 0 {
-            handle.idle_stamp = 0;
+        if handle.cached {
+            handle.cached = false;
             let class = Self::class_of(handle.bytes) as usize;
-            self.idle_handles[class] -= 1;
+            self.idle[class].remove(&(handle.first_page, slot));
             self.idle_bytes -= handle.bytes;
         }
     }
 
     fn make_idle(&mut self, slot: u32) {
-        let stamp = self.next_stamp;
-        self.next_stamp += 1;
         let handle = &mut self.slots[slot as usize];
-        handle.idle_stamp = stamp;
-        let bytes = handle.bytes;
-        let class = Self::class_of(bytes) as usize;
-        self.idle_bytes += bytes;
-        self.idle_handles[class] += 1;
-        let queue = &mut self.idle[class];
-        queue.push_back((slot, stamp));
-        // Handles that go idle and back every step leave stale entries;
-        // dropping them when they outnumber the live ones keeps the queue
-        // proportional to the cache, at O(1) amortized.
-        if queue.len() > 2 * self.idle_handles[class] + 32 {
-            let slots = &self.slots;
-            queue.retain(|&(slot, stamp)| slots[slot as usize].idle_stamp == stamp);
-        }
+        handle.cached = true;
+        let class = Self::class_of(handle.bytes) as usize;
+        self.idle[class].insert((handle.first_page, slot));
+        self.idle_bytes += handle.bytes;
     }
 
-    /// The longest-idle handle of `class`, out of the cache (still mapped).
+    /// The idle handle of `class` mapped at the highest address, out of the
+    /// cache (still mapped). Best fit fills the arena from its dense low
+    /// end, so the highest idle chunk is the one least likely to be wanted
+    /// where it is: moving it costs the fewest later moves back.
     fn pop_idle(&mut self, class: Class) -> Option<u32> {
-        while let Some((slot, stamp)) = self.idle[class as usize].pop_front() {
-            let handle = &mut self.slots[slot as usize];
-            if handle.idle_stamp == stamp {
-                handle.idle_stamp = 0;
-                self.idle_handles[class as usize] -= 1;
-                self.idle_bytes -= handle.bytes;
-                return Some(slot);
-            }
-        }
-        None
+        let (_, slot) = self.idle[class as usize].pop_last()?;
+        let handle = &mut self.slots[slot as usize];
+        handle.cached = false;
+        self.idle_bytes -= handle.bytes;
+        Some(slot)
     }
 
-    /// The longest-idle handle of either class.
-    fn pop_oldest_idle(&mut self) -> Option<u32> {
-        let front = |this: &Self, class: Class| {
-            this.idle[class as usize]
-                .iter()
-                .find(|&&(slot, stamp)| this.slots[slot as usize].idle_stamp == stamp)
-                .map(|&(_, stamp)| stamp)
-        };
-        let class = match (front(self, Class::Small), front(self, Class::Large)) {
-            (Some(small), Some(large)) if large < small => Class::Large,
+    /// The idle handle of either class mapped at the highest address.
+    fn pop_highest_idle(&mut self) -> Option<u32> {
+        let last =
+            |this: &Self, class: Class| this.idle[class as usize].last().map(|&(page, _)| page);
+        let class = match (last(self, Class::Small), last(self, Class::Large)) {
+            (Some(small), Some(large)) if large > small => Class::Large,
             (Some(_), _) => Class::Small,
             (None, Some(_)) => Class::Large,
             (None, None) => return None,
@@ -411,7 +387,7 @@ impl Backing {
     /// Within the budget a new handle is created and the idle ones stay
     /// cached where they are (a later request there costs no call). Past
     /// it, once the cache holds more than `keep_idle_bytes`, the
-    /// longest-idle handle of the class is unmapped to serve here; with
+    /// idle handle of the class mapped highest is unmapped to serve here; with
     /// nothing idle at all a large handle is created anyway
     /// (`grow_in_large`); a large one
     /// may also replace a large handle's worth of idle pages, released;
@@ -453,7 +429,7 @@ impl Backing {
             // Idle pages worth a large handle give way to one: no more
             // memory, and fewer calls than backing the chunk page by page.
             let pages = self.large_pages() as usize;
-            if !may_recycle || self.idle_handles[Class::Small as usize] < pages {
+            if !may_recycle || self.idle[Class::Small as usize].len() < pages {
                 return Ok(None);
             }
             for _ in 0..pages {
@@ -490,7 +466,7 @@ impl Backing {
             mapped: false,
             first_page: 0,
             used: 0,
-            idle_stamp: 0,
+            cached: false,
         };
         let index = match self.spare_slots.pop() {
             Some(index) => {
@@ -614,7 +590,7 @@ impl Backing {
             }
             physical += slot.bytes;
             if !slot.mapped {
-                if pages[index] != 0 || slot.used != 0 || slot.idle_stamp != 0 {
+                if pages[index] != 0 || slot.used != 0 || slot.cached {
                     return Err(Error::Corrupt("an unmapped handle is in use or cached"));
                 }
                 idle += slot.bytes;
@@ -628,7 +604,10 @@ impl Backing {
             if slot.used != used[index] {
                 return Err(Error::Corrupt("a handle miscounts its used pages"));
             }
-            if (slot.used == 0) != (slot.idle_stamp != 0) {
+            let class = Self::class_of(slot.bytes) as usize;
+            if (slot.used == 0) != slot.cached
+                || slot.cached != self.idle[class].contains(&(slot.first_page, index as u32))
+            {
                 return Err(Error::Corrupt(
                     "a handle is idle but not cached, or cached in use",
                 ));
@@ -640,6 +619,16 @@ impl Backing {
         if physical != self.physical_bytes {
             return Err(Error::Corrupt(
                 "physical bytes differ from the created handles",
+            ));
+        }
+        let cached = self
+            .slots
+            .iter()
+            .filter(|slot| slot.bytes > 0 && slot.cached)
+            .count();
+        if cached != self.idle[0].len() + self.idle[1].len() {
+            return Err(Error::Corrupt(
+                "the idle cache names handles that are not idle",
             ));
         }
         if idle != self.idle_bytes {

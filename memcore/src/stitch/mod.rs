@@ -26,10 +26,10 @@
 //!   training loop that allocates the same sizes again lands on mapped
 //!   pages and makes no driver call.
 //! - **Recycling and release**: past the budget, a page that needs a
-//!   handle takes the longest-idle handle of its size (unmapped there,
+//!   handle takes the idle handle of its size mapped highest (unmapped there,
 //!   mapped here) once the cache holds more than `keep_idle_bytes`; a page
 //!   with no idle page-sized handle releases an idle large one first. Idle
-//!   handles beyond `max_idle_bytes` are released oldest first, and
+//!   handles beyond `max_idle_bytes` are released highest first, and
 //!   [`Stitch::trim`] releases them all.
 //!
 //! Footprint is the bytes in created, not yet released handles; every
@@ -96,7 +96,7 @@ pub struct StitchConfig {
     /// first), and a request that would need more is
     /// [`Error::OutOfMemory`]. `u64::MAX`: no limit.
     pub capacity_bytes: u64,
-    /// Idle bytes beyond which the longest-idle handles are released, in
+    /// Idle bytes beyond which the highest-mapped idle handles are released, in
     /// bytes; `u64::MAX`: idle handles stay until [`Stitch::trim`].
     pub max_idle_bytes: u64,
     /// What each driver call costs.
