@@ -8,12 +8,20 @@
 //! overlap in virtual space; the physical bytes counted are the bytes in
 //! created handles; the allocator's own walk finds nothing wrong; the logged
 //! driver operations, carried out on a strict mirror of the driver, leave
-//! exactly the handles and mappings the allocator reports. At the end,
+//! exactly the handles and mappings the allocator reports; a pool with a
+//! capacity never holds more and refuses what would need more. At the end,
 //! freeing everything and trimming leaves no handle.
+//!
+//! Then the real traces in `traces/`, replayed by the `cudamem` binary:
+//! the goals of issue #13 that the default configuration meets stay met.
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
 
-use memcore::{DriverOp, Extent, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock, StitchConfig};
+use memcore::{
+    DriverOp, Error, Extent, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock, StitchConfig,
+};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -42,17 +50,36 @@ fn config() -> impl Strategy<Value = StitchConfig> {
     (
         prop_oneof![Just(0u32), Just(2), Just(4), Just(16)],
         any::<bool>(),
+        prop_oneof![Just(0u32), Just(20), Just(1000)],
+        prop_oneof![Just(0u32), Just(500), Just(1000)],
         prop_oneof![Just(0u64), Just(8 * MIB), Just(u64::MAX)],
         prop_oneof![Just(u64::MAX), Just(16 * MIB)],
+        prop_oneof![3 => Just(u64::MAX), 1 => Just(160 * MIB)],
+        any::<bool>(),
     )
         .prop_map(
-            |(large_pages, align_large, keep_idle_bytes, max_idle_bytes)| StitchConfig {
+            |(
                 large_pages,
                 align_large,
+                slack,
+                overshoot,
                 keep_idle_bytes,
                 max_idle_bytes,
-                log_ops: true,
-                ..StitchConfig::default()
+                capacity_bytes,
+                grow_in_large,
+            )| {
+                StitchConfig {
+                    large_pages,
+                    align_large,
+                    slack_permille: slack,
+                    overshoot_permille: overshoot,
+                    keep_idle_bytes,
+                    max_idle_bytes,
+                    capacity_bytes,
+                    grow_in_large,
+                    log_ops: true,
+                    ..StitchConfig::default()
+                }
             },
         )
 }
@@ -208,7 +235,13 @@ proptest! {
         let mut driver = DriverMirror::default();
         for (index, step) in steps.iter().enumerate() {
             match *step {
-                Step::Alloc(size) => live.push(pool.allocate(size).unwrap()),
+                Step::Alloc(size) => match pool.allocate(size) {
+                    Ok(block) => live.push(block),
+                    // A full device refuses; the pool stays whole (checked
+                    // below) and within its capacity.
+                    Err(Error::OutOfMemory { .. }) if config.capacity_bytes != u64::MAX => {}
+                    Err(err) => panic!("step {index}: {err}"),
+                },
                 Step::Free(pick) => {
                     if !live.is_empty() {
                         let block = live.swap_remove(pick % live.len());
@@ -218,6 +251,7 @@ proptest! {
                 }
             }
             assert_sound(&pool, &live, index);
+            prop_assert!(pool.stats().physical_bytes <= config.capacity_bytes);
             driver.apply(&pool.take_ops(), index);
             driver.assert_matches(&pool, index);
         }
@@ -235,4 +269,212 @@ proptest! {
         prop_assert_eq!(calls.maps, calls.unmaps);
         prop_assert_eq!(calls.maps, calls.set_access);
     }
+}
+
+/// The goals of issue #13 on one real trace, as the default stitch
+/// configuration meets them: footprint at most 1.03 x peak live, modeled
+/// driver time at most 1% of the recorded duration, at least 90% of the
+/// live bytes at the peak in handles of 32 MiB or more. BENCHMARKS.md
+/// ("Stitching") says why the unmet ones are not met.
+struct Goals {
+    trace: &'static str,
+    footprint: bool,
+    driver_time: bool,
+    large_share: bool,
+}
+
+const fn goals(
+    trace: &'static str,
+    footprint: bool,
+    driver_time: bool,
+    large_share: bool,
+) -> Goals {
+    Goals {
+        trace,
+        footprint,
+        driver_time,
+        large_share,
+    }
+}
+
+const REAL_TRACES: &[Goals] = &[
+    goals(
+        "pytorch/bert_train.fixture.default.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/bert_train.full.default.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/bert_train.full.expandable.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/gpt2_train.fixture.default.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/gpt2_train.full.default.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/gpt2_train.full.expandable.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/llama_finetune.fixture.default.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/llama_finetune.full.default.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/llama_finetune.full.expandable.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/mixtral_moe_infer.fixture.default.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/mixtral_moe_infer.full.default.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/mixtral_moe_infer.full.expandable.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/resnet50_train.fixture.default.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/resnet50_train.full.default.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/resnet50_train.full.expandable.pickle.gz",
+        true,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/vit_infer.fixture.default.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/vit_infer.full.default.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals(
+        "pytorch/vit_infer.full.expandable.pickle.gz",
+        false,
+        true,
+        true,
+    ),
+    goals("rmm/llama_generate.csv.gz", true, true, true),
+    goals("rmm/resnet50_train.csv.gz", true, true, true),
+];
+
+/// Every real trace through `cudamem replay --policy stitch` (default
+/// configuration): each goal the table says is met holds, and no figure
+/// falls behind the bound that keeps the unmet ones from getting worse
+/// unnoticed (footprint 1.13; every trace meets the other two).
+#[test]
+fn real_traces_meet_the_goals_they_met() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces");
+    let paths: Vec<_> = REAL_TRACES
+        .iter()
+        .map(|goals| root.join(goals.trace))
+        .collect();
+    let output = Command::new(env!("CARGO_BIN_EXE_cudamem"))
+        .args(["replay", "--json", "--policy", "stitch"])
+        .args(&paths)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), REAL_TRACES.len());
+    let mut missed = Vec::new();
+    for (goals, line) in REAL_TRACES.iter().zip(&lines) {
+        assert!(goals.trace.ends_with(line["trace"].as_str().unwrap()));
+        let policy = &line["policies"][0];
+        assert_eq!(policy["name"], "stitch");
+        let footprint = policy["footprint_ratio"].as_f64().unwrap();
+        let driver_time = policy["driver_time_share"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{}: no recorded duration", goals.trace));
+        let share = policy["full_bandwidth_share"].as_f64().unwrap();
+        let checks = [
+            (
+                "footprint",
+                footprint,
+                goals.footprint,
+                footprint <= 1.03,
+                footprint <= 1.13,
+            ),
+            (
+                "driver time",
+                driver_time,
+                goals.driver_time,
+                driver_time <= 0.01,
+                driver_time <= 0.01,
+            ),
+            (
+                "share in >= 32 MiB",
+                share,
+                goals.large_share,
+                share >= 0.9,
+                share >= 0.9,
+            ),
+        ];
+        for (what, value, goal_met, meets_goal, within_bound) in checks {
+            if (goal_met && !meets_goal) || !within_bound {
+                missed.push(format!("{}: {what} {value:.4}", goals.trace));
+            }
+        }
+    }
+    assert!(missed.is_empty(), "regressed: {missed:#?}");
 }

@@ -59,14 +59,28 @@ pub struct ReplayArgs {
     /// 0 or 2MiB: 2 MiB handles only).
     #[arg(long, value_parser = byte_size::parse, default_value = "32MiB")]
     stitch_large: u64,
-    /// Idle bytes the stitch policy keeps mapped before it moves an idle
-    /// handle to back other pages (0: at once, least memory).
+    /// Idle bytes the stitch policy keeps mapped even past its budget
+    /// (0: recycle whenever the budget says so, least memory).
     #[arg(long, value_parser = byte_size::parse, default_value = "0")]
     stitch_keep_idle: u64,
-    /// Place the stitch policy's large requests at any 512-byte address
-    /// rather than at a multiple of the large handle.
+    /// The stitch policy's footprint budget over the most bytes live so
+    /// far, in parts per thousand: within it idle handles stay cached
+    /// (fewer driver calls), past it they are recycled (less memory).
+    #[arg(long, default_value_t = memcore::StitchConfig::default().slack_permille)]
+    stitch_slack: u32,
+    /// How far a new large handle of the stitch policy may take its
+    /// footprint past the budget, in thousandths of the handle (1000: grow
+    /// by whole large handles; 0: stitch the frontier from 2 MiB handles).
+    #[arg(long, default_value_t = memcore::StitchConfig::default().overshoot_permille)]
+    stitch_overshoot: u32,
+    /// With nothing idle, let the stitch policy stitch growth past its
+    /// budget from 2 MiB pages rather than take a whole large handle.
     #[arg(long)]
-    stitch_unaligned: bool,
+    stitch_grow_pages: bool,
+    /// Place the stitch policy's requests of at least a large handle at a
+    /// multiple of it rather than at any 512-byte address.
+    #[arg(long)]
+    stitch_align_large: bool,
 }
 
 /// Run `cudamem replay`.
@@ -84,8 +98,11 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     }
     let stitch = memcore::StitchConfig {
         large_pages: (args.stitch_large / page) as u32,
-        align_large: !args.stitch_unaligned,
+        align_large: args.stitch_align_large,
+        overshoot_permille: args.stitch_overshoot,
+        grow_in_large: !args.stitch_grow_pages,
         keep_idle_bytes: args.stitch_keep_idle,
+        slack_permille: args.stitch_slack,
         ..memcore::StitchConfig::default()
     };
     let policies = if args.policies.is_empty() {

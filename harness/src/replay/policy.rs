@@ -59,7 +59,8 @@ pub enum PolicyName {
     OffsetAllocator,
     /// The range-alloc crate (wgpu's range allocator, best fit).
     RangeAlloc,
-    /// memcore::Stitch: virtual best fit, physical handles per page.
+    /// memcore::Stitch: virtual best fit, 32 MiB handles per chunk, pages
+    /// stitched from 2 MiB handles past its budget.
     Stitch,
     /// A model of PyTorch's expandable segments.
     PytorchExpandable,
@@ -104,7 +105,7 @@ impl PolicyName {
                 "the range-alloc crate (wgpu's range allocator): best fit, grown at its end; never moves a block."
             }
             PolicyName::Stitch => {
-                "memcore's Stitch: best fit in a huge virtual range, each 2 MiB page backed by a physical handle only while a live block touches it (large handles inside large requests); never moves a block, footprint is physical bytes."
+                "memcore's Stitch: best fit in a huge virtual range; each 32 MiB chunk a live block touches gets one 32 MiB handle while a footprint budget (2% over the most bytes live so far) allows, else its pages are stitched from 2 MiB handles; idle handles stay mapped within the budget and move past it; never moves a block, footprint is physical bytes."
             }
             PolicyName::PytorchExpandable => {
                 "a model of PyTorch's expandable segments: 2 MiB pages for requests up to 1 MiB, 20 MiB pages above, mapped at the end and kept; for comparison."

@@ -1,5 +1,5 @@
 //! The two stitched policies: memcore's [`Stitch`] (virtual placement,
-//! physical handles per page) and a model of PyTorch's expandable segments,
+//! physical handles per chunk or page) and a model of PyTorch's expandable segments,
 //! so a user sees both in one replay. Their footprint is physical memory:
 //! bytes in created handles, at its most.
 
@@ -13,24 +13,29 @@ use crate::replay::policy::{Arena, ArenaState, Policy};
 
 /// memcore's stitching allocator as a replay policy. Offsets are virtual
 /// addresses, which may lie above the physical footprint: holes between
-/// blocks cost no memory once their pages are unmapped.
+/// blocks cost no memory once their pages are unmapped. A fixed arena is
+/// the device's capacity: the pool creates no handle past it.
 #[derive(Debug)]
 pub struct StitchPolicy {
     stitch: Stitch,
-    /// A fixed arena's bytes: requests that would take the physical bytes
-    /// past them fail.
+    /// A fixed arena's bytes.
     capacity: Option<u64>,
 }
 
 impl StitchPolicy {
     /// A stitched pool with `config`, limited by `arena`.
     pub fn new(config: StitchConfig, arena: Arena) -> Self {
+        let capacity = match arena {
+            Arena::Growable => None,
+            Arena::Fixed(bytes) => Some(bytes),
+        };
+        let config = StitchConfig {
+            capacity_bytes: capacity.unwrap_or(config.capacity_bytes),
+            ..config
+        };
         Self {
             stitch: Stitch::new(config),
-            capacity: match arena {
-                Arena::Growable => None,
-                Arena::Fixed(bytes) => Some(bytes),
-            },
+            capacity,
         }
     }
 }
@@ -39,15 +44,11 @@ impl Policy for StitchPolicy {
     type Block = StitchBlock;
 
     fn allocate(&mut self, size: u64) -> Result<Option<StitchBlock>> {
-        let block = self.stitch.allocate(size)?;
-        if self
-            .capacity
-            .is_some_and(|capacity| self.stitch.stats().physical_bytes > capacity)
-        {
-            self.stitch.free(block)?;
-            return Ok(None);
+        match self.stitch.allocate(size) {
+            Ok(block) => Ok(Some(block)),
+            Err(memcore::Error::OutOfMemory { .. }) if self.capacity.is_some() => Ok(None),
+            Err(err) => Err(err.into()),
         }
-        Ok(Some(block))
     }
 
     fn free(&mut self, block: StitchBlock) -> Result<()> {

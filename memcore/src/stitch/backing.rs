@@ -2,7 +2,7 @@
 //! page of the virtual arena, how many live blocks touch each page, and
 //! the cache of mapped handles no live block uses.
 
-use alloc::collections::VecDeque;
+use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 
 use super::{HandleInfo, PAGE_BYTES, StitchConfig};
@@ -35,18 +35,8 @@ enum Class {
     Large = 1,
 }
 
-impl Class {
-    fn other(self) -> Class {
-        match self {
-            Class::Small => Class::Large,
-            Class::Large => Class::Small,
-        }
-    }
-}
-
-/// A created handle. A small one is always mapped: taken from one place,
-/// it is mapped at the next at once, or released; a large one may wait
-/// unmapped among the spares.
+/// A created handle. Between calls it is always mapped: one taken from
+/// where it idles is mapped at its new place at once, or released.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     /// Handle bytes; 0 for a slot whose handle was released.
@@ -57,9 +47,8 @@ struct Slot {
     first_page: u64,
     /// Its pages that live blocks touch.
     used: u32,
-    /// While idle (`used == 0`), the stamp of its entry in the idle queue;
-    /// 0 otherwise.
-    idle_stamp: u64,
+    /// Whether it is in the idle cache (mapped, `used == 0`).
+    cached: bool,
 }
 
 /// Pages, handles and the idle cache.
@@ -69,15 +58,12 @@ pub(super) struct Backing {
     pages: Vec<Page>,
     slots: Vec<Slot>,
     spare_slots: Vec<u32>,
-    /// Idle handles per class, oldest first, as `(slot, stamp)`; an entry
-    /// whose stamp no longer matches its slot is stale and skipped.
-    idle: [VecDeque<(u32, u64)>; 2],
-    idle_handles: [usize; 2],
-    /// Large handles taken off their pages and not yet mapped again; their
-    /// bytes count as idle.
-    spare_large: Vec<u32>,
+    /// Idle (cached) handles per class as `(first page, slot)`, so the one
+    /// mapped highest is at hand.
+    idle: [BTreeSet<(u64, u32)>; 2],
+    /// Physical bytes to stay within while idle handles are cached.
+    budget: u64,
     idle_bytes: u64,
-    next_stamp: u64,
     physical_bytes: u64,
     peak_physical_bytes: u64,
     handles: [u64; 2],
@@ -93,11 +79,9 @@ impl Backing {
             pages: Vec::new(),
             slots: Vec::new(),
             spare_slots: Vec::new(),
-            idle: [VecDeque::new(), VecDeque::new()],
-            idle_handles: [0; 2],
-            spare_large: Vec::new(),
+            idle: [BTreeSet::new(), BTreeSet::new()],
+            budget: u64::MAX,
             idle_bytes: 0,
-            next_stamp: 1,
             physical_bytes: 0,
             peak_physical_bytes: 0,
             handles: [0; 2],
@@ -168,12 +152,24 @@ impl Backing {
         (offset / PAGE_BYTES, (offset + len - 1) / PAGE_BYTES)
     }
 
+    /// Physical bytes the pool means to stay within, set before each
+    /// [`Backing::touch`]: while creating a handle keeps the footprint
+    /// within it, idle handles stay cached where they are mapped.
+    pub(super) fn set_budget(&mut self, bytes: u64) {
+        self.budget = bytes;
+    }
+
     /// A block now covers `[offset, offset + len)` (`len > 0`): count it on
     /// every page it touches and back those no handle backs.
     pub(super) fn touch(&mut self, offset: u64, len: u64) -> Result<()> {
         let (first, last) = Self::page_span(offset, len);
-        let needed =
-            usize::try_from(last + 1).map_err(|_| Error::Overflow { offset, size: len })?;
+        // The page table covers whole chunks, so a chunk's pages can be
+        // inspected without bounds checks.
+        let chunk = self.large_pages().max(1);
+        let needed = (last / chunk + 1)
+            .checked_mul(chunk)
+            .and_then(|pages| usize::try_from(pages).ok())
+            .ok_or(Error::Overflow { offset, size: len })?;
         if self.pages.len() < needed {
             self.pages.resize(needed, EMPTY_PAGE);
         }
@@ -186,62 +182,53 @@ impl Backing {
             }
             match entry.handle {
                 NONE => unbacked = true,
-                slot => {
-                    // A large handle serves only a block that holds its
-                    // whole run: serving part of it would keep all of it.
-                    // An idle one this block only overlaps leaves its pages.
-                    let handle = self.slots[slot as usize];
-                    let range_start = handle.first_page * PAGE_BYTES;
-                    let inside =
-                        range_start >= offset && range_start + handle.bytes <= offset + len;
-                    if handle.bytes > PAGE_BYTES && !inside {
-                        if handle.used > 0 {
-                            return Err(Error::Corrupt("a large handle serves two blocks"));
-                        }
-                        self.take_idle(slot);
-                        self.unmap(slot);
-                        self.spare_large.push(slot);
-                        self.idle_bytes += handle.bytes;
-                        unbacked = true;
-                    } else {
-                        self.use_page_of(slot);
-                    }
-                }
+                slot => self.use_page_of(slot),
             }
         }
         if !unbacked {
             return Ok(());
         }
-        let large = self.large_pages();
-        let end = offset + len;
-        let mut page = first;
-        while page <= last {
-            if self.pages[page as usize].handle != NONE {
-                page += 1;
-                continue;
-            }
-            // A large handle only where its whole run lies inside this
-            // block: it is then used or idle as one piece, never pinned by
-            // a neighbour's boundary page.
-            let run_fits = large > 1
-                && page % large == 0
-                && page * PAGE_BYTES >= offset
-                && (page + large) * PAGE_BYTES <= end
-                && (page..page + large).all(|p| self.pages[p as usize].handle == NONE);
-            if run_fits {
-                self.back(page, Class::Large)?;
-                page += large;
-            } else {
-                self.back(page, Class::Small)?;
-                page += 1;
+        for page in first..=last {
+            if self.pages[page as usize].handle == NONE {
+                self.back_page(page)?;
             }
         }
         Ok(())
     }
 
+    /// Back `page`, which a live block touches and no handle backs: with a
+    /// large handle over its whole chunk when no page of the chunk is
+    /// backed and one fits the budget (or an idle one can move there),
+    /// else with a page-sized handle.
+    fn back_page(&mut self, page: u64) -> Result<()> {
+        let large = self.large_pages();
+        if large > 1 {
+            let chunk_first = page / large * large;
+            let chunk_empty =
+                (chunk_first..chunk_first + large).all(|p| self.pages[p as usize].handle == NONE);
+            if chunk_empty && let Some(slot) = self.obtain(Class::Large)? {
+                return self.map_at(slot, chunk_first);
+            }
+        }
+        let slot = self
+            .obtain(Class::Small)?
+            .ok_or(Error::Corrupt("no page-sized handle could be had"))?;
+        self.map_at(slot, page)
+    }
+
+    /// Undo a [`Backing::touch`] that failed part way: the pages it counted
+    /// are uncounted; those it backed stay mapped, idle.
+    pub(super) fn untouch_failed(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.untouch_pages(offset, len, true)
+    }
+
     /// A block no longer covers `[offset, offset + len)`: pages no live
     /// block touches any more leave their handle idle (still mapped).
     pub(super) fn untouch(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.untouch_pages(offset, len, false)
+    }
+
+    fn untouch_pages(&mut self, offset: u64, len: u64, failed_touch: bool) -> Result<()> {
         let (first, last) = Self::page_span(offset, len);
         for page in first..=last {
             let entry = self
@@ -256,6 +243,9 @@ impl Backing {
                 continue;
             }
             let slot = entry.handle;
+            if slot == NONE && failed_touch {
+                continue;
+            }
             let handle = self
                 .slots
                 .get_mut(slot as usize)
@@ -268,12 +258,7 @@ impl Backing {
             }
         }
         while self.idle_bytes > self.config.max_idle_bytes {
-            if let Some(slot) = self.spare_large.pop() {
-                self.idle_bytes -= self.slots[slot as usize].bytes;
-                self.release(slot);
-                continue;
-            }
-            let Some(slot) = self.pop_oldest_idle() else {
+            let Some(slot) = self.pop_highest_idle() else {
                 break;
             };
             self.unmap(slot);
@@ -284,11 +269,7 @@ impl Backing {
 
     /// Unmap and release every idle handle: what `empty_cache` does.
     pub(super) fn trim(&mut self) {
-        while let Some(slot) = self.spare_large.pop() {
-            self.idle_bytes -= self.slots[slot as usize].bytes;
-            self.release(slot);
-        }
-        while let Some(slot) = self.pop_oldest_idle() {
+        while let Some(slot) = self.pop_highest_idle() {
             self.unmap(slot);
             self.release(slot);
         }
@@ -320,62 +301,43 @@ impl Backing {
         self.take_idle(slot);
     }
 
-    /// Take a specific idle handle out of the cache; its queue entry goes
-    /// stale.
+    /// Take a specific idle handle out of the cache.
     fn take_idle(&mut self, slot: u32) {
         let handle = &mut self.slots[slot as usize];
-        if handle.idle_stamp != 0 {
-            handle.idle_stamp = 0;
+        if handle.cached {
+            handle.cached = false;
             let class = Self::class_of(handle.bytes) as usize;
-            self.idle_handles[class] -= 1;
+            self.idle[class].remove(&(handle.first_page, slot));
             self.idle_bytes -= handle.bytes;
         }
     }
 
     fn make_idle(&mut self, slot: u32) {
-        let stamp = self.next_stamp;
-        self.next_stamp += 1;
         let handle = &mut self.slots[slot as usize];
-        handle.idle_stamp = stamp;
-        let bytes = handle.bytes;
-        let class = Self::class_of(bytes) as usize;
-        self.idle_bytes += bytes;
-        self.idle_handles[class] += 1;
-        let queue = &mut self.idle[class];
-        queue.push_back((slot, stamp));
-        // Handles that go idle and back every step leave stale entries;
-        // dropping them when they outnumber the live ones keeps the queue
-        // proportional to the cache, at O(1) amortized.
-        if queue.len() > 2 * self.idle_handles[class] + 32 {
-            let slots = &self.slots;
-            queue.retain(|&(slot, stamp)| slots[slot as usize].idle_stamp == stamp);
-        }
+        handle.cached = true;
+        let class = Self::class_of(handle.bytes) as usize;
+        self.idle[class].insert((handle.first_page, slot));
+        self.idle_bytes += handle.bytes;
     }
 
-    /// The longest-idle handle of `class`, out of the cache (still mapped).
+    /// The idle handle of `class` mapped at the highest address, out of the
+    /// cache (still mapped). Best fit fills the arena from its dense low
+    /// end, so the highest idle chunk is the one least likely to be wanted
+    /// where it is: moving it costs the fewest later moves back.
     fn pop_idle(&mut self, class: Class) -> Option<u32> {
-        while let Some((slot, stamp)) = self.idle[class as usize].pop_front() {
-            let handle = &mut self.slots[slot as usize];
-            if handle.idle_stamp == stamp {
-                handle.idle_stamp = 0;
-                self.idle_handles[class as usize] -= 1;
-                self.idle_bytes -= handle.bytes;
-                return Some(slot);
-            }
-        }
-        None
+        let (_, slot) = self.idle[class as usize].pop_last()?;
+        let handle = &mut self.slots[slot as usize];
+        handle.cached = false;
+        self.idle_bytes -= handle.bytes;
+        Some(slot)
     }
 
-    /// The longest-idle handle of either class.
-    fn pop_oldest_idle(&mut self) -> Option<u32> {
-        let front = |this: &Self, class: Class| {
-            this.idle[class as usize]
-                .iter()
-                .find(|&&(slot, stamp)| this.slots[slot as usize].idle_stamp == stamp)
-                .map(|&(_, stamp)| stamp)
-        };
-        let class = match (front(self, Class::Small), front(self, Class::Large)) {
-            (Some(small), Some(large)) if large < small => Class::Large,
+    /// The idle handle of either class mapped at the highest address.
+    fn pop_highest_idle(&mut self) -> Option<u32> {
+        let last =
+            |this: &Self, class: Class| this.idle[class as usize].last().map(|&(page, _)| page);
+        let class = match (last(self, Class::Small), last(self, Class::Large)) {
+            (Some(small), Some(large)) if large > small => Class::Large,
             (Some(_), _) => Class::Small,
             (None, Some(_)) => Class::Large,
             (None, None) => return None,
@@ -383,10 +345,9 @@ impl Backing {
         self.pop_idle(class)
     }
 
-    /// Back `page` (and the run after it, for a large handle) with a
-    /// handle of `class`, every page of which live blocks touch.
-    fn back(&mut self, page: u64, class: Class) -> Result<()> {
-        let slot = self.obtain(class)?;
+    /// Map the unmapped handle `slot` from `page` on and count the pages
+    /// of it live blocks touch.
+    fn map_at(&mut self, slot: u32, page: u64) -> Result<()> {
         let bytes = self.slots[slot as usize].bytes;
         let pages = bytes / PAGE_BYTES;
         let mut used = 0;
@@ -402,6 +363,9 @@ impl Backing {
         handle.mapped = true;
         handle.first_page = page;
         handle.used = used;
+        if used == 0 {
+            self.make_idle(slot);
+        }
         let at = page * PAGE_BYTES;
         self.record(
             DriverCall::Map,
@@ -416,40 +380,84 @@ impl Backing {
         Ok(())
     }
 
-    /// An unmapped handle of `class`: an idle one of that class taken from
-    /// where it was mapped, when the cache holds more than
-    /// `keep_idle_bytes`; else a new one, after releasing idle handles of
-    /// the other class worth as much, under the same condition.
-    fn obtain(&mut self, class: Class) -> Result<u32> {
+    /// An unmapped handle of `class`, or `None` for a large one that would
+    /// take the footprint past the budget while idle handles could serve
+    /// the chunk's pages instead.
+    ///
+    /// Within the budget a new handle is created and the idle ones stay
+    /// cached where they are (a later request there costs no call). Past
+    /// it, once the cache holds more than `keep_idle_bytes`, the
+    /// idle handle of the class mapped highest is unmapped to serve here; with
+    /// nothing idle at all a large handle is created anyway
+    /// (`grow_in_large`); a large one
+    /// may also replace a large handle's worth of idle pages, released;
+    /// a page with no idle page-sized handle to take releases an idle
+    /// large one first, so the footprint does not grow.
+    fn obtain(&mut self, class: Class) -> Result<Option<u32>> {
         let bytes = self.class_bytes(class);
-        if class == Class::Large
-            && let Some(slot) = self.spare_large.pop()
-        {
-            self.idle_bytes -= bytes;
-            return Ok(slot);
-        }
-        if self.idle_bytes > self.config.keep_idle_bytes {
-            if let Some(slot) = self.pop_idle(class) {
-                self.unmap(slot);
-                return Ok(slot);
+        // A large handle may overshoot the budget by part of itself: the
+        // frontier chunk, partly used, is what growth in large handles
+        // costs.
+        let allowance = match class {
+            Class::Large => {
+                let share = u128::from(bytes) * u128::from(self.config.overshoot_permille) / 1000;
+                u64::try_from(share).unwrap_or(u64::MAX)
             }
-            let mut released = 0;
-            while released < bytes && self.idle_bytes > self.config.keep_idle_bytes {
-                if let Some(slot) = self.spare_large.pop() {
-                    released += self.slots[slot as usize].bytes;
-                    self.idle_bytes -= self.slots[slot as usize].bytes;
-                    self.release(slot);
-                    continue;
-                }
-                let Some(slot) = self.pop_idle(class.other()) else {
+            Class::Small => 0,
+        };
+        let capacity = self.config.capacity_bytes;
+        let after = self.physical_bytes.saturating_add(bytes);
+        let within = after <= self.budget.saturating_add(allowance) && after <= capacity;
+        if within {
+            return self.create(bytes).map(Some);
+        }
+        let may_recycle = self.idle_bytes > self.config.keep_idle_bytes;
+        if may_recycle && let Some(slot) = self.pop_idle(class) {
+            self.unmap(slot);
+            return Ok(Some(slot));
+        }
+        if class == Class::Large {
+            // Nothing idle: the footprint grows whatever backs the chunk, and
+            // a large handle keeps its bytes at full bandwidth with one call
+            // where pages would take up to sixteen.
+            if self.config.grow_in_large
+                && self.idle_bytes == 0
+                && self.physical_bytes.saturating_add(bytes) <= capacity
+            {
+                return self.create(bytes).map(Some);
+            }
+            // Idle pages worth a large handle give way to one: no more
+            // memory, and fewer calls than backing the chunk page by page.
+            let pages = self.large_pages() as usize;
+            if !may_recycle || self.idle[Class::Small as usize].len() < pages {
+                return Ok(None);
+            }
+            for _ in 0..pages {
+                let Some(slot) = self.pop_idle(Class::Small) else {
                     break;
                 };
-                released += self.slots[slot as usize].bytes;
                 self.unmap(slot);
                 self.release(slot);
             }
+            return self.create(bytes).map(Some);
         }
-        self.create(bytes)
+        if may_recycle && let Some(slot) = self.pop_idle(Class::Large) {
+            self.unmap(slot);
+            self.release(slot);
+        }
+        if self.physical_bytes.saturating_add(bytes) > capacity {
+            // The device is full: release every idle handle, then give up.
+            self.trim();
+            if self.physical_bytes.saturating_add(bytes) > capacity {
+                return Err(Error::OutOfMemory {
+                    requested: bytes,
+                    align: PAGE_BYTES,
+                    free_bytes: capacity.saturating_sub(self.physical_bytes),
+                    largest_free: capacity.saturating_sub(self.physical_bytes),
+                });
+            }
+        }
+        self.create(bytes).map(Some)
     }
 
     fn create(&mut self, bytes: u64) -> Result<u32> {
@@ -458,7 +466,7 @@ impl Backing {
             mapped: false,
             first_page: 0,
             used: 0,
-            idle_stamp: 0,
+            cached: false,
         };
         let index = match self.spare_slots.pop() {
             Some(index) => {
@@ -582,7 +590,7 @@ impl Backing {
             }
             physical += slot.bytes;
             if !slot.mapped {
-                if pages[index] != 0 || slot.used != 0 || slot.idle_stamp != 0 {
+                if pages[index] != 0 || slot.used != 0 || slot.cached {
                     return Err(Error::Corrupt("an unmapped handle is in use or cached"));
                 }
                 idle += slot.bytes;
@@ -596,7 +604,10 @@ impl Backing {
             if slot.used != used[index] {
                 return Err(Error::Corrupt("a handle miscounts its used pages"));
             }
-            if (slot.used == 0) != (slot.idle_stamp != 0) {
+            let class = Self::class_of(slot.bytes) as usize;
+            if (slot.used == 0) != slot.cached
+                || slot.cached != self.idle[class].contains(&(slot.first_page, index as u32))
+            {
                 return Err(Error::Corrupt(
                     "a handle is idle but not cached, or cached in use",
                 ));
@@ -608,6 +619,16 @@ impl Backing {
         if physical != self.physical_bytes {
             return Err(Error::Corrupt(
                 "physical bytes differ from the created handles",
+            ));
+        }
+        let cached = self
+            .slots
+            .iter()
+            .filter(|slot| slot.bytes > 0 && slot.cached)
+            .count();
+        if cached != self.idle[0].len() + self.idle[1].len() {
+            return Err(Error::Corrupt(
+                "the idle cache names handles that are not idle",
             ));
         }
         if idle != self.idle_bytes {

@@ -10,18 +10,27 @@
 //!   touches it. The page holding the tail of one block and the head of the
 //!   next is one physical page (a shared boundary page), so blocks waste no
 //!   physical bytes beyond the pages they touch.
-//! - **Handles**: an aligned run of `large_pages` pages lying wholly inside
-//!   one request gets one large handle; every other page gets a page-sized
-//!   one. A mapping is always one whole handle, as the driver demands.
-//! - **The mapping cache**: a handle whose pages no live block touches stays
-//!   mapped (idle), so a training loop that allocates the same sizes again
-//!   lands on mapped pages and makes no driver call.
-//! - **Recycling and release**: a page that needs a handle takes the
-//!   longest-idle handle of its size (unmapped here, mapped there) once the
-//!   cache holds more than `keep_idle_bytes`; failing that, idle handles of
-//!   the other size worth as much are released before a new one is
-//!   created. Idle handles beyond `max_idle_bytes` are released oldest
-//!   first, and [`Stitch::trim`] releases them all.
+//! - **Handles**: the arena is cut into aligned chunks of `large_pages`
+//!   pages (32 MiB). The first live block to touch an unbacked chunk gets
+//!   one large handle over the whole chunk, so the growth frontier and
+//!   every densely used chunk sit in handles that copy at full bandwidth.
+//!   Page-sized handles back a chunk's pages only where a large one may
+//!   not be had: past the budget (below) while idle handles could serve
+//!   instead, past the device's capacity, with `grow_in_large` off, or in
+//!   a chunk already part-backed by pages: the stitched tail. A mapping is
+//!   always one whole handle, as the driver demands.
+//! - **The budget**: `(1 + slack_permille / 1000) x` the most bytes live so
+//!   far (the request counted); a new large handle may pass it by
+//!   `overshoot_permille / 1000` of its own bytes. While a new handle keeps
+//!   the footprint within it, handles no live block touches stay mapped (idle): a
+//!   training loop that allocates the same sizes again lands on mapped
+//!   pages and makes no driver call.
+//! - **Recycling and release**: past the budget, a page that needs a
+//!   handle takes the idle handle of its size mapped highest (unmapped there,
+//!   mapped here) once the cache holds more than `keep_idle_bytes`; a page
+//!   with no idle page-sized handle releases an idle large one first. Idle
+//!   handles beyond `max_idle_bytes` are released highest first, and
+//!   [`Stitch::trim`] releases them all.
 //!
 //! Footprint is the bytes in created, not yet released handles; every
 //! driver call is counted by kind and priced by [`StitchConfig::costs`].
@@ -61,11 +70,33 @@ pub struct StitchConfig {
     /// address that is a multiple of them (when that is a power of two), so
     /// large handles cover as much of them as possible.
     pub align_large: bool,
-    /// Idle bytes the cache keeps mapped before an idle handle is taken
-    /// from where it is mapped to back another page, in bytes: 0 recycles
-    /// at once (least memory), `u64::MAX` never (fewest driver calls).
+    /// The footprint budget over the most bytes live so far, in parts per
+    /// thousand: within it new handles are created and idle ones stay
+    /// cached; past it idle ones are recycled. 0: recycle as soon as the
+    /// footprint passes the live bytes (least memory).
+    pub slack_permille: u32,
+    /// How far a new large handle may take the footprint past the budget,
+    /// in thousandths of the handle's bytes: 1000 lets the frontier grow
+    /// by whole large handles (most bytes in them, fewest calls), 0 keeps
+    /// the footprint within the budget and stitches the frontier from
+    /// page-sized handles.
+    pub overshoot_permille: u32,
+    /// With no idle handle at all, back an unbacked chunk with a large
+    /// handle whatever the budget: the footprint grows either way, and one
+    /// large handle is one call and full bandwidth where pages would be up
+    /// to sixteen calls. Off: such growth is stitched from pages past the
+    /// budget (less memory at the frontier).
+    pub grow_in_large: bool,
+    /// Idle bytes the cache keeps mapped even past the budget, in bytes:
+    /// 0 recycles whenever the budget says so, `u64::MAX` never (fewest
+    /// driver calls).
     pub keep_idle_bytes: u64,
-    /// Idle bytes beyond which the longest-idle handles are released, in
+    /// Physical bytes the device can give, in bytes: no handle is created
+    /// past them (large ones fall back to pages, idle ones are released
+    /// first), and a request that would need more is
+    /// [`Error::OutOfMemory`]. `u64::MAX`: no limit.
+    pub capacity_bytes: u64,
+    /// Idle bytes beyond which the highest-mapped idle handles are released, in
     /// bytes; `u64::MAX`: idle handles stay until [`Stitch::trim`].
     pub max_idle_bytes: u64,
     /// What each driver call costs.
@@ -76,13 +107,19 @@ pub struct StitchConfig {
 }
 
 impl Default for StitchConfig {
-    /// 32 MiB large handles, large requests aligned to them, recycling at
-    /// once, nothing released until [`Stitch::trim`], the H200's costs.
+    /// 32 MiB large handles, every request at any 512-byte address (the
+    /// densest packing), a 2% budget that a whole large handle may
+    /// overshoot, growth in large handles when nothing is idle, nothing
+    /// released until [`Stitch::trim`], the H200's costs.
     fn default() -> Self {
         Self {
             large_pages: 16,
-            align_large: true,
+            align_large: false,
+            slack_permille: 20,
+            overshoot_permille: 1000,
+            grow_in_large: true,
             keep_idle_bytes: 0,
+            capacity_bytes: u64::MAX,
             max_idle_bytes: u64::MAX,
             costs: H200_DRIVER_COSTS,
             log_ops: false,
@@ -143,16 +180,16 @@ pub struct StitchStats {
 /// The stitching allocator; see the [module documentation](self).
 ///
 /// ```
-/// use memcore::{PAGE_BYTES, Stitch, StitchConfig};
+/// use memcore::{Stitch, StitchConfig};
 ///
 /// let mut pool = Stitch::new(StitchConfig::default());
-/// let a = pool.allocate(3 << 20)?; // pages 0 and 1
-/// let b = pool.allocate(1 << 20)?; // shares page 1 with a
-/// assert_eq!(pool.stats().physical_bytes, 2 * PAGE_BYTES);
+/// let a = pool.allocate(3 << 20)?; // the first chunk gets one 32 MiB handle
+/// let b = pool.allocate(1 << 20)?; // right after a, in the same handle
+/// assert_eq!(pool.stats().physical_bytes, 32 << 20);
 /// pool.free(a)?;
-/// let again = pool.allocate(3 << 20)?; // the same mapped pages: no driver call
+/// let again = pool.allocate(3 << 20)?; // a's place, still mapped: no driver call
 /// let calls = pool.stats().calls;
-/// assert_eq!((calls.creates, calls.maps), (2, 2));
+/// assert_eq!((calls.creates, calls.maps), (1, 1));
 /// pool.free(again)?;
 /// pool.free(b)?;
 /// pool.trim();
@@ -198,7 +235,9 @@ impl Stitch {
     /// `size` bytes at a multiple of [`STITCH_ALIGN`], backed by physical
     /// handles before it returns. [`Error::ZeroSize`], [`Error::Overflow`]
     /// past the address space, [`Error::OutOfMemory`] when the virtual
-    /// arena is full.
+    /// arena is full or the handles would pass
+    /// [`StitchConfig::capacity_bytes`]; a failed request leaves no block
+    /// (pages it had backed stay mapped, idle).
     pub fn allocate(&mut self, size: u64) -> Result<StitchBlock> {
         if size == 0 {
             return Err(Error::ZeroSize);
@@ -215,8 +254,13 @@ impl Stitch {
             STITCH_ALIGN
         };
         let allocation = self.arena.allocate(rounded, align)?;
+        let basis = self.peak_live_bytes.max(self.live_bytes + size);
+        let slack = u128::from(basis) * u128::from(self.config.slack_permille) / 1000;
+        self.backing
+            .set_budget(basis.saturating_add(u64::try_from(slack).unwrap_or(u64::MAX)));
         if let Err(err) = self.backing.touch(allocation.offset, rounded) {
-            let _ = self.arena.free(allocation);
+            self.backing.untouch_failed(allocation.offset, rounded)?;
+            self.arena.free(allocation)?;
             return Err(err);
         }
         self.live_bytes += size;
@@ -313,21 +357,68 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     #[test]
-    fn a_large_request_gets_large_handles_and_its_tail_pages() {
+    fn the_frontier_grows_in_whole_large_handles() {
         let mut pool = Stitch::new(StitchConfig::default());
+        // 70 MiB touches three 32 MiB chunks; each gets one large handle,
+        // the last overshooting the 2% budget by part of itself.
         let block = pool.allocate(70 * MIB).unwrap();
-        assert_eq!(block.offset % (32 * MIB), 0);
         let stats = pool.stats();
-        // Two 32 MiB runs and three pages for the last 6 MiB.
-        assert_eq!((stats.large_handles, stats.small_handles), (2, 3));
-        assert_eq!(stats.physical_bytes, 70 * MIB);
-        assert_eq!(stats.peak_live_in_full_bandwidth_handles, 64 * MIB);
-        assert_eq!(stats.calls.set_access, 5);
+        assert_eq!((stats.large_handles, stats.small_handles), (3, 0));
+        assert_eq!(stats.physical_bytes, 96 * MIB);
+        assert_eq!(stats.peak_live_in_full_bandwidth_handles, 70 * MIB);
+        assert_eq!((stats.calls.creates, stats.calls.set_access), (3, 3));
+        // The rest of the last chunk serves the next request for free.
+        let next = pool.allocate(20 * MIB).unwrap();
+        assert_eq!(next.offset, block.offset + 70 * MIB);
+        assert_eq!(pool.stats().calls.creates, 3);
         pool.check().unwrap();
     }
 
     #[test]
-    fn repeating_sizes_map_once_and_recycling_keeps_the_footprint() {
+    fn the_tail_is_stitched_from_pages_where_a_large_handle_would_not_fit() {
+        let config = StitchConfig {
+            capacity_bytes: 70 * MIB,
+            ..StitchConfig::default()
+        };
+        let mut pool = Stitch::new(config);
+        pool.allocate(70 * MIB).unwrap();
+        let stats = pool.stats();
+        // Two chunks in large handles; the last 6 MiB are three pages.
+        assert_eq!((stats.large_handles, stats.small_handles), (2, 3));
+        assert_eq!(stats.physical_bytes, 70 * MIB);
+        assert_eq!(stats.peak_live_in_full_bandwidth_handles, 64 * MIB);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn with_nothing_idle_growth_takes_a_whole_large_handle_unless_told_not_to() {
+        let config = StitchConfig {
+            slack_permille: 0,
+            overshoot_permille: 0,
+            ..StitchConfig::default()
+        };
+        let mut pool = Stitch::new(config);
+        // Past the budget, but no handle to recycle: one large handle
+        // rather than three pages.
+        pool.allocate(70 * MIB).unwrap();
+        let stats = pool.stats();
+        assert_eq!((stats.large_handles, stats.small_handles), (3, 0));
+        assert_eq!(stats.peak_live_in_full_bandwidth_handles, 70 * MIB);
+        pool.check().unwrap();
+        // Without: the budget (70 MiB) holds two chunks, the tail is pages.
+        let mut pool = Stitch::new(StitchConfig {
+            grow_in_large: false,
+            ..config
+        });
+        pool.allocate(70 * MIB).unwrap();
+        let stats = pool.stats();
+        assert_eq!((stats.large_handles, stats.small_handles), (2, 3));
+        assert_eq!(stats.physical_bytes, 70 * MIB);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn repeating_sizes_map_once() {
         let mut pool = Stitch::new(StitchConfig::default());
         for _ in 0..10 {
             let a = pool.allocate(5 * MIB).unwrap();
@@ -336,19 +427,63 @@ mod tests {
             pool.free(b).unwrap();
         }
         let stats = pool.stats();
-        assert_eq!(stats.calls.creates, stats.calls.maps);
+        assert_eq!((stats.calls.creates, stats.calls.maps), (1, 1));
         assert_eq!(stats.calls.unmaps, 0);
-        assert_eq!(stats.peak_physical_bytes, 8 * PAGE_BYTES);
-        // A block elsewhere takes idle handles rather than new ones.
-        let keep = pool.allocate(2 * MIB).unwrap();
-        let far = pool.allocate(40 * MIB).unwrap();
-        assert!(pool.stats().peak_physical_bytes <= 42 * MIB + PAGE_BYTES);
-        pool.check().unwrap();
-        pool.free(far).unwrap();
-        pool.free(keep).unwrap();
+        assert_eq!(stats.peak_physical_bytes, 32 * MIB);
         pool.trim();
         assert_eq!(pool.stats().physical_bytes, 0);
         assert_eq!(pool.handles().count(), 0);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn past_the_budget_an_idle_handle_moves_instead_of_a_new_one() {
+        let config = StitchConfig {
+            slack_permille: 0,
+            overshoot_permille: 0,
+            ..StitchConfig::default()
+        };
+        let mut pool = Stitch::new(config);
+        let a = pool.allocate(32 * MIB).unwrap();
+        let b = pool.allocate(32 * MIB).unwrap();
+        pool.free(a).unwrap();
+        // 64 MiB does not fit a's hole: chunks 2 and 3. The budget (96 MiB
+        // live) admits one new handle; the other is a's, moved.
+        let c = pool.allocate(64 * MIB).unwrap();
+        assert_eq!(c.offset, 64 * MIB);
+        let stats = pool.stats();
+        assert_eq!((stats.calls.creates, stats.calls.unmaps), (3, 1));
+        assert_eq!(stats.peak_physical_bytes, 96 * MIB);
+        assert_eq!(stats.idle_bytes, 0);
+        assert_eq!(pool.physical(0), None);
+        pool.check().unwrap();
+        pool.free(b).unwrap();
+        pool.free(c).unwrap();
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn a_full_device_gets_pages_then_refuses_and_stays_whole() {
+        let config = StitchConfig {
+            capacity_bytes: 16 * MIB,
+            ..StitchConfig::default()
+        };
+        let mut pool = Stitch::new(config);
+        // A 32 MiB handle does not fit: two pages.
+        let a = pool.allocate(3 * MIB).unwrap();
+        let stats = pool.stats();
+        assert_eq!((stats.large_handles, stats.small_handles), (0, 2));
+        assert!(matches!(
+            pool.allocate(20 * MIB),
+            Err(Error::OutOfMemory { .. })
+        ));
+        let stats = pool.stats();
+        assert!(stats.physical_bytes <= 16 * MIB);
+        assert_eq!((stats.live_blocks, stats.live_bytes), (1, 3 * MIB));
+        pool.check().unwrap();
+        // What fits still does, next to a.
+        let b = pool.allocate(10 * MIB).unwrap();
+        assert_eq!(b.offset, a.offset + 3 * MIB);
         pool.check().unwrap();
     }
 
@@ -370,6 +505,7 @@ mod tests {
     #[test]
     fn idle_bytes_above_the_limit_are_released() {
         let config = StitchConfig {
+            large_pages: 0,
             max_idle_bytes: 4 * MIB,
             ..StitchConfig::default()
         };

@@ -167,6 +167,11 @@ fn parse_device(
             index: index as u64,
         };
         let action = action(pickle, entry).map_err(fail)?;
+        // PyTorch stamps each entry in microseconds; older snapshots do not.
+        if pickle.get(entry, "time_us").is_some() {
+            let us = integer(pickle, entry, "time_us").map_err(fail)?;
+            trace.observe_time(us.saturating_mul(1_000));
+        }
         match action {
             "alloc" => {
                 let addr = integer(pickle, entry, "addr").map_err(fail)?;
