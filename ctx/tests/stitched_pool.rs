@@ -193,23 +193,24 @@ fn out_of_memory_leaves_a_consistent_pool() {
 
 #[test]
 fn a_full_reservation_is_out_of_memory_and_changes_nothing() {
+    // Two 32 MiB chunks of address space: the first block takes both.
     let pool = StitchedPool::new(
         SimDevice::new(SimConfig::small(256 * MIB)),
         StitchedConfig {
-            reservation_bytes: 8 * MIB,
+            reservation_bytes: 64 * MIB,
             stitch: StitchConfig::default(),
         },
     )
     .unwrap();
-    assert_eq!(pool.reservation().1, 8 * MIB);
-    let a = pool.allocate(6 * MIB).unwrap();
-    let error = pool.allocate(6 * MIB).unwrap_err();
+    assert_eq!(pool.reservation().1, 64 * MIB);
+    let a = pool.allocate(40 * MIB).unwrap();
+    let error = pool.allocate(40 * MIB).unwrap_err();
     assert!(
         matches!(error, Error::StitchedOutOfMemory { ref why, .. } if why.contains("reservation")),
         "{error}"
     );
     assert_in_step(&pool);
-    assert_eq!(pool.live_allocations(), vec![(a, 6 * MIB)]);
+    assert_eq!(pool.live_allocations(), vec![(a, 40 * MIB)]);
     assert!(pool.allocate(MIB).is_ok(), "what fits still fits");
 }
 
