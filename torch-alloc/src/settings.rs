@@ -110,8 +110,8 @@ pub struct Settings {
 impl Settings {
     /// `CUDAMEM_GROWTH_DIVISOR` when unset: off. Growing by a share of the mapped bytes
     /// (e.g. 16: every growth of a pool past 512 MiB is a handle of 32 MiB, which copies
-    /// at full bandwidth) left ResNet-50's free tail to be carved up by small blocks and
-    /// raised its peak by a tenth on the H200 (BENCHMARKS.md, "Two GPUs").
+    /// at full bandwidth) leaves a free tail that small blocks carve up, which raised
+    /// ResNet-50's peak (BENCHMARKS.md, "Two GPUs").
     pub const DEFAULT_GROWTH_DIVISOR: u32 = 0;
 
     /// `CUDAMEM_MIN_GROWTH` when unset: one H200 VMM page, bytes.
