@@ -155,3 +155,45 @@ fn set_access_takes_whole_mappings_only() {
     dev.read_as(1, base + 2 * PAGE - 4, &mut out).unwrap();
     assert_eq!(dev.counters().set_accesses, 1);
 }
+
+#[test]
+fn a_stitched_pool_grants_every_mapped_handle_to_its_peers() {
+    use ctx::{StitchConfig, StitchedConfig, StitchedPool};
+    const MIB: u64 = 1 << 20;
+    let host = |peers| {
+        StitchedPool::new(
+            SimDevice::on_host(SimConfig::small(256 * MIB), 0, PeerLinks::all(2)),
+            StitchedConfig {
+                reservation_bytes: 128 * MIB,
+                stitch: StitchConfig::default(),
+                peers,
+            },
+        )
+        .unwrap()
+    };
+    let pool = host(peers(&[1]));
+    let a = pool.allocate(40 * MIB).unwrap();
+    let b = pool.allocate(3 * MIB).unwrap();
+    let stats = pool.stats();
+    // Every handle mapped is granted once, over its whole mapping.
+    assert!(stats.calls.map.calls >= 2, "{stats:?}");
+    assert_eq!(stats.peer_access.calls, stats.calls.map.calls);
+    assert_eq!(stats.peer_access.bytes, stats.calls.map.bytes);
+    pool.with_device(|dev| {
+        dev.write(a + 40 * MIB - 4, b"tail").unwrap();
+        dev.write(b, b"head").unwrap();
+        let mut out = [0; 4];
+        dev.read_as(1, a + 40 * MIB - 4, &mut out).unwrap();
+        assert_eq!(&out, b"tail");
+        dev.read_as(1, b, &mut out).unwrap();
+        assert_eq!(&out, b"head");
+    });
+    // Without peers: no grant, and the other device is refused.
+    let alone = host(PeerSet::NONE);
+    let c = alone.allocate(MIB).unwrap();
+    assert_eq!(alone.stats().peer_access.calls, 0);
+    alone.with_device(|dev| {
+        let mut out = [0; 4];
+        assert!(dev.read_as(1, c, &mut out).is_err());
+    });
+}

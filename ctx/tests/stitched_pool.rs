@@ -39,6 +39,7 @@ fn pool(capacity: u64, stitch: StitchConfig) -> StitchedPool<SimDevice> {
         StitchedConfig {
             reservation_bytes: 0,
             stitch,
+            peers: ctx::PeerSet::NONE,
         },
     )
     .unwrap()
@@ -199,6 +200,7 @@ fn a_full_reservation_is_out_of_memory_and_changes_nothing() {
         StitchedConfig {
             reservation_bytes: 64 * MIB,
             stitch: StitchConfig::default(),
+            peers: ctx::PeerSet::NONE,
         },
     )
     .unwrap();

@@ -407,7 +407,9 @@ impl DeviceMemory for SimDevice {
     fn set_access(&mut self, addr: u64, size: u64, peers: PeerSet) -> Result<()> {
         let starts = self
             .space
-            .whole_run(addr, size, |b| b.kind == BackingKind::Mapping)
+            .whole_run(addr, size, |b| {
+                matches!(b.kind, BackingKind::Mapping | BackingKind::Handle(_))
+            })
             .ok_or_else(|| {
                 device_error(
                     "set_access",

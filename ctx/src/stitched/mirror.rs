@@ -6,7 +6,8 @@
 
 use memcore::{DriverOp, HandleInfo};
 
-use crate::{DeviceMemory, Error, PhysicalHandle, Result, VmmCalls};
+use crate::peers;
+use crate::{CallTally, DeviceMemory, Error, PeerSet, PhysicalHandle, Result, VmmCalls};
 
 /// A handle the device holds for one of the model's numbers.
 #[derive(Debug, Clone, Copy)]
@@ -43,16 +44,22 @@ pub(super) struct Mirror {
     stranded: Vec<Held>,
     /// Every driver call, counted and timed on the host.
     pub(super) calls: VmmCalls,
+    /// Devices every mapped handle is granted to, besides this one.
+    peers: PeerSet,
+    /// Those grants, counted and timed on the host.
+    pub(super) peer_access: CallTally,
 }
 
 impl Mirror {
-    pub(super) fn new(base: u64, reserved: u64, calls: VmmCalls) -> Self {
+    pub(super) fn new(base: u64, reserved: u64, calls: VmmCalls, peers: PeerSet) -> Self {
         Self {
             base,
             reserved,
             slots: Vec::new(),
             stranded: Vec::new(),
             calls,
+            peers,
+            peer_access: CallTally::default(),
         }
     }
 
@@ -158,7 +165,8 @@ impl Mirror {
     ) -> Result<()> {
         self.calls
             .set_access
-            .record(bytes, || device.grant_access(addr, bytes))
+            .record(bytes, || device.grant_access(addr, bytes))?;
+        peers::grant(device, addr, bytes, self.peers, &mut self.peer_access)
     }
 
     fn held(&self, handle: u32) -> Option<Held> {

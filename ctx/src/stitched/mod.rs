@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use memcore::{PAGE_BYTES, Stitch, StitchBlock, StitchConfig, StitchStats};
 
-use crate::{DeviceMemory, Error, Result, VmmCalls};
+use crate::{CallTally, DeviceMemory, Error, PeerSet, Result, VmmCalls};
 use mirror::{Failure, Mirror};
 
 /// How many times the device's memory a [`StitchedPool`] reserves by
@@ -28,6 +28,11 @@ pub struct StitchedConfig {
     pub reservation_bytes: u64,
     /// The policy; its `log_ops` is turned on, as the pool needs the ops.
     pub stitch: StitchConfig,
+    /// Other devices of the host that may read and write the pool's memory:
+    /// every handle the pool maps is granted to them as it is mapped, as a
+    /// [`crate::Pool`] does for its growths ([`crate::PoolConfig::peers`]),
+    /// counted in [`StitchedStats::peer_access`].
+    pub peers: PeerSet,
 }
 
 /// What a [`StitchedPool`] holds and what its driver calls cost.
@@ -43,6 +48,8 @@ pub struct StitchedStats {
     pub reservation_bytes: u64,
     /// Allocations whose backing failed and were rolled back.
     pub rollbacks: u64,
+    /// Grants of mapped handles to [`StitchedConfig::peers`].
+    pub peer_access: CallTally,
 }
 
 /// A non-moving pool over a device: memcore's stitching policy, whose driver
@@ -143,7 +150,7 @@ impl<D: DeviceMemory> StitchedPool<D> {
             state: Mutex::new(State {
                 device,
                 stitch,
-                mirror: Mirror::new(base, reserved, calls),
+                mirror: Mirror::new(base, reserved, calls, config.peers),
                 live: HashMap::default(),
                 rollbacks: 0,
             }),
@@ -179,6 +186,7 @@ impl<D: DeviceMemory> StitchedPool<D> {
         StitchedStats {
             model: state.stitch.stats(),
             calls: state.mirror.calls,
+            peer_access: state.mirror.peer_access,
             reservation_bytes: state.mirror.reserved,
             rollbacks: state.rollbacks,
         }

@@ -70,6 +70,7 @@ pub fn run(traces: &[Trace], ordinal: u32, stitch: StitchConfig, json: bool) -> 
             StitchedConfig {
                 reservation_bytes: 0,
                 stitch,
+                peers: ctx::PeerSet::NONE,
             },
         )?;
         let mut bandwidth = Err("the trace's peak was never reached".to_string());

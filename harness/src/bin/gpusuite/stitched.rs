@@ -70,6 +70,7 @@ fn contents_and_footprint(out: &mut Checks, context: &CudaContext) -> Result<()>
         StitchedConfig {
             reservation_bytes: 0,
             stitch,
+            peers: ctx::PeerSet::NONE,
         },
     )?;
     let start_used = used(&pool)?;
