@@ -63,6 +63,39 @@ impl Drop for Loaded {
     }
 }
 
+/// The JIT options that have the driver write its error log into a buffer of
+/// [`JIT_LOG_BYTES`], for `cuModuleLoadDataEx` and `cuLinkCreate`. The
+/// values point into `buffer`'s heap storage, which stays put when this moves.
+struct ErrorLog {
+    buffer: Vec<u8>,
+    options: [CUjit_option; 2],
+    values: [*mut c_void; 2],
+}
+
+impl ErrorLog {
+    fn new() -> Self {
+        let mut buffer = vec![0u8; JIT_LOG_BYTES];
+        let values = [
+            buffer.as_mut_ptr().cast::<c_void>(),
+            // The size option's value is the number itself, in the pointer slot.
+            JIT_LOG_BYTES as *mut c_void,
+        ];
+        Self {
+            buffer,
+            options: [
+                CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+                CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+            ],
+            values,
+        }
+    }
+
+    /// What the driver wrote, trimmed.
+    fn text(&self) -> String {
+        driver_log(&self.buffer)
+    }
+}
+
 impl CudaContext {
     /// Loads PTX text into this context, JIT-compiled for the device (no JIT target
     /// option: the driver picks the context's architecture, which cust's `JitTarget`
@@ -77,33 +110,22 @@ impl CudaContext {
             detail: format!("module `{name}`: the PTX text contains a NUL byte"),
         })?;
         self.bind()?;
-        let mut log = vec![0u8; JIT_LOG_BYTES];
-        let mut options = [
-            CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
-            CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-        ];
-        // The size option's value is the number itself, passed in the pointer slot.
-        let mut values = [
-            log.as_mut_ptr().cast::<c_void>(),
-            JIT_LOG_BYTES as *mut c_void,
-        ];
+        let mut log = ErrorLog::new();
         let mut raw: CUmodule = std::ptr::null_mut();
-        // SAFETY: `image` is NUL-terminated PTX; `options` and `values` have the same
-        // length (2); the log buffer is JIT_LOG_BYTES long, as its size option says, and
-        // outlives the call; `raw` is a valid out-pointer.
+        // SAFETY: `image` is NUL-terminated PTX; `log`'s options and values have the
+        // same length and, with the buffer they point to (as long as its size option
+        // says), outlive the call; `raw` is a valid out-pointer.
         let code = unsafe {
             driver::cuModuleLoadDataEx(
                 &mut raw,
                 image.as_ptr().cast(),
-                options.len() as c_uint,
-                options.as_mut_ptr(),
-                values.as_mut_ptr(),
+                log.options.len() as c_uint,
+                log.options.as_mut_ptr(),
+                log.values.as_mut_ptr(),
             )
         };
         if let Err(Error::Device { op, detail }) = check("cuModuleLoadData", code) {
-            let log_end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            let log = String::from_utf8_lossy(&log[..log_end]);
-            let log = log.trim();
+            let log = log.text();
             let detail = if log.is_empty() {
                 format!("module `{name}`: {detail}")
             } else {
@@ -166,31 +188,22 @@ impl CudaContext {
             ));
         }
         self.bind()?;
-        let mut log = vec![0u8; JIT_LOG_BYTES];
-        let mut options = [
-            CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
-            CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-        ];
-        // The size option's value is the number itself, passed in the pointer slot.
-        let mut values = [
-            log.as_mut_ptr().cast::<c_void>(),
-            JIT_LOG_BYTES as *mut c_void,
-        ];
+        let mut log = ErrorLog::new();
         let mut raw_state: CUlinkState = std::ptr::null_mut();
-        // SAFETY: `options` and `values` have the same length (2) and, like the log
-        // buffer they point to (JIT_LOG_BYTES long, as its option says), live until
-        // after the state is destroyed at the end of this function; `raw_state` is a
-        // valid out-pointer.
+        // SAFETY: `log`'s options and values have the same length and, like the
+        // buffer they point to (as long as its size option says), live until after
+        // the state is destroyed at the end of this function; `raw_state` is a valid
+        // out-pointer.
         let code = unsafe {
             driver::cuLinkCreate_v2(
-                options.len() as c_uint,
-                options.as_mut_ptr(),
-                values.as_mut_ptr(),
+                log.options.len() as c_uint,
+                log.options.as_mut_ptr(),
+                log.values.as_mut_ptr(),
                 &mut raw_state,
             )
         };
         if code != driver::SUCCESS {
-            return Err(fail("cuLinkCreate", driver::result_name(code), &log));
+            return Err(fail("cuLinkCreate", driver::result_name(code), &log.buffer));
         }
         let state = LinkState(raw_state);
         for (part, ptx) in &inputs {
@@ -213,7 +226,7 @@ impl CudaContext {
             };
             if code != driver::SUCCESS {
                 let detail = format!("{}: {}", part.to_string_lossy(), driver::result_name(code));
-                return Err(fail("cuLinkAddData", detail, &log));
+                return Err(fail("cuLinkAddData", detail, &log.buffer));
             }
         }
         let mut image: *mut c_void = std::ptr::null_mut();
@@ -222,7 +235,11 @@ impl CudaContext {
         // the state, which outlives its use below.
         let code = unsafe { driver::cuLinkComplete(state.0, &mut image, &mut image_bytes) };
         if code != driver::SUCCESS {
-            return Err(fail("cuLinkComplete", driver::result_name(code), &log));
+            return Err(fail(
+                "cuLinkComplete",
+                driver::result_name(code),
+                &log.buffer,
+            ));
         }
         let mut raw: CUmodule = std::ptr::null_mut();
         // SAFETY: `image` is the cubin cuLinkComplete made, alive until `state` drops
@@ -238,7 +255,11 @@ impl CudaContext {
         };
         drop(state);
         if code != driver::SUCCESS {
-            return Err(fail("cuModuleLoadData", driver::result_name(code), &log));
+            return Err(fail(
+                "cuModuleLoadData",
+                driver::result_name(code),
+                &log.buffer,
+            ));
         }
         Ok(Module {
             inner: Arc::new(Loaded {
