@@ -2,8 +2,11 @@
 //! whose physical memory is a set of handles mapped into it: GMLake's
 //! stitching, without hardware.
 //!
-//! - **Virtual placement**: best fit ([`FreeList`] with [`Fit::Best`]) over
-//!   a 2^47-byte arena, requests rounded up to [`STITCH_ALIGN`]. Virtual
+//! - **Virtual placement**: [`Tlsf::preferring_low_addresses`] over a
+//!   2^47-byte arena, requests rounded up to [`STITCH_ALIGN`]: O(1) per
+//!   request, close to best fit (smallest block among those it looks at,
+//!   lowest address among equals), which keeps blocks dense at the arena's
+//!   low end and so on few pages. Virtual
 //!   space costs nothing, so the arena never grows; a hole is only
 //!   physical memory where a page of it is still mapped.
 //! - **Pages**: a [`PAGE_BYTES`] page is backed while any live block
@@ -38,7 +41,7 @@
 mod backing;
 pub mod driver;
 
-use crate::{Allocation, Allocator, Error, Extent, Fit, FreeList, Result, align_up};
+use crate::{Allocation, Allocator, Error, Extent, Result, Tlsf, align_up};
 use alloc::vec::Vec;
 use backing::Backing;
 use driver::{DriverCalls, DriverCosts, DriverOp, H200_DRIVER_COSTS};
@@ -199,7 +202,7 @@ pub struct StitchStats {
 #[derive(Debug, Clone)]
 pub struct Stitch {
     config: StitchConfig,
-    arena: FreeList,
+    arena: Tlsf,
     backing: Backing,
     live_bytes: u64,
     live_blocks: u64,
@@ -211,10 +214,10 @@ pub struct Stitch {
 impl Stitch {
     /// An empty pool: no handle, the whole virtual arena free.
     pub fn new(config: StitchConfig) -> Self {
-        let mut arena = FreeList::new(Fit::Best);
+        let mut arena = Tlsf::preferring_low_addresses();
         arena
             .add_region(0, VIRTUAL_BYTES)
-            .expect("a fresh free list takes one non-empty region");
+            .expect("a fresh TLSF takes one non-empty region");
         Self {
             config,
             arena,
