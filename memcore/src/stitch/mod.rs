@@ -258,9 +258,8 @@ impl Stitch {
         };
         let allocation = self.arena.allocate(rounded, align)?;
         let basis = self.peak_live_bytes.max(self.live_bytes + size);
-        let slack = u128::from(basis) * u128::from(self.config.slack_permille) / 1000;
         self.backing
-            .set_budget(basis.saturating_add(u64::try_from(slack).unwrap_or(u64::MAX)));
+            .set_budget(basis.saturating_add(permille_of(basis, self.config.slack_permille)));
         if let Err(err) = self.backing.touch(allocation.offset, rounded) {
             self.backing.untouch_failed(allocation.offset, rounded)?;
             self.arena.free(allocation)?;
@@ -353,11 +352,42 @@ impl Stitch {
     }
 }
 
+/// `permille / 1000` of `bytes`, rounded down, saturating at `u64::MAX`;
+/// in 64-bit arithmetic when the product fits (every request's budget).
+#[inline]
+fn permille_of(bytes: u64, permille: u32) -> u64 {
+    match bytes.checked_mul(u64::from(permille)) {
+        Some(product) => product / 1000,
+        None => {
+            let share = u128::from(bytes) * u128::from(permille) / 1000;
+            u64::try_from(share).unwrap_or(u64::MAX)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn permille_of_agrees_with_wide_arithmetic() {
+        for (bytes, permille) in [
+            (0, 20),
+            (999, 1),
+            (1 << 40, 20),
+            (u64::MAX, 20),
+            (u64::MAX, 1000),
+            (u64::MAX / 3, 7),
+        ] {
+            let wide = u128::from(bytes) * u128::from(permille) / 1000;
+            assert_eq!(
+                u128::from(permille_of(bytes, permille)),
+                wide.min(u128::from(u64::MAX))
+            );
+        }
+    }
 
     #[test]
     fn the_frontier_grows_in_whole_large_handles() {
