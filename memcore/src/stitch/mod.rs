@@ -496,6 +496,32 @@ mod tests {
     }
 
     #[test]
+    fn a_handle_back_in_use_is_never_released_from_the_idle_cache() {
+        let mut pool = Stitch::new(StitchConfig::default());
+        let a = pool.allocate(32 * MIB).unwrap();
+        let b = pool.allocate(32 * MIB).unwrap();
+        pool.free(a).unwrap();
+        pool.free(b).unwrap();
+        // Both handles idle; a's place is used again, so its handle leaves
+        // the cache (its entry stays behind, stale).
+        let again = pool.allocate(32 * MIB).unwrap();
+        assert_eq!(again.offset, 0);
+        pool.check().unwrap();
+        pool.trim();
+        let stats = pool.stats();
+        assert_eq!((stats.physical_bytes, stats.idle_bytes), (32 * MIB, 0));
+        assert_eq!(pool.stats().calls.releases, 1);
+        assert!(pool.physical(0).is_some());
+        pool.check().unwrap();
+        // Idle again, it is cached again and the next trim releases it.
+        pool.free(again).unwrap();
+        assert_eq!(pool.stats().idle_bytes, 32 * MIB);
+        pool.trim();
+        assert_eq!(pool.stats().physical_bytes, 0);
+        pool.check().unwrap();
+    }
+
+    #[test]
     fn a_full_device_gets_pages_then_refuses_and_stays_whole() {
         let config = StitchConfig {
             capacity_bytes: 16 * MIB,
