@@ -284,9 +284,15 @@ impl<D: DeviceMemory> State<D> {
     }
 
     fn free(&mut self, ptr: u64) -> Result<()> {
-        let block = *self.live.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
-        self.stitch.free(block)?;
-        self.live.remove(&ptr);
+        let block = self
+            .live
+            .remove(&ptr)
+            .ok_or(Error::UnknownPointer { ptr })?;
+        if let Err(error) = self.stitch.free(block) {
+            // The model refused its own block: keep it live, as it was.
+            self.live.insert(ptr, block);
+            return Err(error.into());
+        }
         self.carry_out().map_err(Failure::into_error)
     }
 }

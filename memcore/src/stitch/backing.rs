@@ -49,6 +49,11 @@ struct Slot {
     used: u32,
     /// Whether it is in the idle cache (mapped, `used == 0`).
     cached: bool,
+    /// Whether `(first_page, slot)` is in its class's idle set. A cached
+    /// handle is always listed; one taken back into use stays listed
+    /// (stale) until a pop meets it, so a warm allocate + free pair on an
+    /// otherwise idle handle touches no tree.
+    listed: bool,
 }
 
 /// Pages, handles and the idle cache.
@@ -59,8 +64,11 @@ pub(super) struct Backing {
     slots: Vec<Slot>,
     spare_slots: Vec<u32>,
     /// Idle (cached) handles per class as `(first page, slot)`, so the one
-    /// mapped highest is at hand.
+    /// mapped highest is at hand, plus stale entries of listed handles
+    /// back in use, skipped (and dropped) when met.
     idle: [BTreeSet<(u64, u32)>; 2],
+    /// Cached handles per class.
+    idle_count: [usize; 2],
     /// Physical bytes to stay within while idle handles are cached.
     budget: u64,
     idle_bytes: u64,
@@ -80,6 +88,7 @@ impl Backing {
             slots: Vec::new(),
             spare_slots: Vec::new(),
             idle: [BTreeSet::new(), BTreeSet::new()],
+            idle_count: [0; 2],
             budget: u64::MAX,
             idle_bytes: 0,
             physical_bytes: 0,
@@ -279,14 +288,19 @@ impl Backing {
     /// `min_bytes`.
     pub(super) fn bytes_in_handles_of(&self, offset: u64, len: u64, min_bytes: u64) -> u64 {
         let (first, last) = Self::page_span(offset, len);
+        let large_enough = |page: u64| {
+            self.pages
+                .get(page as usize)
+                .and_then(|entry| self.slots.get(entry.handle as usize))
+                .is_some_and(|slot| slot.bytes >= min_bytes)
+        };
+        if first == last {
+            // Most blocks lie within one page.
+            return if large_enough(first) { len } else { 0 };
+        }
         let end = offset + len;
         (first..=last)
-            .filter(|&page| {
-                self.pages
-                    .get(page as usize)
-                    .and_then(|entry| self.slots.get(entry.handle as usize))
-                    .is_some_and(|slot| slot.bytes >= min_bytes)
-            })
+            .filter(|&page| large_enough(page))
             .map(|page| {
                 let start = (page * PAGE_BYTES).max(offset);
                 ((page + 1) * PAGE_BYTES).min(end) - start
@@ -301,13 +315,13 @@ impl Backing {
         self.take_idle(slot);
     }
 
-    /// Take a specific idle handle out of the cache.
+    /// Take a specific idle handle out of the cache; its entry in the
+    /// idle set stays, stale, until a pop meets it.
     fn take_idle(&mut self, slot: u32) {
         let handle = &mut self.slots[slot as usize];
         if handle.cached {
             handle.cached = false;
-            let class = Self::class_of(handle.bytes) as usize;
-            self.idle[class].remove(&(handle.first_page, slot));
+            self.idle_count[Self::class_of(handle.bytes) as usize] -= 1;
             self.idle_bytes -= handle.bytes;
         }
     }
@@ -316,8 +330,25 @@ impl Backing {
         let handle = &mut self.slots[slot as usize];
         handle.cached = true;
         let class = Self::class_of(handle.bytes) as usize;
-        self.idle[class].insert((handle.first_page, slot));
+        self.idle_count[class] += 1;
         self.idle_bytes += handle.bytes;
+        if !handle.listed {
+            handle.listed = true;
+            self.idle[class].insert((handle.first_page, slot));
+        }
+    }
+
+    /// Drop the stale entries at the top of `class`'s idle set, so its
+    /// last entry, if any, is a cached handle.
+    fn drop_stale_tops(&mut self, class: Class) {
+        while let Some(&(_, slot)) = self.idle[class as usize].last() {
+            let handle = &mut self.slots[slot as usize];
+            if handle.cached {
+                return;
+            }
+            handle.listed = false;
+            self.idle[class as usize].pop_last();
+        }
     }
 
     /// The idle handle of `class` mapped at the highest address, out of the
@@ -325,15 +356,20 @@ impl Backing {
     /// end, so the highest idle chunk is the one least likely to be wanted
     /// where it is: moving it costs the fewest later moves back.
     fn pop_idle(&mut self, class: Class) -> Option<u32> {
+        self.drop_stale_tops(class);
         let (_, slot) = self.idle[class as usize].pop_last()?;
         let handle = &mut self.slots[slot as usize];
+        handle.listed = false;
         handle.cached = false;
+        self.idle_count[class as usize] -= 1;
         self.idle_bytes -= handle.bytes;
         Some(slot)
     }
 
     /// The idle handle of either class mapped at the highest address.
     fn pop_highest_idle(&mut self) -> Option<u32> {
+        self.drop_stale_tops(Class::Small);
+        self.drop_stale_tops(Class::Large);
         let last =
             |this: &Self, class: Class| this.idle[class as usize].last().map(|&(page, _)| page);
         let class = match (last(self, Class::Small), last(self, Class::Large)) {
@@ -429,7 +465,7 @@ impl Backing {
             // Idle pages worth a large handle give way to one: no more
             // memory, and fewer calls than backing the chunk page by page.
             let pages = self.large_pages() as usize;
-            if !may_recycle || self.idle[Class::Small as usize].len() < pages {
+            if !may_recycle || self.idle_count[Class::Small as usize] < pages {
                 return Ok(None);
             }
             for _ in 0..pages {
@@ -467,6 +503,7 @@ impl Backing {
             first_page: 0,
             used: 0,
             cached: false,
+            listed: false,
         };
         let index = match self.spare_slots.pop() {
             Some(index) => {
@@ -590,7 +627,7 @@ impl Backing {
             }
             physical += slot.bytes;
             if !slot.mapped {
-                if pages[index] != 0 || slot.used != 0 || slot.cached {
+                if pages[index] != 0 || slot.used != 0 || slot.cached || slot.listed {
                     return Err(Error::Corrupt("an unmapped handle is in use or cached"));
                 }
                 idle += slot.bytes;
@@ -606,7 +643,8 @@ impl Backing {
             }
             let class = Self::class_of(slot.bytes) as usize;
             if (slot.used == 0) != slot.cached
-                || slot.cached != self.idle[class].contains(&(slot.first_page, index as u32))
+                || (slot.cached && !slot.listed)
+                || slot.listed != self.idle[class].contains(&(slot.first_page, index as u32))
             {
                 return Err(Error::Corrupt(
                     "a handle is idle but not cached, or cached in use",
@@ -621,15 +659,22 @@ impl Backing {
                 "physical bytes differ from the created handles",
             ));
         }
-        let cached = self
-            .slots
-            .iter()
-            .filter(|slot| slot.bytes > 0 && slot.cached)
-            .count();
-        if cached != self.idle[0].len() + self.idle[1].len() {
+        let live_slots = || self.slots.iter().filter(|slot| slot.bytes > 0);
+        let listed = live_slots().filter(|slot| slot.listed).count();
+        if listed != self.idle[0].len() + self.idle[1].len() {
             return Err(Error::Corrupt(
-                "the idle cache names handles that are not idle",
+                "the idle cache names handles that are not listed",
             ));
+        }
+        for class in [Class::Small, Class::Large] {
+            let cached = live_slots()
+                .filter(|slot| slot.cached && Self::class_of(slot.bytes) == class)
+                .count();
+            if cached != self.idle_count[class as usize] {
+                return Err(Error::Corrupt(
+                    "the idle count differs from the idle handles",
+                ));
+            }
         }
         if idle != self.idle_bytes {
             return Err(Error::Corrupt("idle bytes differ from the idle handles"));

@@ -2,8 +2,11 @@
 //! whose physical memory is a set of handles mapped into it: GMLake's
 //! stitching, without hardware.
 //!
-//! - **Virtual placement**: best fit ([`FreeList`] with [`Fit::Best`]) over
-//!   a 2^47-byte arena, requests rounded up to [`STITCH_ALIGN`]. Virtual
+//! - **Virtual placement**: [`Tlsf::preferring_low_addresses`] over a
+//!   2^47-byte arena, requests rounded up to [`STITCH_ALIGN`]: O(1) per
+//!   request, close to best fit (smallest block among those it looks at,
+//!   lowest address among equals), which keeps blocks dense at the arena's
+//!   low end and so on few pages. Virtual
 //!   space costs nothing, so the arena never grows; a hole is only
 //!   physical memory where a page of it is still mapped.
 //! - **Pages**: a [`PAGE_BYTES`] page is backed while any live block
@@ -38,7 +41,7 @@
 mod backing;
 pub mod driver;
 
-use crate::{Allocation, Allocator, Error, Extent, Fit, FreeList, Result, align_up};
+use crate::{Allocation, Allocator, Error, Extent, Result, Tlsf, align_up};
 use alloc::vec::Vec;
 use backing::Backing;
 use driver::{DriverCalls, DriverCosts, DriverOp, H200_DRIVER_COSTS};
@@ -199,7 +202,7 @@ pub struct StitchStats {
 #[derive(Debug, Clone)]
 pub struct Stitch {
     config: StitchConfig,
-    arena: FreeList,
+    arena: Tlsf,
     backing: Backing,
     live_bytes: u64,
     live_blocks: u64,
@@ -211,10 +214,10 @@ pub struct Stitch {
 impl Stitch {
     /// An empty pool: no handle, the whole virtual arena free.
     pub fn new(config: StitchConfig) -> Self {
-        let mut arena = FreeList::new(Fit::Best);
+        let mut arena = Tlsf::preferring_low_addresses();
         arena
             .add_region(0, VIRTUAL_BYTES)
-            .expect("a fresh free list takes one non-empty region");
+            .expect("a fresh TLSF takes one non-empty region");
         Self {
             config,
             arena,
@@ -255,9 +258,8 @@ impl Stitch {
         };
         let allocation = self.arena.allocate(rounded, align)?;
         let basis = self.peak_live_bytes.max(self.live_bytes + size);
-        let slack = u128::from(basis) * u128::from(self.config.slack_permille) / 1000;
         self.backing
-            .set_budget(basis.saturating_add(u64::try_from(slack).unwrap_or(u64::MAX)));
+            .set_budget(basis.saturating_add(permille_of(basis, self.config.slack_permille)));
         if let Err(err) = self.backing.touch(allocation.offset, rounded) {
             self.backing.untouch_failed(allocation.offset, rounded)?;
             self.arena.free(allocation)?;
@@ -350,11 +352,42 @@ impl Stitch {
     }
 }
 
+/// `permille / 1000` of `bytes`, rounded down, saturating at `u64::MAX`;
+/// in 64-bit arithmetic when the product fits (every request's budget).
+#[inline]
+fn permille_of(bytes: u64, permille: u32) -> u64 {
+    match bytes.checked_mul(u64::from(permille)) {
+        Some(product) => product / 1000,
+        None => {
+            let share = u128::from(bytes) * u128::from(permille) / 1000;
+            u64::try_from(share).unwrap_or(u64::MAX)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn permille_of_agrees_with_wide_arithmetic() {
+        for (bytes, permille) in [
+            (0, 20),
+            (999, 1),
+            (1 << 40, 20),
+            (u64::MAX, 20),
+            (u64::MAX, 1000),
+            (u64::MAX / 3, 7),
+        ] {
+            let wide = u128::from(bytes) * u128::from(permille) / 1000;
+            assert_eq!(
+                u128::from(permille_of(bytes, permille)),
+                wide.min(u128::from(u64::MAX))
+            );
+        }
+    }
 
     #[test]
     fn the_frontier_grows_in_whole_large_handles() {
@@ -459,6 +492,32 @@ mod tests {
         pool.check().unwrap();
         pool.free(b).unwrap();
         pool.free(c).unwrap();
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn a_handle_back_in_use_is_never_released_from_the_idle_cache() {
+        let mut pool = Stitch::new(StitchConfig::default());
+        let a = pool.allocate(32 * MIB).unwrap();
+        let b = pool.allocate(32 * MIB).unwrap();
+        pool.free(a).unwrap();
+        pool.free(b).unwrap();
+        // Both handles idle; a's place is used again, so its handle leaves
+        // the cache (its entry stays behind, stale).
+        let again = pool.allocate(32 * MIB).unwrap();
+        assert_eq!(again.offset, 0);
+        pool.check().unwrap();
+        pool.trim();
+        let stats = pool.stats();
+        assert_eq!((stats.physical_bytes, stats.idle_bytes), (32 * MIB, 0));
+        assert_eq!(pool.stats().calls.releases, 1);
+        assert!(pool.physical(0).is_some());
+        pool.check().unwrap();
+        // Idle again, it is cached again and the next trim releases it.
+        pool.free(again).unwrap();
+        assert_eq!(pool.stats().idle_bytes, 32 * MIB);
+        pool.trim();
+        assert_eq!(pool.stats().physical_bytes, 0);
         pool.check().unwrap();
     }
 

@@ -599,3 +599,30 @@ fn random_workload_keeps_the_structures_sound() {
         }
     }
 }
+
+#[test]
+fn preferring_low_addresses_takes_the_lowest_of_equal_holes() {
+    // Three equal holes between live separators, freed low to high, so the
+    // most recently freed (the list's head) is the highest. The same holes
+    // serve a good-fit request too (one from a class below theirs).
+    for (request, default_pick) in [(4 * KIB, 2), (3 * KIB, 2)] {
+        let mut placed = Vec::new();
+        for mut t in [Tlsf::new(), Tlsf::preferring_low_addresses()] {
+            t.add_region(0, MIB).unwrap();
+            let mut holes = Vec::new();
+            for _ in 0..3 {
+                holes.push(t.allocate(4 * KIB, 256).unwrap());
+                t.allocate(256, 256).unwrap();
+            }
+            let offsets: Vec<u64> = holes.iter().map(|hole| hole.offset).collect();
+            for hole in holes {
+                t.free(hole).unwrap();
+            }
+            placed.push((offsets, t.allocate(request, 256).unwrap().offset));
+            assert_sound(&t);
+        }
+        let [(offsets, by_default), (_, low_first)] = [placed[0].clone(), placed[1].clone()];
+        assert_eq!(by_default, offsets[default_pick], "request {request}");
+        assert_eq!(low_first, offsets[0], "request {request}");
+    }
+}
