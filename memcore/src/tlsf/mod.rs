@@ -344,29 +344,22 @@ impl Tlsf {
     /// sizes vary; probing a bounded number keeps allocation O(1).
     #[inline(always)]
     fn own_class_fit(&self, size: u64, rounded: u64, align: u64) -> Option<u32> {
-        let class = Class::of(rounded);
-        let mut index = self.bins.head(class);
-        let mut best: Option<(u64, u32)> = None;
-        for _ in 0..OWN_CLASS_PROBES {
-            if index == NONE {
-                break;
-            }
-            let node = &self.nodes[index];
-            if self.fit_in(index, size, align).is_some() && self.better(index, node.size, best) {
-                if node.size == rounded && !self.prefer_low {
-                    return Some(index);
-                }
-                best = Some((node.size, index));
-            }
-            index = node.next_free;
-        }
-        best.map(|(_, index)| index)
+        let head = self.bins.head(Class::of(rounded));
+        self.best_of(head, size, align, (!self.prefer_low).then_some(rounded))
     }
 
     /// The smallest, then lowest-addressed, block that holds the request
     /// among the first [`OWN_CLASS_PROBES`] of the list starting at `head`.
     #[inline(always)]
     fn lowest_of(&self, head: u32, size: u64, align: u64) -> Option<u32> {
+        self.best_of(head, size, align, None)
+    }
+
+    /// The best block (smallest, by [`Self::better`]) that holds the request
+    /// among the first [`OWN_CLASS_PROBES`] of the list starting at `head`;
+    /// a block of exactly `exact` bytes ends the search at once.
+    #[inline(always)]
+    fn best_of(&self, head: u32, size: u64, align: u64, exact: Option<u64>) -> Option<u32> {
         let mut index = head;
         let mut best: Option<(u64, u32)> = None;
         for _ in 0..OWN_CLASS_PROBES {
@@ -375,6 +368,9 @@ impl Tlsf {
             }
             let node = &self.nodes[index];
             if self.fit_in(index, size, align).is_some() && self.better(index, node.size, best) {
+                if Some(node.size) == exact {
+                    return Some(index);
+                }
                 best = Some((node.size, index));
             }
             index = node.next_free;
