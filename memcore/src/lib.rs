@@ -6,6 +6,7 @@
 extern crate alloc;
 
 mod alloc_api;
+pub mod bytes;
 mod compact;
 mod error;
 mod freelist;

@@ -156,7 +156,7 @@ impl Settings {
         let min_growth_bytes = match min_growth {
             None => Self::DEFAULT_MIN_GROWTH_BYTES,
             Some(text) => {
-                parse_bytes(text).ok_or_else(|| Error::BadMinGrowth { value: cut(text) })?
+                memcore::bytes::parse(text).map_err(|_| Error::BadMinGrowth { value: cut(text) })?
             }
         };
         Ok(Settings {
@@ -184,38 +184,9 @@ impl Settings {
     }
 }
 
-/// `"2097152"`, `"2M"`, `"2MiB"`, `"1g"` as bytes (binary multiples).
-fn parse_bytes(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits);
-    let number: u64 = number.parse().ok()?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        _ => return None,
-    };
-    number.checked_mul(1 << shift)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_binary_suffixes() {
-        assert_eq!(parse_bytes("2097152"), Some(2 << 20));
-        assert_eq!(parse_bytes("64M"), Some(64 << 20));
-        assert_eq!(parse_bytes("1 GiB"), Some(1 << 30));
-        assert_eq!(parse_bytes("3k"), Some(3 << 10));
-        assert_eq!(parse_bytes("lots"), None);
-        assert_eq!(parse_bytes("-2M"), None);
-        assert_eq!(parse_bytes("99999999999999999999G"), None);
-    }
 
     #[test]
     fn bad_values_are_named_and_cut() {
