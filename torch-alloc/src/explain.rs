@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use ctx::{Ledger, LedgerItemKind, PoolStats};
+use ctx::{Ledger, LedgerItemKind};
 
 use crate::facts::ContextFacts;
 
@@ -15,8 +15,26 @@ pub struct PoolFigures {
     pub live_bytes: u64,
     /// Freed bytes waiting for their stream's work before others may reuse them.
     pub pending_bytes: u64,
-    /// The pool itself.
-    pub pool: PoolStats,
+    /// Device memory the pool has mapped.
+    pub mapped_bytes: u64,
+    /// The most device memory the pool has mapped at once.
+    pub peak_mapped_bytes: u64,
+    /// Mapped bytes no block holds.
+    pub free_bytes: u64,
+    /// The largest request the pool can place without new device memory.
+    pub largest_free_bytes: u64,
+}
+
+impl PoolFigures {
+    /// External fragmentation of the pool's free bytes: `1 - largest / free`, 0 when
+    /// nothing is free.
+    pub fn fragmentation(&self) -> f64 {
+        if self.free_bytes == 0 {
+            0.0
+        } else {
+            1.0 - self.largest_free_bytes.min(self.free_bytes) as f64 / self.free_bytes as f64
+        }
+    }
 }
 
 /// The terms of the ledger, computed once so the text and the tests agree. Bytes.
@@ -54,11 +72,11 @@ impl Explanation {
             .filter_map(|kind| ledger.item(*kind))
             .map(|item| item.predicted)
             .sum();
-        let pool_bytes = figures.pool.mapped_bytes;
+        let pool_bytes = figures.mapped_bytes;
         Explanation {
             used_bytes,
             pool_bytes,
-            pool_free_bytes: figures.pool.heap.free_bytes,
+            pool_free_bytes: figures.free_bytes,
             outside_bytes: used_bytes
                 .saturating_sub(context)
                 .saturating_sub(pool_bytes),
@@ -94,14 +112,13 @@ impl Explanation {
                 );
             }
         }
-        let heap = &figures.pool.heap;
         line(
             &mut out,
             "  cudamem pool (physical)",
             self.pool_bytes,
             &format!(
                 "mapped pages; peak {}",
-                mib(figures.pool.peak_mapped_bytes).trim()
+                mib(figures.peak_mapped_bytes).trim()
             ),
         );
         line(
@@ -122,8 +139,8 @@ impl Explanation {
             self.pool_free_bytes,
             &format!(
                 "largest free block {}; fragmentation {:.1}%",
-                mib(heap.largest_free).trim(),
-                heap.external_fragmentation() * 100.0
+                mib(figures.largest_free_bytes).trim(),
+                figures.fragmentation() * 100.0
             ),
         );
         line(

@@ -42,7 +42,16 @@ impl DeviceFacts for SimDevice {
 
     fn memory_driver_calls(&self) -> u64 {
         let c = self.counters();
-        c.maps + c.unmaps + c.chunk_allocs + c.chunk_frees + c.set_accesses
+        c.maps
+            + c.unmaps
+            + c.chunk_allocs
+            + c.chunk_frees
+            + c.set_accesses
+            + c.physical_creates
+            + c.physical_maps
+            + c.access_grants
+            + c.physical_unmaps
+            + c.physical_releases
     }
 
     /// An H200-shaped profile scaled to the simulated capacity: the context's share is

@@ -205,6 +205,25 @@ impl<D: DeviceMemory> StitchedPool<D> {
         state.live.iter().map(|(&ptr, b)| (ptr, b.size)).collect()
     }
 
+    /// The device address ranges the pool has mapped now, as `(address,
+    /// bytes)`, sorted by address, adjacent mappings merged into one range:
+    /// where a memory snapshot shows the pool's segments.
+    pub fn mapped_runs(&self) -> Vec<(u64, u64)> {
+        let state = self.lock();
+        let mut mapped: Vec<memcore::Extent> =
+            state.stitch.handles().filter_map(|h| h.mapped_at).collect();
+        mapped.sort_unstable_by_key(|e| e.offset);
+        let mut runs: Vec<(u64, u64)> = Vec::with_capacity(mapped.len());
+        for extent in mapped {
+            let addr = state.mirror.base + extent.offset;
+            match runs.last_mut() {
+                Some((start, bytes)) if *start + *bytes == addr => *bytes += extent.size,
+                _ => runs.push((addr, extent.size)),
+            }
+        }
+        runs
+    }
+
     /// Runs `f` on the device under the pool's lock (to read or write what
     /// an allocation holds).
     pub fn with_device<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {

@@ -1,0 +1,1119 @@
+//! [`DeviceAllocator`]: one device's memory behind PyTorch's allocator interface,
+//! on either [`Backing`], stream ordered, with CUDA graphs' private pools and
+//! PyTorch's figures.
+//!
+//! Stream order. While only one stream has used the device, a free goes straight
+//! back to the pool: that stream reuses it at once, in order, and there is nobody
+//! else. When a second stream first shows up, the allocator waits (once) for the work
+//! queued on the first, since the pool's free memory came from it; from then on a
+//! freed block waits in [`order`] until its stream's work before the free has
+//! completed (asked at every request, never waited for, except before reporting out
+//! of memory and in [`DeviceAllocator::empty_cache`]). A free goes to the stream the
+//! block was allocated on; other streams that use it say so with
+//! [`DeviceAllocator::record_stream`].
+//!
+//! CUDA graphs. Between [`DeviceAllocator::begin_allocate_to_pool`] and
+//! [`DeviceAllocator::end_allocate_to_pool`] the allocator records and asks no event
+//! (a capture forbids asking for, waiting for, and recording on capturing streams);
+//! blocks freed then are fenced at the end. Requests naming a private pool are served
+//! from it ([`private`]); requests on a capturing stream outside any pool never wait.
+
+mod order;
+mod private;
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use memcore::Allocation;
+
+use crate::backing::{Backing, Figures, is_out_of_memory};
+use crate::device_stats::DeviceStats;
+use crate::error::{Error, Result};
+use crate::events::StreamEvents;
+use crate::explain::{Explanation, PoolFigures};
+use crate::facts::{ContextFacts, DeviceFacts};
+use crate::history::{HistorySettings, NO_CONTEXT, RecordContext, TraceAction};
+use crate::pool_id::PoolId;
+use crate::pytorch;
+use crate::snapshot::{self, BlockState, PrivateSegment, Snapshot, SnapshotBlock};
+use order::StreamOrder;
+use private::PrivatePools;
+
+pub use private::SEGMENT_BYTES;
+
+/// A request as PyTorch makes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request<S> {
+    /// Bytes asked for.
+    pub size: u64,
+    /// The stream the memory is used on (where it is freed).
+    pub stream: S,
+    /// The pool to serve it from: a private pool whose filter took the request, or
+    /// [`PoolId::DEFAULT`].
+    pub pool: PoolId,
+    /// Whether `stream` is capturing a CUDA graph now (`cudaStreamIsCapturing`).
+    pub capturing: bool,
+    /// The caller's stack as a number, or [`NO_CONTEXT`].
+    pub context: u64,
+}
+
+impl<S> Request<S> {
+    /// `size` bytes on `stream` from the device's own pool, no capture, no stack.
+    pub fn new(size: u64, stream: S) -> Self {
+        Self {
+            size,
+            stream,
+            pool: PoolId::DEFAULT,
+            capturing: false,
+            context: NO_CONTEXT,
+        }
+    }
+
+    /// The same request served from `pool`.
+    pub fn in_pool(self, pool: PoolId) -> Self {
+        Self { pool, ..self }
+    }
+
+    /// The same request, its stream capturing a graph or not.
+    pub fn capturing(self, capturing: bool) -> Self {
+        Self { capturing, ..self }
+    }
+
+    /// The same request with a stack.
+    pub fn with_context(self, context: u64) -> Self {
+        Self { context, ..self }
+    }
+}
+
+/// What an allocation or free did, with the device's totals after it (what PyTorch's
+/// profiler records). Bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// The block's device address.
+    pub ptr: u64,
+    /// The block's bytes (the request rounded up to 512, or the reused block's).
+    pub bytes: u64,
+    /// Bytes of all live blocks of the device.
+    pub allocated_bytes: u64,
+    /// Device memory the pool has mapped.
+    pub reserved_bytes: u64,
+}
+
+/// What restoring a private pool's checkpoint changed: the blocks freed (every block
+/// of the pool that was live) and the blocks handed out again (the checkpoint's live
+/// ones, at their old addresses), as device addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Freed, by address.
+    pub freed: Vec<u64>,
+    /// Handed out again, by address.
+    pub allocated: Vec<u64>,
+}
+
+/// The figures of one device's allocator, as `cudamem_stats` returns them. Bytes and
+/// counts; `#[repr(C)]`, the layout of `struct cudamem_stats`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AllocatorStats {
+    /// Bytes handed out and not freed (each request rounded up to 512).
+    pub live_bytes: u64,
+    /// The most `live_bytes` has been.
+    pub peak_live_bytes: u64,
+    /// Device memory the pool has mapped now (physical).
+    pub mapped_bytes: u64,
+    /// The most device memory the pool has mapped at once: its footprint.
+    pub peak_mapped_bytes: u64,
+    /// Freed bytes waiting for their stream's work before other streams may reuse them.
+    pub pending_bytes: u64,
+    /// The largest request the pool can place without new device memory.
+    pub largest_free_bytes: u64,
+    /// Driver calls that took or gave device memory (VMM create, map, set access, unmap,
+    /// release).
+    pub memory_driver_calls: u64,
+    /// Driver calls for stream order (event record, query, synchronize).
+    pub event_calls: u64,
+    /// Successful allocations.
+    pub allocations: u64,
+    /// Successful frees.
+    pub frees: u64,
+    /// Requests refused for lack of memory.
+    pub ooms: u64,
+    /// Calls refused for bad arguments (unknown pointer, unknown pool, ...).
+    pub errors: u64,
+    /// Grants of the pool's mappings to peer devices (`CUDAMEM_PEERS`).
+    pub peer_access_calls: u64,
+    /// Bytes in private pools (CUDA graphs' memory), live or free.
+    pub private_pool_bytes: u64,
+}
+
+/// Where a block's memory comes from.
+#[derive(Debug, Clone, Copy)]
+enum Origin<T> {
+    /// The backing, as one block.
+    Device(T),
+    /// A private pool's segment.
+    Private {
+        pool: PoolId,
+        allocation: Allocation,
+    },
+}
+
+impl<T> Origin<T> {
+    fn pool(&self) -> PoolId {
+        match self {
+            Origin::Device(_) => PoolId::DEFAULT,
+            Origin::Private { pool, .. } => *pool,
+        }
+    }
+}
+
+/// A block handed out, or freed and waiting for streams.
+#[derive(Debug, Clone)]
+struct Block<T, S> {
+    origin: Origin<T>,
+    ptr: u64,
+    /// Its bytes.
+    bytes: u64,
+    /// What the caller asked for, bytes.
+    requested: u64,
+    /// Where it was allocated (and is freed).
+    stream: S,
+    /// Other streams that used it (`record_stream`).
+    uses: Vec<S>,
+    /// The stack it was allocated at (held in the history), or [`NO_CONTEXT`].
+    context: u64,
+}
+
+/// Which streams have used the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Streams<S> {
+    /// None yet, or only this one: frees go straight to the pool.
+    One(Option<S>),
+    /// Several: frees wait for their streams.
+    Many,
+}
+
+/// Counts kept for [`AllocatorStats`], never reset.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    live_bytes: u64,
+    peak_live_bytes: u64,
+    allocations: u64,
+    frees: u64,
+    ooms: u64,
+    errors: u64,
+}
+
+/// A checkpoint of a private pool: its live blocks.
+#[derive(Debug, Clone)]
+struct Checkpoint<S> {
+    pool: PoolId,
+    /// `(address, bytes, requested, stream)`.
+    blocks: Vec<(u64, u64, u64, S)>,
+}
+
+#[derive(Debug)]
+struct State<T, E: StreamEvents> {
+    events: E,
+    streams: Streams<E::Stream>,
+    live: HashMap<u64, Block<T, E::Stream>>,
+    order: StreamOrder<T, E>,
+    pools: PrivatePools<T, E::Stream>,
+    /// Begin-to-end spans open: while any is, no event is recorded or asked for.
+    underway: u32,
+    stats: DeviceStats,
+    /// The backing's peak mapped bytes at the last peak reset.
+    peak_at_reset: u64,
+    /// The backing's device allocations and frees at the last accumulated reset.
+    device_calls_at_reset: (u64, u64),
+    counts: Counts,
+    /// Mapped bytes allowed (`set_memory_fraction`); `None`: the whole device.
+    cap: Option<(f64, u64)>,
+    history: crate::history::History,
+    checkpoints: HashMap<u64, Checkpoint<E::Stream>>,
+    next_checkpoint: u64,
+}
+
+/// One device's allocator; see the [module docs](self). `Send + Sync`: its state sits
+/// behind one mutex, taken before the backing's.
+///
+/// ```
+/// use cudamem_torch::{DeviceAllocator, Request, Settings, SimStreams, backing};
+/// use ctx::{SimConfig, SimDevice, StreamId};
+///
+/// let streams = SimStreams::default();
+/// let pool = backing::tlsf_pool(SimDevice::new(SimConfig::small(64 << 20)), &Settings::default())?;
+/// let alloc = DeviceAllocator::new(0, pool, streams)?;
+/// let a = alloc.allocate(Request::new(1000, StreamId(0)))?;
+/// alloc.free(a.ptr, 0)?;
+/// assert_eq!(alloc.allocate(Request::new(1000, StreamId(0)))?.ptr, a.ptr); // same stream: reused at once
+/// assert_eq!(alloc.device_stats().allocated_bytes.aggregate.current, 1024);
+/// # Ok::<(), cudamem_torch::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct DeviceAllocator<B: Backing, E: StreamEvents> {
+    device: i32,
+    backing: B,
+    /// The device's memory, bytes.
+    total_bytes: u64,
+    state: Mutex<State<B::Token, E>>,
+}
+
+impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
+    /// An allocator for `device` (its number, for messages) on `backing`, with
+    /// `events` on the device's streams.
+    ///
+    /// Every method leaves the calling thread's current context as it found it.
+    pub fn new(device: i32, backing: B, events: E) -> Result<Self> {
+        let total_bytes = backing.mem_info()?.total;
+        Ok(Self {
+            device,
+            backing,
+            total_bytes,
+            state: Mutex::new(State {
+                events,
+                streams: Streams::One(None),
+                live: HashMap::new(),
+                order: StreamOrder::default(),
+                pools: PrivatePools::new(device),
+                underway: 0,
+                stats: DeviceStats::default(),
+                peak_at_reset: 0,
+                device_calls_at_reset: (0, 0),
+                counts: Counts::default(),
+                cap: None,
+                history: crate::history::History::default(),
+                checkpoints: HashMap::new(),
+                next_checkpoint: 1,
+            }),
+        })
+    }
+
+    /// The device's number.
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// The pool underneath.
+    pub fn backing(&self) -> &B {
+        &self.backing
+    }
+
+    fn state(&self) -> MutexGuard<'_, State<B::Token, E>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn current<R>(&self, work: impl FnOnce(&mut State<B::Token, E>) -> Result<R>) -> Result<R> {
+        <B::Device as DeviceFacts>::keeping_current(|| work(&mut self.state()))
+    }
+
+    /// Serves `request`: a block of at least `request.size` bytes (rounded up to 512)
+    /// at a device address (never 0) that stays put until freed. Out of memory is
+    /// [`Error::OutOfMemory`], with the device's ledger; the allocator is intact after.
+    pub fn allocate(&self, request: Request<E::Stream>) -> Result<Outcome> {
+        self.current(|state| {
+            state.history.received(request.context);
+            let served = self.serve(state, &request);
+            state.history.release(request.context);
+            served
+        })
+    }
+
+    fn serve(
+        &self,
+        state: &mut State<B::Token, E>,
+        request: &Request<E::Stream>,
+    ) -> Result<Outcome> {
+        let quiet = state.underway > 0 || request.capturing;
+        if !quiet {
+            state.note_stream(request.stream)?;
+            self.take_completed(state)?;
+        }
+        let placed = if request.pool.is_private() {
+            self.place_private(state, request, quiet)
+        } else {
+            self.place(state, request, quiet)
+        };
+        let (origin, ptr, bytes) = match placed {
+            Ok(placed) => placed,
+            Err(error) => {
+                if !matches!(error, Error::OutOfMemory { .. }) {
+                    state.counts.errors += 1;
+                }
+                return Err(error);
+            }
+        };
+        let context = if state.history.keeps_block_stacks() {
+            state.history.hold(request.context);
+            request.context
+        } else {
+            NO_CONTEXT
+        };
+        let stream = E::number(request.stream);
+        state.history.record(
+            TraceAction::Alloc,
+            ptr,
+            request.size,
+            stream,
+            origin.pool(),
+            request.context,
+        );
+        state.stats.block_allocated(bytes, request.size);
+        let counts = &mut state.counts;
+        counts.allocations += 1;
+        counts.live_bytes += bytes;
+        counts.peak_live_bytes = counts.peak_live_bytes.max(counts.live_bytes);
+        state.live.insert(
+            ptr,
+            Block {
+                origin,
+                ptr,
+                bytes,
+                requested: request.size,
+                stream: request.stream,
+                uses: Vec::new(),
+                context,
+            },
+        );
+        Ok(state.outcome(ptr, bytes))
+    }
+
+    /// A block of the device's own pool: a freed one of the same stream, or new.
+    fn place(
+        &self,
+        state: &mut State<B::Token, E>,
+        request: &Request<E::Stream>,
+        quiet: bool,
+    ) -> Result<(Origin<B::Token>, u64, u64)> {
+        let bytes = pytorch::block_bytes(request.size);
+        if let Some(block) = state.order.take_own(request.stream, bytes) {
+            state.retire(&block, NO_CONTEXT);
+            return Ok((block.origin, block.ptr, block.bytes));
+        }
+        let (token, ptr) = self.take_from_backing(state, bytes, request, quiet)?;
+        Ok((Origin::Device(token), ptr, bytes))
+    }
+
+    /// A block of the request's private pool, which takes a segment when it is full.
+    fn place_private(
+        &self,
+        state: &mut State<B::Token, E>,
+        request: &Request<E::Stream>,
+        quiet: bool,
+    ) -> Result<(Origin<B::Token>, u64, u64)> {
+        let pool = request.pool;
+        let bytes = pytorch::block_bytes(request.size);
+        let placed = |state: &mut State<B::Token, E>| {
+            state.pools.try_place(pool, request.stream, bytes).map(|a| {
+                a.map(|allocation| {
+                    (
+                        Origin::Private { pool, allocation },
+                        allocation.offset,
+                        bytes,
+                    )
+                })
+            })
+        };
+        if let Some(found) = placed(state)? {
+            return Ok(found);
+        }
+        let segment = private::segment_bytes(bytes).ok_or_else(|| self.refused(state, request))?;
+        let (token, ptr) = self.take_from_backing(state, segment, request, quiet)?;
+        if let Err(error) = state
+            .pools
+            .add_segment(pool, request.stream, token, ptr, segment)
+        {
+            self.backing.free(token)?;
+            return Err(error);
+        }
+        let stream = E::number(request.stream);
+        state.history.record(
+            TraceAction::SegmentAlloc,
+            ptr,
+            segment,
+            stream,
+            pool,
+            request.context,
+        );
+        placed(state)?.ok_or(Error::Ctx(ctx::Error::Memcore(memcore::Error::Corrupt(
+            "a private pool refused a block its new segment holds",
+        ))))
+    }
+
+    /// `bytes` from the backing, under the memory fraction; out of memory once more
+    /// after waiting for every freed block (unless `quiet`).
+    fn take_from_backing(
+        &self,
+        state: &mut State<B::Token, E>,
+        bytes: u64,
+        request: &Request<E::Stream>,
+        quiet: bool,
+    ) -> Result<(B::Token, u64)> {
+        let cap = state.cap.map(|(_, cap)| cap);
+        if bytes > self.total_bytes || cap.is_some_and(|cap| bytes > cap) {
+            return Err(self.refused(state, request));
+        }
+        let cause = (E::number(request.stream), request.pool, request.context);
+        let mut retried = false;
+        loop {
+            match self.backing.allocate(bytes) {
+                Ok((token, ptr)) => {
+                    let figures = self.note_mapped(state, ptr, cause);
+                    match cap {
+                        Some(cap) if figures.mapped_bytes > cap => {
+                            self.backing.free(token)?;
+                            if !quiet {
+                                self.backing.give_back()?;
+                            }
+                            self.note_mapped(state, ptr, cause);
+                        }
+                        _ => return Ok((token, ptr)),
+                    }
+                }
+                Err(error) if is_out_of_memory(&error) => {}
+                Err(error) => return Err(error.into()),
+            }
+            let more = !state.order.is_empty() || state.pools.has_releasable();
+            if retried || quiet || !more {
+                return Err(self.refused(state, request));
+            }
+            self.release_everything(state)?;
+            state.stats.num_alloc_retries += 1;
+            retried = true;
+        }
+    }
+
+    /// Out of memory: counted, traced, explained.
+    fn refused(&self, state: &mut State<B::Token, E>, request: &Request<E::Stream>) -> Error {
+        state.stats.num_ooms += 1;
+        state.counts.ooms += 1;
+        let free = self.backing.mem_info().map_or(0, |m| m.free);
+        let stream = E::number(request.stream);
+        state.history.record(
+            TraceAction::Oom,
+            free,
+            request.size,
+            stream,
+            request.pool,
+            request.context,
+        );
+        let report = match self.figures(state) {
+            Ok((facts, figures)) => {
+                let ledger = Explanation::new(&facts, &figures);
+                let mut text = ledger.render(self.device, &facts, &figures);
+                text.push_str(&verdict(&ledger, &figures, request.size));
+                text
+            }
+            Err(error) => format!("(the ledger could not be read: {error})"),
+        };
+        Error::OutOfMemory {
+            device: self.device,
+            requested: request.size,
+            report,
+        }
+    }
+
+    /// Reads what the backing holds now into the figures, tracing a change of its
+    /// mapped bytes as a segment map or unmap at `near` (the block that caused it),
+    /// for `cause`: the stream (as a number), pool and stack of the request.
+    fn note_mapped(
+        &self,
+        state: &mut State<B::Token, E>,
+        near: u64,
+        cause: (u64, PoolId, u64),
+    ) -> Figures {
+        let figures = self.backing.figures();
+        let before = u64::try_from(state.stats.reserved_bytes.aggregate.current).unwrap_or(0);
+        if figures.mapped_bytes != before {
+            let (action, delta) = if figures.mapped_bytes > before {
+                (TraceAction::SegmentMap, figures.mapped_bytes - before)
+            } else {
+                (TraceAction::SegmentUnmap, before - figures.mapped_bytes)
+            };
+            let (stream, pool, context) = cause;
+            state
+                .history
+                .record(action, near, delta, stream, pool, context);
+            state.stats.reserved_bytes.set_held(figures.mapped_bytes);
+        }
+        state.stats.segment.set_held(figures.segments);
+        figures
+    }
+
+    /// Waits for every freed block, returns them, and gives released private pools'
+    /// free segments back to the backing (after a device-wide wait: a graph replay may
+    /// still use them).
+    fn release_everything(&self, state: &mut State<B::Token, E>) -> Result<()> {
+        let drained = state.order.drain(&mut state.events)?;
+        state.stats.num_sync_all_streams += 1;
+        for block in drained {
+            self.return_block(state, block, NO_CONTEXT)?;
+        }
+        if state.pools.has_releasable() {
+            state.events.synchronize_all()?;
+            for (pool, addr, segment) in state.pools.take_releasable() {
+                self.backing.free(segment.token)?;
+                let stream = E::number(segment.stream);
+                state.history.record(
+                    TraceAction::SegmentFree,
+                    addr,
+                    segment.bytes,
+                    stream,
+                    pool,
+                    NO_CONTEXT,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns every freed block whose streams are done.
+    fn take_completed(&self, state: &mut State<B::Token, E>) -> Result<()> {
+        if state.order.is_empty() {
+            return Ok(());
+        }
+        for block in state.order.take_completed(&mut state.events)? {
+            self.return_block(state, block, NO_CONTEXT)?;
+        }
+        Ok(())
+    }
+
+    /// A freed block no stream uses any more goes back to its pool.
+    fn return_block(
+        &self,
+        state: &mut State<B::Token, E>,
+        block: Block<B::Token, E::Stream>,
+        context: u64,
+    ) -> Result<()> {
+        match block.origin {
+            Origin::Device(token) => self.backing.free(token)?,
+            Origin::Private { pool, allocation } => {
+                state
+                    .pools
+                    .give_back(pool, block.stream, allocation, block.bytes)?
+            }
+        }
+        state.retire(&block, context);
+        Ok(())
+    }
+
+    /// Frees the block at `ptr` (`context`: the stack of the free, or
+    /// [`NO_CONTEXT`]). It is reusable at once on its own stream, on other streams
+    /// once the work queued on it (and on the streams recorded for it) has completed.
+    pub fn free(&self, ptr: u64, context: u64) -> Result<Outcome> {
+        self.current(|state| {
+            state.history.received(context);
+            let freed = self.release_block(state, ptr, context);
+            state.history.release(context);
+            freed
+        })
+    }
+
+    fn release_block(
+        &self,
+        state: &mut State<B::Token, E>,
+        ptr: u64,
+        context: u64,
+    ) -> Result<Outcome> {
+        let Some(block) = state.live.remove(&ptr) else {
+            state.counts.errors += 1;
+            return Err(Error::UnknownPointer { ptr });
+        };
+        state.stats.block_freed(block.bytes);
+        state.counts.frees += 1;
+        state.counts.live_bytes -= block.bytes;
+        let pool = block.origin.pool();
+        if pool.is_private() {
+            state.pools.note_freed(pool, ptr);
+        }
+        let trace_context = if context != NO_CONTEXT {
+            context
+        } else {
+            block.context
+        };
+        let stream = E::number(block.stream);
+        state.history.record(
+            TraceAction::FreeRequested,
+            ptr,
+            block.requested,
+            stream,
+            pool,
+            trace_context,
+        );
+        let bytes = block.bytes;
+        let straight = block.uses.is_empty()
+            && (matches!(state.streams, Streams::One(_)) || pool.is_private());
+        if straight {
+            self.return_block(state, block, context)?;
+        } else {
+            let fence = state.underway == 0;
+            state.order.push(block, fence, &mut state.events)?;
+        }
+        Ok(state.outcome(ptr, bytes))
+    }
+
+    /// `stream` uses the block at `ptr` too (`Tensor.record_stream`): when freed, the
+    /// block waits for that stream's work as well.
+    pub fn record_stream(&self, ptr: u64, stream: E::Stream) -> Result<()> {
+        self.current(|state| {
+            let quiet = state.underway > 0;
+            let Some(block) = state.live.get_mut(&ptr) else {
+                state.counts.errors += 1;
+                return Err(Error::UnknownPointer { ptr });
+            };
+            if block.stream == stream || block.uses.contains(&stream) {
+                return Ok(());
+            }
+            block.uses.push(stream);
+            if !quiet {
+                state.note_stream(stream)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Waits for every freed block, returns them, gives released private pools'
+    /// segments back, and gives the device what the pool holds and no block needs
+    /// (TLSF: the free pages at the top; stitched: every idle page). Returns the mapped
+    /// bytes given back. While a graph is being captured it gives nothing back.
+    pub fn empty_cache(&self) -> Result<u64> {
+        self.current(|state| {
+            if state.underway > 0 {
+                return Ok(0);
+            }
+            let before = self.backing.figures().mapped_bytes;
+            self.release_everything(state)?;
+            self.backing.give_back()?;
+            let after = self
+                .note_mapped(state, 0, (0, PoolId::DEFAULT, NO_CONTEXT))
+                .mapped_bytes;
+            Ok(before.saturating_sub(after))
+        })
+    }
+
+    /// Caps the device memory the pool maps at `fraction` of the device's
+    /// (`torch.cuda.set_per_process_memory_fraction`); a request that would pass it is
+    /// out of memory.
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::BadFraction {
+                device: self.device,
+                fraction,
+            });
+        }
+        let cap = (fraction * self.total_bytes as f64) as u64;
+        self.state().cap = Some((fraction, cap));
+        Ok(())
+    }
+
+    /// The fraction set by [`Self::set_memory_fraction`] (1 when none).
+    pub fn memory_fraction(&self) -> f64 {
+        self.state().cap.map_or(1.0, |(fraction, _)| fraction)
+    }
+
+    /// The largest block the allocator could hand out now, bytes (`cacheInfo`, which
+    /// cuDNN's benchmark mode sizes its workspace by): what the pool holds free, or
+    /// what it could map from the device's free memory, under the memory fraction. An
+    /// estimate, as PyTorch's own is: cuDNN backs off when a workspace is refused.
+    pub fn largest_block(&self) -> Result<u64> {
+        self.current(|state| {
+            let figures = self.backing.figures();
+            let device_free = self.backing.mem_info()?.free;
+            let mut largest = figures
+                .largest_free_bytes
+                .max(device_free.saturating_add(figures.growable_bytes));
+            if let Some((_, cap)) = state.cap {
+                let room = cap.saturating_sub(figures.mapped_bytes) + figures.growable_bytes;
+                largest = largest.min(figures.largest_free_bytes.max(room));
+            }
+            Ok(largest)
+        })
+    }
+
+    /// PyTorch's figures now (`getDeviceStats`).
+    pub fn device_stats(&self) -> DeviceStats {
+        let mut state = self.state();
+        let figures = self.backing.figures();
+        let state = &mut *state;
+        let stats = &mut state.stats;
+        stats.reserved_bytes.set_held(figures.mapped_bytes);
+        stats.segment.set_held(figures.segments);
+        let stuck = figures.free_bytes.saturating_sub(figures.releasable_bytes);
+        stats.inactive_split_bytes.set_held(stuck);
+        stats.inactive_split.set_held(u64::from(stuck > 0));
+        let (allocs, frees) = state.device_calls_at_reset;
+        stats.num_device_alloc =
+            i64::try_from(figures.device_allocs.saturating_sub(allocs)).unwrap_or(i64::MAX);
+        stats.num_device_free =
+            i64::try_from(figures.device_frees.saturating_sub(frees)).unwrap_or(i64::MAX);
+        let mut out = *stats;
+        if figures.peak_mapped_bytes > state.peak_at_reset {
+            // The pool's own peak came after the last reset: it is the peak since.
+            let peak = i64::try_from(figures.peak_mapped_bytes).unwrap_or(i64::MAX);
+            for stat in [
+                &mut out.reserved_bytes.aggregate,
+                &mut out.reserved_bytes.large_pool,
+            ] {
+                stat.peak = stat.peak.max(peak);
+            }
+        }
+        out
+    }
+
+    /// Every peak becomes its current value.
+    pub fn reset_peak_stats(&self) {
+        let mut state = self.state();
+        state.peak_at_reset = self.backing.figures().peak_mapped_bytes;
+        state.stats.reset_peaks();
+    }
+
+    /// Every accumulated count becomes zero.
+    pub fn reset_accumulated_stats(&self) {
+        let mut state = self.state();
+        let figures = self.backing.figures();
+        state.device_calls_at_reset = (figures.device_allocs, figures.device_frees);
+        state.stats.reset_accumulated();
+    }
+
+    /// Allocations the caller's filter picks go to `pool` from now on
+    /// (`beginAllocateToPool`); the pool is made if new, and counts one more user.
+    /// Waits once for the device's first stream if only one was used so far (before
+    /// the capture begins, when that is still allowed).
+    pub fn begin_allocate_to_pool(&self, pool: PoolId) -> Result<()> {
+        self.current(|state| {
+            if state.underway == 0 {
+                state.go_many()?;
+            }
+            state.pools.begin(pool)?;
+            state.underway += 1;
+            Ok(())
+        })
+    }
+
+    /// Allocations stop going to `pool` (`endAllocateToPool`). Once no pool is
+    /// allocated to, blocks freed meanwhile are fenced on their streams.
+    pub fn end_allocate_to_pool(&self, pool: PoolId) -> Result<()> {
+        self.current(|state| {
+            state.pools.end(pool)?;
+            state.underway = state.underway.saturating_sub(1);
+            if state.underway == 0 {
+                state.order.fence_unfenced(&mut state.events)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// One user of `pool` fewer (`releasePool`: a graph was destroyed); at none, its
+    /// memory goes back once no block in it lives (at the next `empty_cache` or out
+    /// of memory).
+    pub fn release_pool(&self, pool: PoolId) -> Result<()> {
+        self.state().pools.release(pool)
+    }
+
+    /// One more user of `pool`, made if new (`createOrIncrefPool`).
+    pub fn incref_pool(&self, pool: PoolId) -> Result<()> {
+        self.state().pools.incref(pool)
+    }
+
+    /// The users of `pool` (`getPoolUseCount`).
+    pub fn pool_use_count(&self, pool: PoolId) -> u32 {
+        self.state().pools.use_count(pool)
+    }
+
+    /// Whether the live blocks of `pool` are exactly `expected`
+    /// (`checkPoolLiveAllocations`, torch.compile's check of its graph trees).
+    pub fn check_pool_live(&self, pool: PoolId, expected: &[u64]) -> Result<bool> {
+        let state = self.state();
+        let live = state.pools.live(pool)?;
+        let mut expected = expected.to_vec();
+        expected.sort_unstable();
+        expected.dedup();
+        Ok(live.len() == expected.len() && expected.iter().all(|p| live.contains(p)))
+    }
+
+    /// A checkpoint of `pool`'s live blocks (`getCheckpointState`); its number.
+    pub fn checkpoint_pool(&self, pool: PoolId) -> Result<u64> {
+        let mut state = self.state();
+        let state = &mut *state;
+        let mut blocks = Vec::new();
+        for ptr in state.pools.live(pool)? {
+            if let Some(b) = state.live.get(ptr) {
+                blocks.push((b.ptr, b.bytes, b.requested, b.stream));
+            }
+        }
+        let number = state.next_checkpoint;
+        state.next_checkpoint += 1;
+        state
+            .checkpoints
+            .insert(number, Checkpoint { pool, blocks });
+        Ok(number)
+    }
+
+    /// Forgets checkpoint `number` (its C++ holder is gone).
+    pub fn drop_checkpoint(&self, number: u64) {
+        self.state().checkpoints.remove(&number);
+    }
+
+    /// Returns the checkpoint's pool to it (`setCheckpointPoolState`): every live block
+    /// of the pool is freed, every freed one waiting for streams forgotten, and the
+    /// checkpoint's blocks are live again at their addresses.
+    pub fn restore_checkpoint(&self, number: u64) -> Result<Restored> {
+        self.current(|state| {
+            let unknown = Error::UnknownCheckpoint {
+                device: self.device,
+                checkpoint: number,
+            };
+            let checkpoint = state.checkpoints.get(&number).cloned().ok_or(unknown)?;
+            let pool = checkpoint.pool;
+            let mut restored = Restored::default();
+            let live: Vec<u64> = state.pools.live(pool)?.iter().copied().collect();
+            for ptr in live {
+                if let Some(block) = state.live.remove(&ptr) {
+                    state.stats.block_freed(block.bytes);
+                    state.counts.live_bytes -= block.bytes;
+                    state.retire(&block, NO_CONTEXT);
+                    restored.freed.push(ptr);
+                }
+            }
+            let waiting = state
+                .order
+                .take_where(|b| b.origin.pool() == pool, &mut state.events);
+            for block in waiting {
+                state.retire(&block, NO_CONTEXT);
+            }
+            let layout: Vec<(u64, u64, E::Stream)> = checkpoint
+                .blocks
+                .iter()
+                .map(|(ptr, bytes, _, stream)| (*ptr, *bytes, *stream))
+                .collect();
+            let allocations = state.pools.rebuild(pool, &layout)?;
+            for ((ptr, bytes, requested, stream), allocation) in
+                checkpoint.blocks.iter().zip(allocations)
+            {
+                state.stats.block_allocated(*bytes, *requested);
+                state.counts.live_bytes += bytes;
+                state.live.insert(
+                    *ptr,
+                    Block {
+                        origin: Origin::Private { pool, allocation },
+                        ptr: *ptr,
+                        bytes: *bytes,
+                        requested: *requested,
+                        stream: *stream,
+                        uses: Vec::new(),
+                        context: NO_CONTEXT,
+                    },
+                );
+                restored.allocated.push(*ptr);
+            }
+            Ok(restored)
+        })
+    }
+
+    /// Records history as `settings` say (`_record_memory_history`); `clear` drops
+    /// what was recorded.
+    pub fn record_history(&self, settings: HistorySettings, clear: bool) {
+        self.state().history.configure(settings, clear);
+    }
+
+    /// The stacks kept now.
+    pub fn record_context(&self) -> RecordContext {
+        let history = self.state().history.settings();
+        if history.enabled {
+            history.when
+        } else {
+            RecordContext::Never
+        }
+    }
+
+    /// Takes up to `max` stack numbers nothing holds any more.
+    pub fn take_dead_contexts(&self, max: usize) -> Vec<u64> {
+        self.state().history.take_dead(max)
+    }
+
+    /// How many stack numbers died and were not taken yet.
+    pub fn dead_contexts(&self) -> usize {
+        self.state().history.dead_count()
+    }
+
+    /// The block holding `ptr`: its first byte's address and its bytes.
+    pub fn block_of(&self, ptr: u64) -> Result<(u64, u64)> {
+        let state = self.state();
+        match state.live.get(&ptr) {
+            Some(block) => Ok((block.ptr, block.bytes)),
+            None => Err(Error::UnknownPointer { ptr }),
+        }
+    }
+
+    /// Whether `ptr` lies in the device's reservation (is this allocator's to free).
+    pub fn owns(&self, ptr: u64) -> bool {
+        let (start, bytes) = self.backing.reservation();
+        ptr >= start && ptr - start < bytes
+    }
+
+    /// What the device holds now, as PyTorch's snapshot shows it: every segment of
+    /// `pool` (all of them for [`PoolId::DEFAULT`]) and, with `trace`, the history.
+    /// Records a snapshot entry in the history.
+    pub fn snapshot(&self, pool: PoolId, trace: bool) -> Snapshot {
+        let mut state = self.state();
+        let state = &mut *state;
+        let runs = self.backing.mapped_runs();
+        let private: Vec<PrivateSegment> = state
+            .pools
+            .segments()
+            .map(|(pool, address, s)| PrivateSegment {
+                address,
+                bytes: s.bytes,
+                pool,
+                stream: E::number(s.stream),
+            })
+            .collect();
+        let shown = |b: &Block<B::Token, E::Stream>, state| SnapshotBlock {
+            address: b.ptr,
+            size: b.bytes,
+            requested_size: b.requested,
+            state,
+            context: b.context,
+        };
+        let blocks: Vec<SnapshotBlock> = state
+            .live
+            .values()
+            .map(|b| shown(b, BlockState::ActiveAllocated))
+            .chain(
+                state
+                    .order
+                    .blocks()
+                    .map(|b| shown(b, BlockState::ActivePendingFree)),
+            )
+            .collect();
+        let segments = snapshot::segments(&runs, &private, &blocks, pool);
+        let active: u64 = segments.iter().map(|s| s.active_size()).sum();
+        state
+            .history
+            .record(TraceAction::Snapshot, 0, active, 0, pool, NO_CONTEXT);
+        let trace = if trace {
+            state.history.entries().copied().collect()
+        } else {
+            Vec::new()
+        };
+        Snapshot { segments, trace }
+    }
+
+    /// The figures behind `cudamem_stats`.
+    pub fn stats(&self) -> AllocatorStats {
+        let state = self.state();
+        let figures = self.backing.figures();
+        let private_pool_bytes = state.pools.segments().map(|(_, _, s)| s.bytes).sum();
+        let counts = state.counts;
+        AllocatorStats {
+            live_bytes: counts.live_bytes,
+            peak_live_bytes: counts.peak_live_bytes,
+            mapped_bytes: figures.mapped_bytes,
+            peak_mapped_bytes: figures.peak_mapped_bytes,
+            pending_bytes: state.order.bytes,
+            largest_free_bytes: figures.largest_free_bytes,
+            memory_driver_calls: self.backing.memory_driver_calls(),
+            event_calls: state.events.calls(),
+            allocations: counts.allocations,
+            frees: counts.frees,
+            ooms: counts.ooms,
+            errors: counts.errors,
+            peer_access_calls: figures.peer_access_calls,
+            private_pool_bytes,
+        }
+    }
+
+    /// The ledger of the device's context with the pool in it, as text.
+    pub fn explain(&self) -> Result<String> {
+        self.current(|state| {
+            let (facts, figures) = self.figures(state)?;
+            Ok(Explanation::new(&facts, &figures).render(self.device, &facts, &figures))
+        })
+    }
+
+    fn figures(&self, state: &State<B::Token, E>) -> Result<(ContextFacts, PoolFigures)> {
+        let facts = self.backing.context_facts()?;
+        let backing = self.backing.figures();
+        let figures = PoolFigures {
+            live_bytes: state.counts.live_bytes,
+            pending_bytes: state.order.bytes,
+            mapped_bytes: backing.mapped_bytes,
+            peak_mapped_bytes: backing.peak_mapped_bytes,
+            free_bytes: backing.free_bytes,
+            largest_free_bytes: backing.largest_free_bytes,
+        };
+        Ok((facts, figures))
+    }
+}
+
+/// One line saying which term is to blame.
+fn verdict(ledger: &Explanation, figures: &PoolFigures, size: u64) -> String {
+    if figures.free_bytes >= size && figures.largest_free_bytes < size {
+        format!(
+            "cudamem: fragmentation: the pool has {} bytes free but no block of {size}\n",
+            figures.free_bytes
+        )
+    } else if ledger.outside_bytes > ledger.pool_bytes {
+        "cudamem: most of the device is held outside the pool (see 'outside the pool')\n".to_owned()
+    } else {
+        "cudamem: the device is exhausted by live tensors\n".to_owned()
+    }
+}
+
+impl<T, E: StreamEvents> State<T, E> {
+    fn outcome(&self, ptr: u64, bytes: u64) -> Outcome {
+        let held = |v: i64| u64::try_from(v).unwrap_or(0);
+        Outcome {
+            ptr,
+            bytes,
+            allocated_bytes: held(self.stats.allocated_bytes.aggregate.current),
+            reserved_bytes: held(self.stats.reserved_bytes.aggregate.current),
+        }
+    }
+
+    /// A freed block leaves the active figures and gives up its stack.
+    fn retire(&mut self, block: &Block<T, E::Stream>, context: u64) {
+        self.stats.block_returned(block.bytes, block.requested);
+        let trace_context = if context != NO_CONTEXT {
+            context
+        } else {
+            block.context
+        };
+        self.history.record(
+            TraceAction::FreeCompleted,
+            block.ptr,
+            block.requested,
+            E::number(block.stream),
+            block.origin.pool(),
+            trace_context,
+        );
+        self.history.release(block.context);
+    }
+
+    /// Notes that `stream` uses the device; the first time a second stream shows up,
+    /// waits for the first one's work, whose freed memory the pool holds.
+    fn note_stream(&mut self, stream: E::Stream) -> Result<()> {
+        match self.streams {
+            Streams::One(Some(only)) if only == stream => Ok(()),
+            Streams::One(None) => {
+                self.streams = Streams::One(Some(stream));
+                Ok(())
+            }
+            Streams::One(Some(_)) => self.go_many(),
+            Streams::Many => Ok(()),
+        }
+    }
+
+    /// From now on frees wait for their streams; the memory freed straight to the
+    /// pool so far came from the one stream used, whose work is waited for.
+    fn go_many(&mut self) -> Result<()> {
+        if let Streams::One(Some(only)) = self.streams {
+            let event = self.events.record(only)?;
+            let waited = self.events.wait(&event);
+            self.events.recycle(event);
+            waited?;
+        }
+        self.streams = Streams::Many;
+        Ok(())
+    }
+}
