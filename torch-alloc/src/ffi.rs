@@ -273,6 +273,13 @@ pub unsafe extern "C" fn cudamem_empty_cache(device: c_int, given_back: *mut u64
     })
 }
 
+/// 1 when `device` has been opened (by any call naming it), else 0; asks nothing of
+/// the driver.
+#[unsafe(no_mangle)]
+pub extern "C" fn cudamem_is_open(device: c_int) -> c_int {
+    c_int::from(registry::is_open(device))
+}
+
 /// Writes `device`'s figures in PyTorch's `DeviceStats` form to `*out`.
 ///
 /// # Safety
@@ -526,20 +533,6 @@ pub extern "C" fn cudamem_record_history(
         let device = (device >= 0).then_some(device);
         status(registry::record_history(device, settings, clear != 0))
     })
-}
-
-/// The stacks `device` keeps: PyTorch's `RecordContext` (0 to 3; 0 while history is
-/// off), or -1 on failure.
-#[unsafe(no_mangle)]
-pub extern "C" fn cudamem_record_context(device: c_int) -> c_int {
-    catch_unwind(|| match registry::record_context(device) {
-        Ok(when) => when.raw() as c_int,
-        Err(error) => {
-            fail(&error);
-            -1
-        }
-    })
-    .unwrap_or(-1)
 }
 
 /// Writes up to `max` stack numbers that no device holds any more to `out` and

@@ -13,7 +13,7 @@ use crate::backing::{self, Backing};
 use crate::device_stats::DeviceStats;
 use crate::error::{Error, MAX_DEVICES, Result};
 use crate::events::{SimStreams, StreamEvents};
-use crate::history::{HistorySettings, RecordContext};
+use crate::history::HistorySettings;
 use crate::pool_id::PoolId;
 use crate::settings::{Policy, Settings};
 use crate::snapshot::Snapshot;
@@ -97,7 +97,6 @@ trait AnyDevice: Send + Sync {
     fn drop_checkpoint(&self, number: u64);
     fn restore_checkpoint(&self, number: u64) -> Result<Restored>;
     fn record_history(&self, settings: HistorySettings, clear: bool);
-    fn record_context(&self) -> RecordContext;
     fn take_dead_contexts(&self, max: usize) -> Vec<u64>;
     fn snapshot(&self, pool: PoolId, trace: bool) -> Snapshot;
     fn explain(&self) -> Result<String>;
@@ -182,9 +181,6 @@ where
     }
     fn record_history(&self, settings: HistorySettings, clear: bool) {
         DeviceAllocator::record_history(self, settings, clear)
-    }
-    fn record_context(&self) -> RecordContext {
-        DeviceAllocator::record_context(self)
     }
     fn take_dead_contexts(&self, max: usize) -> Vec<u64> {
         DeviceAllocator::take_dead_contexts(self, max)
@@ -364,6 +360,11 @@ fn overlapping_owner(ptr: u64, bits: u64) -> Result<(i32, &'static dyn AnyDevice
         .ok_or(Error::UnknownPointer { ptr })
 }
 
+/// Whether `device` has an allocator (was opened, successfully).
+pub fn is_open(device: i32) -> bool {
+    slot_index(device).is_ok_and(|i| matches!(SLOTS[i].get(), Some(Ok(_))))
+}
+
 /// Serves a request on `device`.
 pub fn allocate(device: i32, request: CallerRequest) -> Result<Outcome> {
     allocator(device)?.allocate(request)
@@ -457,8 +458,6 @@ per_device! {
     pool_use_count(pool: PoolId) -> u32;
     /// Forgets a checkpoint.
     drop_checkpoint(number: u64) -> ();
-    /// The stacks the device keeps.
-    record_context() -> RecordContext;
     /// The device's memory as a snapshot shows it.
     snapshot(pool: PoolId, trace: bool) -> Snapshot;
 }
