@@ -84,6 +84,10 @@ int cudamem_allocate(int device, const struct cudamem_request* request,
 int cudamem_free(void* ptr, uint64_t context, struct cudamem_outcome* out);
 int cudamem_block(void* ptr, int* device, uint64_t* base, uint64_t* bytes);
 int cudamem_record_stream(void* ptr, void* stream);
+/* The physical mappings backing the block at ptr, as (address, bytes) pairs in out
+ * (room for max pairs), sorted: their count (more than max: call again with room), or
+ * -1 on failure. */
+ssize_t cudamem_block_mappings(void* ptr, uint64_t* out, size_t max);
 int cudamem_empty_cache(int device, uint64_t* given_back);
 int cudamem_is_open(int device);
 int cudamem_device_stats(int device, struct cudamem_device_stats* out);

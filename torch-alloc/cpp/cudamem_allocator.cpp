@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cudamem.h"
+#include "cudamem_ipc.h"
 
 namespace cudamem_backend {
 
@@ -184,6 +185,9 @@ class Allocator final : public cca::CUDAAllocator {
     uint64_t context = 0;
     if (level >= static_cast<int>(cca::RecordContext::ALL)) {
       context = gather();
+    }
+    if (exports_.any()) {
+      exports_.forget(ptr);
     }
     cudamem_outcome out{};
     const int code = cudamem_free(ptr, context, &out);
@@ -386,20 +390,14 @@ class Allocator final : public cca::CUDAAllocator {
     return matches != 0;
   }
 
-  cca::ShareableHandle shareIpcHandle(void* /*ptr*/) override {
-    TORCH_CHECK(
-        false,
-        "cudamem: sharing a CUDA tensor with another process (torch.multiprocessing, "
-        "CUDA IPC) is not supported by cudamem's pools yet; allocate the tensors you "
-        "share in a process that does not call cudamem_torch.install()");
+  // The block's VMM handles, exported once; the receiver fetches them over this
+  // process's socket (cudamem_ipc.h).
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    return exports_.share(ptr);
   }
 
-  std::shared_ptr<void> getIpcDevPtr(std::string /*handle*/) override {
-    TORCH_CHECK(
-        false,
-        "cudamem: opening a CUDA tensor shared by another process (CUDA IPC) is not "
-        "supported by cudamem's pools yet; receive it in a process that does not call "
-        "cudamem_torch.install()");
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    return imports_.open(handle);
   }
 
   bool isHistoryEnabled() override {
@@ -665,6 +663,8 @@ class Allocator final : public cca::CUDAAllocator {
   }
 
   Stacks stacks_;
+  Exports exports_;
+  Imports imports_;
   std::atomic<cca::CreateContextFn> recorder_{nullptr};
   std::atomic<int> record_level_{0};
   std::atomic<bool> history_enabled_{false};

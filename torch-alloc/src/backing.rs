@@ -57,9 +57,8 @@ pub struct Figures {
     pub largest_free_bytes: u64,
     /// What [`Backing::give_back`] would return to the device now.
     pub releasable_bytes: u64,
-    /// Mapped free bytes a new block may use together with new device memory: the
-    /// free tail (TLSF), every mapped byte no block holds (stitched: the model places
-    /// a block anywhere and backs what is missing).
+    /// Mapped free bytes a new block surely may use together with new device memory:
+    /// the free tail (TLSF), the idle handles (stitched: the model maps them anywhere).
     pub growable_bytes: u64,
     /// Device memory allocations held: physical handles, or (TLSF) its one mapping.
     pub segments: u64,
@@ -224,7 +223,7 @@ impl<D: DeviceFacts> Backing for StitchedPool<D> {
             free_bytes: model.physical_bytes.saturating_sub(model.live_bytes),
             largest_free_bytes: model.idle_bytes,
             releasable_bytes: model.idle_bytes,
-            growable_bytes: model.physical_bytes.saturating_sub(model.live_bytes),
+            growable_bytes: model.idle_bytes,
             segments: model.small_handles + model.large_handles,
             device_allocs: stats.calls.create.calls,
             device_frees: stats.calls.release.calls,

@@ -220,6 +220,12 @@ fn memory_fraction<B: Backing>(make: Make<B>) {
     for ptr in [a, fits, b] {
         case.give(ptr);
     }
+    // A cap set below what is mapped: the mapped memory serves on, growth is refused.
+    case.alloc.set_memory_fraction(0.1).unwrap();
+    let reused = case.take(200 * MIB, S1);
+    let grown = case.alloc.allocate(Request::new(400 * MIB, S1));
+    assert!(matches!(grown, Err(Error::OutOfMemory { .. })), "{grown:?}");
+    case.give(reused);
 }
 
 fn largest_block<B: Backing>(make: Make<B>) {
@@ -228,10 +234,23 @@ fn largest_block<B: Backing>(make: Make<B>) {
     assert_eq!(empty, 64 * MIB, "nothing mapped: the whole device");
     let a = case.take(8 * MIB, S1);
     let largest = case.alloc.largest_block().unwrap();
-    assert!((48 * MIB..=64 * MIB).contains(&largest), "{largest}");
-    let b = case.take(largest.min(56 * MIB) - 2 * MIB, S1);
+    assert!((32 * MIB..=56 * MIB).contains(&largest), "{largest}");
+    let b = case.take(largest, S1); // what it says can be had, can be had
     case.give(a);
     case.give(b);
+    assert_eq!(
+        case.alloc.largest_block().unwrap(),
+        64 * MIB,
+        "all of it, mapped or not"
+    );
+    case.alloc.set_memory_fraction(0.25).unwrap();
+    assert!(
+        case.alloc.largest_block().unwrap() >= 32 * MIB,
+        "what is mapped serves on"
+    );
+    let capped = make(SimConfig::small(64 * MIB));
+    capped.alloc.set_memory_fraction(0.5).unwrap();
+    assert_eq!(capped.alloc.largest_block().unwrap(), 32 * MIB);
 }
 
 fn ledger_terms<B: Backing>(make: Make<B>) {

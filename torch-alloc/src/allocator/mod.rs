@@ -450,17 +450,22 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
         quiet: bool,
     ) -> Result<(B::Token, u64)> {
         let cap = state.cap.map(|(_, cap)| cap);
-        if bytes > self.total_bytes || cap.is_some_and(|cap| bytes > cap) {
+        if bytes > self.total_bytes {
             return Err(self.refused(state, request));
         }
         let cause = (E::number(request.stream), request.pool, request.context);
         let mut retried = false;
         loop {
+            let before = state.held();
             match self.backing.allocate(bytes) {
                 Ok((token, ptr)) => {
                     let figures = self.note_mapped(state, ptr, cause);
                     match cap {
-                        Some(cap) if figures.mapped_bytes > cap => {
+                        // Only growth passes the cap: memory mapped before it was set
+                        // serves on.
+                        Some(cap)
+                            if figures.mapped_bytes > cap && figures.mapped_bytes > before =>
+                        {
                             self.backing.free(token)?;
                             if !quiet {
                                 self.backing.give_back()?;
@@ -713,20 +718,19 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
 
     /// The largest block the allocator could hand out now, bytes (`cacheInfo`, which
     /// cuDNN's benchmark mode sizes its workspace by): what the pool holds free, or
-    /// what it could map from the device's free memory, under the memory fraction. An
-    /// estimate, as PyTorch's own is: cuDNN backs off when a workspace is refused.
+    /// what it could map from the device's free memory, under the memory fraction. It
+    /// errs low rather than high: cuDNN backs off from a refused workspace, but each
+    /// refusal costs the pool a failed attempt.
     pub fn largest_block(&self) -> Result<u64> {
         self.current(|state| {
             let figures = self.backing.figures();
             let device_free = self.backing.mem_info()?.free;
-            let mut largest = figures
-                .largest_free_bytes
-                .max(device_free.saturating_add(figures.growable_bytes));
+            let mut growing = device_free.saturating_add(figures.growable_bytes);
             if let Some((_, cap)) = state.cap {
-                let room = cap.saturating_sub(figures.mapped_bytes) + figures.growable_bytes;
-                largest = largest.min(figures.largest_free_bytes.max(room));
+                growing =
+                    growing.min(cap.saturating_sub(figures.mapped_bytes) + figures.growable_bytes);
             }
-            Ok(largest)
+            Ok(figures.largest_free_bytes.max(growing))
         })
     }
 
@@ -1061,6 +1065,12 @@ fn verdict(ledger: &Explanation, figures: &PoolFigures, size: u64) -> String {
 }
 
 impl<T, E: StreamEvents> State<T, E> {
+    /// Mapped bytes as last read from the backing (the figures follow every call that
+    /// can map).
+    fn held(&self) -> u64 {
+        u64::try_from(self.stats.reserved_bytes.aggregate.current).unwrap_or(0)
+    }
+
     fn outcome(&self, ptr: u64, bytes: u64) -> Outcome {
         let held = |v: i64| u64::try_from(v).unwrap_or(0);
         Outcome {

@@ -1,9 +1,7 @@
-//! The environment read by the C functions, on simulated hosts: `CUDAMEM_POLICY` picks
-//! the pool, a bad policy or growth divisor refuses every call with its message;
-//! `CUDAMEM_PEERS` makes several devices of one process grant each other (or one
-//! device per process, as under torchrun with `CUDA_VISIBLE_DEVICES`). The outer tests
-//! run the inner one in a child process with the variables set, since the environment
-//! and the registry are process-wide.
+//! `CUDAMEM_POLICY` and `CUDAMEM_GROWTH_DIVISOR` read by the C functions, on a
+//! simulated device: the policy picks the pool, a bad policy or growth divisor refuses
+//! every call with its message. The outer tests run the inner one in a child process
+//! with the variable set, since the environment and the registry are process-wide.
 
 use std::ffi::{c_char, c_void};
 use std::process::Command;
@@ -120,46 +118,4 @@ fn a_growth_divisor_is_a_number_or_refused() {
     );
     let good = run(1, &[("CUDAMEM_GROWTH_DIVISOR", "16")]);
     assert!(good.contains("device 0: mapped"), "{good}");
-}
-
-#[test]
-fn one_process_serves_three_devices_each_granting_the_others() {
-    for policy in ["tlsf", "stitch"] {
-        let grants = if policy == "tlsf" { 2 } else { 1 };
-        for peers in ["all", "0,2"] {
-            let out = run(3, &[("CUDAMEM_PEERS", peers), ("CUDAMEM_POLICY", policy)]);
-            for device in 0..3 {
-                assert!(
-                    out.contains(&format!("device {device}: mapped"))
-                        && out.contains(&format!(", {grants} grants")),
-                    "{policy} {peers}: {out}"
-                );
-            }
-        }
-        let none = run(3, &[("CUDAMEM_PEERS", ""), ("CUDAMEM_POLICY", policy)]);
-        assert_eq!(none.matches(", 0 grants").count(), 3, "{none}");
-    }
-}
-
-#[test]
-fn one_device_per_process_grants_nothing_for_all_and_refuses_a_missing_peer() {
-    let out = run(1, &[("CUDAMEM_PEERS", "all")]);
-    assert!(out.contains("device 0: mapped 8, 0 grants"), "{out}");
-    // torchrun with CUDA_VISIBLE_DEVICES: the process sees one device, so a peer 1
-    // named explicitly does not exist.
-    let out = run(1, &[("CUDAMEM_PEERS", "0,1")]);
-    assert!(
-        out.contains(
-            "device 0: refused: cudamem: device 1 cannot access memory of device 0: no such device"
-        ),
-        "{out}"
-    );
-}
-
-#[test]
-fn a_bad_peer_list_is_refused_with_its_message() {
-    let out = run(1, &[("CUDAMEM_PEERS", "0,gpu1")]);
-    let message = "CUDAMEM_PEERS=\"0,gpu1\" is not `all` or device ordinals 0 to 63 \
-                   separated by commas (e.g. 0,1); the bad part: \"gpu1\"";
-    assert!(out.contains(message), "{out}");
 }
