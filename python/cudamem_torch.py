@@ -41,6 +41,9 @@ __all__ = [
 
 LIBRARY_NAME = "libcudamem_torch.so"
 EXTENSION_NAME = "cudamem_backend"
+# The C++ backend's files in torch-alloc/cpp.
+SOURCES = ("cudamem_allocator.cpp", "cudamem_ipc.cpp")
+HEADERS = ("cudamem.h", "cudamem_ipc.h")
 
 # The fields of struct cudamem_stats, in order (torch-alloc/src/allocator/mod.rs,
 # AllocatorStats); all uint64_t.
@@ -109,11 +112,11 @@ def extension_sources(sources=None):
         os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpp"),
     ]
     for candidate in candidates:
-        if candidate and os.path.isfile(os.path.join(candidate, "cudamem_allocator.cpp")):
+        if candidate and all(os.path.isfile(os.path.join(candidate, f)) for f in SOURCES + HEADERS):
             return os.path.realpath(candidate)
     raise FileNotFoundError(
-        "cudamem_torch: the C++ backend's sources (cudamem_allocator.cpp, cudamem.h) are "
-        "not at %s" % ", ".join(c for c in candidates if c)
+        "cudamem_torch: the C++ backend's sources (%s) are not at %s"
+        % (", ".join(SOURCES + HEADERS), ", ".join(c for c in candidates if c))
     )
 
 
@@ -180,15 +183,18 @@ def _build(lib_path, sources, verbose):
         raise RuntimeError(
             "cudamem_torch: cannot build the PyTorch backend; missing: " + "; ".join(missing)
         )
-    cpp = os.path.join(sources, "cudamem_allocator.cpp")
-    with open(os.path.join(sources, "cudamem.h"), "rb") as header:
-        abi = hashlib.sha256(header.read()).hexdigest()[:16]
+    cpp = [os.path.join(sources, name) for name in SOURCES]
+    digest = hashlib.sha256()
+    for name in HEADERS:
+        with open(os.path.join(sources, name), "rb") as header:
+            digest.update(header.read())
+    abi = digest.hexdigest()[:16]
     lib_dir = os.path.dirname(lib_path)
     return cpp_extension.load(
         name=EXTENSION_NAME,
-        sources=[cpp],
+        sources=cpp,
         extra_include_paths=[sources],
-        # The header's hash: a changed C ABI rebuilds the cached extension.
+        # The headers' hash: a changed C ABI rebuilds the cached extension.
         extra_cflags=["-O2", "-DCUDAMEM_ABI=0x%s" % abi],
         extra_ldflags=["-L" + lib_dir, "-lcudamem_torch", "-Wl,-rpath," + lib_dir],
         with_cuda=True,

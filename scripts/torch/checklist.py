@@ -240,7 +240,14 @@ def snapshot(env):
     return detail + "; cudamem replay reads it", None
 
 
-def _ipc_child(queue, done):
+def _ipc_child(queue, done, lib):
+    # The child runs on the parent's allocator, as a program that installs cudamem at
+    # import does in every process it spawns.
+    if lib is not None:
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        import cudamem_torch
+
+        cudamem_torch.install(lib)
     import torch
 
     tensor = queue.get()
@@ -257,7 +264,8 @@ def ipc(env):
 
     ctx = mp.get_context("spawn")
     queue, done = ctx.Queue(), ctx.Queue()
-    child = ctx.Process(target=_ipc_child, args=(queue, done))
+    lib = env["cudamem"].find_library(env["lib"]) if env["cudamem"] is not None else None
+    child = ctx.Process(target=_ipc_child, args=(queue, done, lib))
     child.start()
     tensor = torch.arange(1 << 16, dtype=torch.float32, device="cuda")
     before = float(tensor.sum().item())
@@ -268,7 +276,7 @@ def ipc(env):
     after = float(tensor.sum().item())
     expect(seen == before + (1 << 16), "the child saw %r" % seen)
     expect(after == seen, "the child's write is not in the parent's tensor")
-    return "a spawned process wrote the parent's tensor in place", None
+    return "a spawned process (on the same allocator) wrote the parent's tensor in place", None
 
 
 @case
@@ -325,7 +333,8 @@ def empty_cache(env):
 
 def child(name, allocator, lib, cudamem_bin, out):
     """Runs one habit in this process and writes its result to `out`."""
-    env = {"cudamem": None, "cudamem_bin": cudamem_bin, "tmp": tempfile.mkdtemp(prefix="checklist-")}
+    env = {"cudamem": None, "lib": lib, "cudamem_bin": cudamem_bin,
+           "tmp": tempfile.mkdtemp(prefix="checklist-")}
     result = {"case": name, "allocator": allocator}
     try:
         if allocator != "default":

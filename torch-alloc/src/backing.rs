@@ -95,6 +95,10 @@ pub trait Backing: Send + Sync {
     /// The device address ranges mapped now, sorted, as `(address, bytes)`.
     fn mapped_runs(&self) -> Vec<(u64, u64)>;
 
+    /// Each physical mapping held now, sorted, as `(address, bytes)`: the units memory
+    /// is shared with other processes in.
+    fn mappings(&self) -> Vec<(u64, u64)>;
+
     /// The reserved virtual range, `(address, bytes)`: every block lies in it.
     fn reservation(&self) -> (u64, u64);
 
@@ -176,6 +180,10 @@ impl<D: DeviceFacts> Backing for Pool<D> {
         }
     }
 
+    fn mappings(&self) -> Vec<(u64, u64)> {
+        Pool::mappings(self)
+    }
+
     fn reservation(&self) -> (u64, u64) {
         let pool = self.lock();
         (
@@ -233,6 +241,10 @@ impl<D: DeviceFacts> Backing for StitchedPool<D> {
 
     fn mapped_runs(&self) -> Vec<(u64, u64)> {
         StitchedPool::mapped_runs(self)
+    }
+
+    fn mappings(&self) -> Vec<(u64, u64)> {
+        StitchedPool::mappings(self)
     }
 
     fn reservation(&self) -> (u64, u64) {

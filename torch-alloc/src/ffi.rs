@@ -238,6 +238,44 @@ pub unsafe extern "C" fn cudamem_block(
     })
 }
 
+/// Writes the physical mappings backing the block at `ptr` as `(address, bytes)`
+/// pairs to `out` (room for `max` pairs), sorted, and returns their count; when that
+/// is more than `max`, only `max` were written. -1 on failure.
+///
+/// # Safety
+///
+/// `out` is writable for `2 * max` `uint64_t`s (null only with `max == 0`); `ptr` is
+/// only compared.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudamem_block_mappings(
+    ptr: *mut c_void,
+    out: *mut u64,
+    max: usize,
+) -> isize {
+    let mut count = -1;
+    let code = guarded("cudamem_block_mappings", || {
+        if out.is_null() && max > 0 {
+            return null("cudamem_block_mappings", "out");
+        }
+        match registry::block_mappings(ptr as usize as u64) {
+            Ok(mappings) => {
+                for (i, (addr, bytes)) in mappings.iter().take(max).enumerate() {
+                    // SAFETY: `i < max`, and `out` holds `2 * max` values by the
+                    // caller's promise.
+                    unsafe {
+                        out.add(2 * i).write_unaligned(*addr);
+                        out.add(2 * i + 1).write_unaligned(*bytes);
+                    }
+                }
+                count = isize::try_from(mappings.len()).unwrap_or(isize::MAX);
+                CUDAMEM_OK
+            }
+            Err(error) => fail(&error),
+        }
+    });
+    if code == CUDAMEM_OK { count } else { -1 }
+}
+
 /// `stream` uses the block at `ptr` too (`Tensor.record_stream`).
 ///
 /// # Safety

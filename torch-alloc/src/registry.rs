@@ -78,6 +78,7 @@ trait AnyDevice: Send + Sync {
     fn free(&self, ptr: u64, context: u64) -> Result<Outcome>;
     fn owns(&self, ptr: u64) -> bool;
     fn block_of(&self, ptr: u64) -> Result<(u64, u64)>;
+    fn block_mappings(&self, ptr: u64) -> Result<Vec<(u64, u64)>>;
     fn record_stream(&self, ptr: u64, stream: CallerStream) -> Result<()>;
     fn empty_cache(&self) -> Result<u64>;
     fn stats(&self) -> AllocatorStats;
@@ -124,6 +125,9 @@ where
     }
     fn block_of(&self, ptr: u64) -> Result<(u64, u64)> {
         DeviceAllocator::block_of(self, ptr)
+    }
+    fn block_mappings(&self, ptr: u64) -> Result<Vec<(u64, u64)>> {
+        DeviceAllocator::block_mappings(self, ptr)
     }
     fn record_stream(&self, ptr: u64, stream: CallerStream) -> Result<()> {
         DeviceAllocator::record_stream(self, ptr, E::Stream::from_caller(stream))
@@ -322,7 +326,8 @@ fn open_driver(device: i32, settings: &Settings) -> Result<Box<dyn AnyDevice>> {
     use ctx::{CudaContext, CudaDevice};
     let ordinal = u32::try_from(device).map_err(|_| Error::BadDevice { device })?;
     let context = CudaContext::new(ordinal)?;
-    let memory = CudaDevice::new(&context)?;
+    // Exportable handles: tensors can be shared with other processes.
+    let memory = CudaDevice::shareable(&context)?;
     let events = crate::cuda::CudaStreams::new(&context);
     boxed(device, memory, events, settings)
 }
@@ -381,6 +386,11 @@ pub fn block_of(ptr: u64) -> Result<(i32, u64, u64)> {
     let (device, allocator) = owner(ptr)?;
     let (base, bytes) = allocator.block_of(ptr)?;
     Ok((device, base, bytes))
+}
+
+/// The physical mappings backing the block at `ptr`.
+pub fn block_mappings(ptr: u64) -> Result<Vec<(u64, u64)>> {
+    owner(ptr)?.1.block_mappings(ptr)
 }
 
 /// `stream` uses the block at `ptr` too.

@@ -24,6 +24,7 @@ on_both! {
     the_largest_block_is_what_could_be_handed_out => largest_block;
     the_ledger_names_every_term => ledger_terms;
     eight_threads_allocate_and_free_without_overlap => eight_threads;
+    a_blocks_mappings_cover_it_side_by_side => mappings_cover_blocks;
 }
 
 fn distinct_aligned_counted<B: Backing>(make: Make<B>) {
@@ -279,6 +280,33 @@ fn ledger_terms<B: Backing>(make: Make<B>) {
         text.contains("outside the pool                          0.0"),
         "{text}"
     );
+}
+
+fn mappings_cover_blocks<B: Backing>(make: Make<B>) {
+    let case = make(SimConfig::small(256 * MIB));
+    let small = case.take(4096, S1);
+    let big = case.take(40 * MIB, S1);
+    for (ptr, bytes) in [(small, 4096), (big, 40 * MIB)] {
+        let mappings = case.alloc.block_mappings(ptr).unwrap();
+        assert!(!mappings.is_empty());
+        let (first, _) = mappings[0];
+        let (last, last_bytes) = *mappings.last().unwrap();
+        assert!(
+            first <= ptr && last + last_bytes >= ptr + bytes,
+            "{mappings:x?}"
+        );
+        for pair in mappings.windows(2) {
+            assert_eq!(
+                pair[0].0 + pair[0].1,
+                pair[1].0,
+                "side by side: {mappings:x?}"
+            );
+        }
+    }
+    assert!(matches!(
+        case.alloc.block_mappings(big + 512),
+        Err(Error::UnknownPointer { .. })
+    ));
 }
 
 fn eight_threads<B: Backing + 'static>(make: Make<B>) {

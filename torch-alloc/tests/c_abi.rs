@@ -9,7 +9,7 @@ use ctx::{SimConfig, StreamId};
 use cudamem_torch::ffi::{
     CUDAMEM_ERROR, CUDAMEM_OK, CUDAMEM_OUT_OF_MEMORY, CudamemBlockInfo, CudamemOutcome,
     CudamemRequest, CudamemSegment, CudamemSnapshotSink, CudamemTraceEntry, cudamem_allocate,
-    cudamem_begin_allocate_to_pool, cudamem_block, cudamem_check_pool_live,
+    cudamem_begin_allocate_to_pool, cudamem_block, cudamem_block_mappings, cudamem_check_pool_live,
     cudamem_checkpoint_pool, cudamem_device_stats, cudamem_device_stats_size, cudamem_empty_cache,
     cudamem_end_allocate_to_pool, cudamem_explain, cudamem_free, cudamem_largest_block,
     cudamem_last_error, cudamem_record_history, cudamem_record_stream, cudamem_release_pool,
@@ -103,6 +103,19 @@ fn allocate_and_free_round_trip_with_totals() {
     // SAFETY: the out-pointers are live.
     let code = unsafe { cudamem_block(b as *mut c_void, &mut device, &mut base, &mut bytes) };
     assert_eq!((code, device, base, bytes), (CUDAMEM_OK, 0, b, 3 * MIB));
+    let mut pairs = [0u64; 2];
+    // SAFETY: `pairs` holds one pair; the pointer is only compared.
+    let n = unsafe { cudamem_block_mappings(b as *mut c_void, pairs.as_mut_ptr(), 1) };
+    assert!(n >= 1, "{}", last_error());
+    assert!(pairs[0] <= b && pairs[1] > 0);
+    // SAFETY: a null `out` with no room asks the count only.
+    let again = unsafe { cudamem_block_mappings(b as *mut c_void, std::ptr::null_mut(), 0) };
+    assert_eq!(again, n);
+    // SAFETY: as above; the pointer is no block.
+    assert_eq!(
+        unsafe { cudamem_block_mappings(12 as *mut c_void, std::ptr::null_mut(), 0) },
+        -1
+    );
     assert_eq!(free(a.ptr), CUDAMEM_OK);
     assert_eq!(free(b), CUDAMEM_OK);
     let s = stats(0);

@@ -69,13 +69,20 @@ pub struct CudaDevice {
     reachable_peers: PeerSet,
     /// Handles made by `create_physical`, with their bytes and whether they are mapped.
     physical: HashMap<CUmemGenericAllocationHandle, (u64, bool)>,
+    /// Whether handles are made exportable ([`CudaDevice::shareable`]).
+    shareable: bool,
 }
 
-/// Pinned device memory on `device`, the only kind this backend creates.
-fn allocation_prop(device: CUdevice) -> CUmemAllocationProp {
+/// Pinned device memory on `device`, the only kind this backend creates;
+/// `shareable`: each handle can be exported as a POSIX file descriptor (CUDA IPC).
+fn allocation_prop(device: CUdevice, shareable: bool) -> CUmemAllocationProp {
     CUmemAllocationProp {
         type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        requestedHandleTypes: if shareable {
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        },
         location: CUmemLocation {
             type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: device,
@@ -94,10 +101,21 @@ impl CudaDevice {
     /// Device memory of `context`'s device. Reads whether the device supports VMM and,
     /// if so, its minimum VMM granularity.
     pub fn new(context: &CudaContext) -> Result<Self> {
+        Self::open(context, false)
+    }
+
+    /// As [`CudaDevice::new`], every physical handle made exportable as a POSIX file
+    /// descriptor (`cuMemExportToShareableHandle`), so another process can map it:
+    /// what CUDA IPC of the memory needs.
+    pub fn shareable(context: &CudaContext) -> Result<Self> {
+        Self::open(context, true)
+    }
+
+    fn open(context: &CudaContext, shareable: bool) -> Result<Self> {
         context.bind()?;
         let vmm = context.supports_vmm()?;
         let granularity = if vmm {
-            let prop = allocation_prop(context.raw_device());
+            let prop = allocation_prop(context.raw_device(), shareable);
             let mut bytes = 0usize;
             // SAFETY: `bytes` is a valid out-pointer and `prop` a fully initialised
             // allocation description that outlives the call.
@@ -127,6 +145,7 @@ impl CudaDevice {
             vmm_calls: VmmCalls::default(),
             reachable_peers: PeerSet::NONE,
             physical: HashMap::new(),
+            shareable,
         })
     }
 
@@ -269,7 +288,7 @@ impl DeviceMemory for CudaDevice {
         let bytes = to_usize("map", size)?;
         self.context.bind()?;
         let device = self.context.raw_device();
-        let prop = allocation_prop(device);
+        let prop = allocation_prop(device, self.shareable);
         let mut handle: CUmemGenericAllocationHandle = 0;
         let code = self.vmm_calls.create.record(size, || {
             // SAFETY: `handle` is a valid out-pointer, `prop` a fully initialised
@@ -512,7 +531,7 @@ impl DeviceMemory for CudaDevice {
         }
         let bytes = to_usize("create_physical", size)?;
         self.context.bind()?;
-        let prop = allocation_prop(self.context.raw_device());
+        let prop = allocation_prop(self.context.raw_device(), self.shareable);
         let mut handle: CUmemGenericAllocationHandle = 0;
         let code = self.vmm_calls.create.record(size, || {
             // SAFETY: `handle` is a valid out-pointer, `prop` a fully initialised

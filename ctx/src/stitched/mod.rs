@@ -205,20 +205,29 @@ impl<D: DeviceMemory> StitchedPool<D> {
         state.live.iter().map(|(&ptr, b)| (ptr, b.size)).collect()
     }
 
+    /// Every handle the pool has mapped now, as `(address, bytes)` sorted by
+    /// address: the unit a handle is exported or shared in.
+    pub fn mappings(&self) -> Vec<(u64, u64)> {
+        let state = self.lock();
+        let mut mapped: Vec<(u64, u64)> = state
+            .stitch
+            .handles()
+            .filter_map(|h| h.mapped_at)
+            .map(|e| (state.mirror.base + e.offset, e.size))
+            .collect();
+        mapped.sort_unstable();
+        mapped
+    }
+
     /// The device address ranges the pool has mapped now, as `(address,
     /// bytes)`, sorted by address, adjacent mappings merged into one range:
     /// where a memory snapshot shows the pool's segments.
     pub fn mapped_runs(&self) -> Vec<(u64, u64)> {
-        let state = self.lock();
-        let mut mapped: Vec<memcore::Extent> =
-            state.stitch.handles().filter_map(|h| h.mapped_at).collect();
-        mapped.sort_unstable_by_key(|e| e.offset);
-        let mut runs: Vec<(u64, u64)> = Vec::with_capacity(mapped.len());
-        for extent in mapped {
-            let addr = state.mirror.base + extent.offset;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (addr, bytes) in self.mappings() {
             match runs.last_mut() {
-                Some((start, bytes)) if *start + *bytes == addr => *bytes += extent.size,
-                _ => runs.push((addr, extent.size)),
+                Some((start, size)) if *start + *size == addr => *size += bytes,
+                _ => runs.push((addr, bytes)),
             }
         }
         runs

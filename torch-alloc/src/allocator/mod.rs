@@ -949,6 +949,23 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
         }
     }
 
+    /// The physical mappings that back the block starting at `ptr`, `(address, bytes)`
+    /// sorted and contiguous: what sharing it with another process exports.
+    pub fn block_mappings(&self, ptr: u64) -> Result<Vec<(u64, u64)>> {
+        let (start, bytes) = {
+            let state = self.state();
+            let block = state.live.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
+            (block.ptr, block.bytes)
+        };
+        let end = start + bytes;
+        Ok(self
+            .backing
+            .mappings()
+            .into_iter()
+            .filter(|(addr, size)| *addr < end && addr + size > start)
+            .collect())
+    }
+
     /// Whether `ptr` lies in the device's reservation (is this allocator's to free).
     pub fn owns(&self, ptr: u64) -> bool {
         let (start, bytes) = self.backing.reservation();
