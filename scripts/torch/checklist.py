@@ -229,6 +229,8 @@ def snapshot(env):
     expect(any(e.get("frames") for e in allocs), "no stacks on the alloc events")
     live = sum(1 for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
     expect(live >= len(kept), "the segments show %d live blocks" % live)
+    expect("segments:" in _memory_viz.segsum(snap), "memory_viz's segsum read nothing")
+    expect(len(_memory_viz.trace(snap)) > 100, "memory_viz's trace read nothing")
     html = _memory_viz.trace_plot(snap)
     expect(len(html) > 1000, "memory_viz's trace_plot is empty")
     expect(len(_memory_viz.segment_plot(snap)) > 1000, "memory_viz's segment_plot is empty")
@@ -400,7 +402,7 @@ def main():
     parser.add_argument("--allocators", nargs="*", default=list(ALLOCATORS), choices=ALLOCATORS)
     parser.add_argument("--out", default="checklist", help="folder for logs and results")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per habit")
-    parser.add_argument("--jobs", type=int, default=6, help="habits run side by side")
+    parser.add_argument("--jobs", type=int, default=12, help="habits run side by side")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -410,11 +412,17 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     names = args.only or list(CASES)
     results = {}
-    for allocator in args.allocators:
-        shared = [n for n in names if n not in EXCLUSIVE]
+    shared = [n for n in names if n not in EXCLUSIVE]
+    # The default allocator's habits first, alone: its compiled kernels are cached for
+    # the rest. Then cudamem's side by side, then the habits that measure the device.
+    first = [a for a in args.allocators if a == "default"]
+    rest = [a for a in args.allocators if a != "default"]
+    for group in (first, rest):
+        runs = [(n, a) for a in group for n in shared]
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            for r in pool.map(lambda n: run_one(n, allocator, args), shared):
-                results[(r["case"], allocator)] = r
+            for r in pool.map(lambda run: run_one(run[0], run[1], args), runs):
+                results[(r["case"], r["allocator"])] = r
+    for allocator in args.allocators:
         for name in [n for n in names if n in EXCLUSIVE]:
             results[(name, allocator)] = run_one(name, allocator, args)
     failed = 0

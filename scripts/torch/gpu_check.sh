@@ -10,9 +10,12 @@
 #
 #   build      the C++ extension with torch.utils.cpp_extension        about 1 min
 #   checklist  scripts/torch/checklist.py, every habit under PyTorch's
-#              default allocator and cudamem's tlsf and stitch pools     about 4 min
+#              default allocator and cudamem's tlsf and stitch pools     about 3-5 min
 #   bench      scripts/torch/bench_allocator.py on $BENCH_WORKLOADS
-#              (default: resnet50_train gpt2_train), four modes each     about 2 min
+#              (default: resnet50_train gpt2_train), four modes each     about 2-3 min
+#
+# (estimates; each step is cut at 330 s and 200 s so that `all` fits in ten minutes;
+# run the steps one call each for more room: the built extension stays in /tmp.)
 #
 # Logs go to OUTDIR (build.log, checklist.txt, checklist/, bench.txt, bench/) with a
 # summary.md; the exit status is non-zero if any step failed. Settings: PYTHON
@@ -101,7 +104,7 @@ fi
 if want checklist; then
   start=$(date +%s)
   # shellcheck disable=SC2086 # the allocators are meant to split
-  timeout 420 "$python" "$src/scripts/torch/checklist.py" --lib "$lib" ${bin:+--cudamem-bin "$bin"} \
+  timeout 330 "$python" "$src/scripts/torch/checklist.py" --lib "$lib" ${bin:+--cudamem-bin "$bin"} \
     --out "$out/checklist" --allocators ${CHECKLIST_ALLOCATORS:-default tlsf stitch} \
     > "$out/checklist.txt" 2>&1
   record checklist $? $(( $(date +%s) - start )) "checklist.txt, checklist/"
@@ -111,7 +114,7 @@ fi
 if want bench; then
   start=$(date +%s)
   # shellcheck disable=SC2086 # the workloads are meant to split
-  timeout 300 "$python" "$src/scripts/torch/bench_allocator.py" --lib "$lib" --out "$out/bench" \
+  timeout 200 "$python" "$src/scripts/torch/bench_allocator.py" --lib "$lib" --out "$out/bench" \
     --only ${BENCH_WORKLOADS:-resnet50_train gpt2_train} > "$out/bench.txt" 2>&1
   record benchmark $? $(( $(date +%s) - start )) "bench.txt, bench/"
   tail -12 "$out/bench.txt"

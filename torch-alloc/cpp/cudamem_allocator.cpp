@@ -308,7 +308,8 @@ class Allocator final : public cca::CUDAAllocator {
 
   cca::SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override {
     cca::SnapshotInfo result;
-    for (int device = 0; device < device_count_; ++device) {
+    const int devices = device_count_ > 0 ? device_count_ : static_cast<int>(c10::cuda::device_count());
+    for (int device = 0; device < devices; ++device) {
       result.device_traces.emplace_back();
       if (!cudamem_is_open(device)) {
         continue;

@@ -18,8 +18,11 @@
 //! blocks freed then are fenced at the end. Requests naming a private pool are served
 //! from it ([`private`]); requests on a capturing stream outside any pool never wait.
 
+mod figures;
+mod graphs;
 mod order;
 mod private;
+mod request;
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -30,121 +33,20 @@ use crate::backing::{Backing, Figures, is_out_of_memory};
 use crate::device_stats::DeviceStats;
 use crate::error::{Error, Result};
 use crate::events::StreamEvents;
-use crate::explain::{Explanation, PoolFigures};
-use crate::facts::{ContextFacts, DeviceFacts};
-use crate::history::{HistorySettings, NO_CONTEXT, RecordContext, TraceAction};
+use crate::explain::Explanation;
+use crate::facts::DeviceFacts;
+use crate::history::{NO_CONTEXT, TraceAction};
 use crate::pool_id::PoolId;
 use crate::pytorch;
-use crate::snapshot::{self, BlockState, PrivateSegment, Snapshot, SnapshotBlock};
+use figures::verdict;
+use graphs::Checkpoint;
 use order::StreamOrder;
 use private::PrivatePools;
 
+pub use figures::AllocatorStats;
+pub use graphs::Restored;
 pub use private::SEGMENT_BYTES;
-
-/// A request as PyTorch makes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Request<S> {
-    /// Bytes asked for.
-    pub size: u64,
-    /// The stream the memory is used on (where it is freed).
-    pub stream: S,
-    /// The pool to serve it from: a private pool whose filter took the request, or
-    /// [`PoolId::DEFAULT`].
-    pub pool: PoolId,
-    /// Whether `stream` is capturing a CUDA graph now (`cudaStreamIsCapturing`).
-    pub capturing: bool,
-    /// The caller's stack as a number, or [`NO_CONTEXT`].
-    pub context: u64,
-}
-
-impl<S> Request<S> {
-    /// `size` bytes on `stream` from the device's own pool, no capture, no stack.
-    pub fn new(size: u64, stream: S) -> Self {
-        Self {
-            size,
-            stream,
-            pool: PoolId::DEFAULT,
-            capturing: false,
-            context: NO_CONTEXT,
-        }
-    }
-
-    /// The same request served from `pool`.
-    pub fn in_pool(self, pool: PoolId) -> Self {
-        Self { pool, ..self }
-    }
-
-    /// The same request, its stream capturing a graph or not.
-    pub fn capturing(self, capturing: bool) -> Self {
-        Self { capturing, ..self }
-    }
-
-    /// The same request with a stack.
-    pub fn with_context(self, context: u64) -> Self {
-        Self { context, ..self }
-    }
-}
-
-/// What an allocation or free did, with the device's totals after it (what PyTorch's
-/// profiler records). Bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Outcome {
-    /// The block's device address.
-    pub ptr: u64,
-    /// The block's bytes (the request rounded up to 512, or the reused block's).
-    pub bytes: u64,
-    /// Bytes of all live blocks of the device.
-    pub allocated_bytes: u64,
-    /// Device memory the pool has mapped.
-    pub reserved_bytes: u64,
-}
-
-/// What restoring a private pool's checkpoint changed: the blocks freed (every block
-/// of the pool that was live) and the blocks handed out again (the checkpoint's live
-/// ones, at their old addresses), as device addresses.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Restored {
-    /// Freed, by address.
-    pub freed: Vec<u64>,
-    /// Handed out again, by address.
-    pub allocated: Vec<u64>,
-}
-
-/// The figures of one device's allocator, as `cudamem_stats` returns them. Bytes and
-/// counts; `#[repr(C)]`, the layout of `struct cudamem_stats`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct AllocatorStats {
-    /// Bytes handed out and not freed (each request rounded up to 512).
-    pub live_bytes: u64,
-    /// The most `live_bytes` has been.
-    pub peak_live_bytes: u64,
-    /// Device memory the pool has mapped now (physical).
-    pub mapped_bytes: u64,
-    /// The most device memory the pool has mapped at once: its footprint.
-    pub peak_mapped_bytes: u64,
-    /// Freed bytes waiting for their stream's work before other streams may reuse them.
-    pub pending_bytes: u64,
-    /// The largest request the pool can place without new device memory.
-    pub largest_free_bytes: u64,
-    /// Driver calls that took or gave device memory (VMM create, map, set access, unmap,
-    /// release).
-    pub memory_driver_calls: u64,
-    /// Driver calls for stream order (event record, query, synchronize).
-    pub event_calls: u64,
-    /// Successful allocations.
-    pub allocations: u64,
-    /// Successful frees.
-    pub frees: u64,
-    /// Requests refused for lack of memory.
-    pub ooms: u64,
-    /// Calls refused for bad arguments (unknown pointer, unknown pool, ...).
-    pub errors: u64,
-    /// Grants of the pool's mappings to peer devices (`CUDAMEM_PEERS`).
-    pub peer_access_calls: u64,
-    /// Bytes in private pools (CUDA graphs' memory), live or free.
-    pub private_pool_bytes: u64,
-}
+pub use request::{Outcome, Request};
 
 /// Where a block's memory comes from.
 #[derive(Debug, Clone, Copy)]
@@ -202,14 +104,6 @@ struct Counts {
     frees: u64,
     ooms: u64,
     errors: u64,
-}
-
-/// A checkpoint of a private pool: its live blocks.
-#[derive(Debug, Clone)]
-struct Checkpoint<S> {
-    pool: PoolId,
-    /// `(address, bytes, requested, stream)`.
-    blocks: Vec<(u64, u64, u64, S)>,
 }
 
 #[derive(Debug)]
@@ -716,230 +610,6 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
         self.state().cap.map_or(1.0, |(fraction, _)| fraction)
     }
 
-    /// The largest block the allocator could hand out now, bytes (`cacheInfo`, which
-    /// cuDNN's benchmark mode sizes its workspace by): what the pool holds free, or
-    /// what it could map from the device's free memory, under the memory fraction. It
-    /// errs low rather than high: cuDNN backs off from a refused workspace, but each
-    /// refusal costs the pool a failed attempt.
-    pub fn largest_block(&self) -> Result<u64> {
-        self.current(|state| {
-            let figures = self.backing.figures();
-            let device_free = self.backing.mem_info()?.free;
-            let mut growing = device_free.saturating_add(figures.growable_bytes);
-            if let Some((_, cap)) = state.cap {
-                growing =
-                    growing.min(cap.saturating_sub(figures.mapped_bytes) + figures.growable_bytes);
-            }
-            Ok(figures.largest_free_bytes.max(growing))
-        })
-    }
-
-    /// PyTorch's figures now (`getDeviceStats`).
-    pub fn device_stats(&self) -> DeviceStats {
-        let mut state = self.state();
-        let figures = self.backing.figures();
-        let state = &mut *state;
-        let stats = &mut state.stats;
-        stats.reserved_bytes.set_held(figures.mapped_bytes);
-        stats.segment.set_held(figures.segments);
-        let stuck = figures.free_bytes.saturating_sub(figures.releasable_bytes);
-        stats.inactive_split_bytes.set_held(stuck);
-        stats.inactive_split.set_held(u64::from(stuck > 0));
-        let (allocs, frees) = state.device_calls_at_reset;
-        stats.num_device_alloc =
-            i64::try_from(figures.device_allocs.saturating_sub(allocs)).unwrap_or(i64::MAX);
-        stats.num_device_free =
-            i64::try_from(figures.device_frees.saturating_sub(frees)).unwrap_or(i64::MAX);
-        let mut out = *stats;
-        if figures.peak_mapped_bytes > state.peak_at_reset {
-            // The pool's own peak came after the last reset: it is the peak since.
-            let peak = i64::try_from(figures.peak_mapped_bytes).unwrap_or(i64::MAX);
-            for stat in [
-                &mut out.reserved_bytes.aggregate,
-                &mut out.reserved_bytes.large_pool,
-            ] {
-                stat.peak = stat.peak.max(peak);
-            }
-        }
-        out
-    }
-
-    /// Every peak becomes its current value.
-    pub fn reset_peak_stats(&self) {
-        let mut state = self.state();
-        state.peak_at_reset = self.backing.figures().peak_mapped_bytes;
-        state.stats.reset_peaks();
-    }
-
-    /// Every accumulated count becomes zero.
-    pub fn reset_accumulated_stats(&self) {
-        let mut state = self.state();
-        let figures = self.backing.figures();
-        state.device_calls_at_reset = (figures.device_allocs, figures.device_frees);
-        state.stats.reset_accumulated();
-    }
-
-    /// Allocations the caller's filter picks go to `pool` from now on
-    /// (`beginAllocateToPool`); the pool is made if new, and counts one more user.
-    /// Waits once for the device's first stream if only one was used so far (before
-    /// the capture begins, when that is still allowed).
-    pub fn begin_allocate_to_pool(&self, pool: PoolId) -> Result<()> {
-        self.current(|state| {
-            if state.underway == 0 {
-                state.go_many()?;
-            }
-            state.pools.begin(pool)?;
-            state.underway += 1;
-            Ok(())
-        })
-    }
-
-    /// Allocations stop going to `pool` (`endAllocateToPool`). Once no pool is
-    /// allocated to, blocks freed meanwhile are fenced on their streams.
-    pub fn end_allocate_to_pool(&self, pool: PoolId) -> Result<()> {
-        self.current(|state| {
-            state.pools.end(pool)?;
-            state.underway = state.underway.saturating_sub(1);
-            if state.underway == 0 {
-                state.order.fence_unfenced(&mut state.events)?;
-            }
-            Ok(())
-        })
-    }
-
-    /// One user of `pool` fewer (`releasePool`: a graph was destroyed); at none, its
-    /// memory goes back once no block in it lives (at the next `empty_cache` or out
-    /// of memory).
-    pub fn release_pool(&self, pool: PoolId) -> Result<()> {
-        self.state().pools.release(pool)
-    }
-
-    /// One more user of `pool`, made if new (`createOrIncrefPool`).
-    pub fn incref_pool(&self, pool: PoolId) -> Result<()> {
-        self.state().pools.incref(pool)
-    }
-
-    /// The users of `pool` (`getPoolUseCount`).
-    pub fn pool_use_count(&self, pool: PoolId) -> u32 {
-        self.state().pools.use_count(pool)
-    }
-
-    /// Whether the live blocks of `pool` are exactly `expected`
-    /// (`checkPoolLiveAllocations`, torch.compile's check of its graph trees).
-    pub fn check_pool_live(&self, pool: PoolId, expected: &[u64]) -> Result<bool> {
-        let state = self.state();
-        let live = state.pools.live(pool)?;
-        let mut expected = expected.to_vec();
-        expected.sort_unstable();
-        expected.dedup();
-        Ok(live.len() == expected.len() && expected.iter().all(|p| live.contains(p)))
-    }
-
-    /// A checkpoint of `pool`'s live blocks (`getCheckpointState`); its number.
-    pub fn checkpoint_pool(&self, pool: PoolId) -> Result<u64> {
-        let mut state = self.state();
-        let state = &mut *state;
-        let mut blocks = Vec::new();
-        for ptr in state.pools.live(pool)? {
-            if let Some(b) = state.live.get(ptr) {
-                blocks.push((b.ptr, b.bytes, b.requested, b.stream));
-            }
-        }
-        let number = state.next_checkpoint;
-        state.next_checkpoint += 1;
-        state
-            .checkpoints
-            .insert(number, Checkpoint { pool, blocks });
-        Ok(number)
-    }
-
-    /// Forgets checkpoint `number` (its C++ holder is gone).
-    pub fn drop_checkpoint(&self, number: u64) {
-        self.state().checkpoints.remove(&number);
-    }
-
-    /// Returns the checkpoint's pool to it (`setCheckpointPoolState`): every live block
-    /// of the pool is freed, every freed one waiting for streams forgotten, and the
-    /// checkpoint's blocks are live again at their addresses.
-    pub fn restore_checkpoint(&self, number: u64) -> Result<Restored> {
-        self.current(|state| {
-            let unknown = Error::UnknownCheckpoint {
-                device: self.device,
-                checkpoint: number,
-            };
-            let checkpoint = state.checkpoints.get(&number).cloned().ok_or(unknown)?;
-            let pool = checkpoint.pool;
-            let mut restored = Restored::default();
-            let live: Vec<u64> = state.pools.live(pool)?.iter().copied().collect();
-            for ptr in live {
-                if let Some(block) = state.live.remove(&ptr) {
-                    state.stats.block_freed(block.bytes);
-                    state.counts.live_bytes -= block.bytes;
-                    state.retire(&block, NO_CONTEXT);
-                    restored.freed.push(ptr);
-                }
-            }
-            let waiting = state
-                .order
-                .take_where(|b| b.origin.pool() == pool, &mut state.events);
-            for block in waiting {
-                state.retire(&block, NO_CONTEXT);
-            }
-            let layout: Vec<(u64, u64, E::Stream)> = checkpoint
-                .blocks
-                .iter()
-                .map(|(ptr, bytes, _, stream)| (*ptr, *bytes, *stream))
-                .collect();
-            let allocations = state.pools.rebuild(pool, &layout)?;
-            for ((ptr, bytes, requested, stream), allocation) in
-                checkpoint.blocks.iter().zip(allocations)
-            {
-                state.stats.block_allocated(*bytes, *requested);
-                state.counts.live_bytes += bytes;
-                state.live.insert(
-                    *ptr,
-                    Block {
-                        origin: Origin::Private { pool, allocation },
-                        ptr: *ptr,
-                        bytes: *bytes,
-                        requested: *requested,
-                        stream: *stream,
-                        uses: Vec::new(),
-                        context: NO_CONTEXT,
-                    },
-                );
-                restored.allocated.push(*ptr);
-            }
-            Ok(restored)
-        })
-    }
-
-    /// Records history as `settings` say (`_record_memory_history`); `clear` drops
-    /// what was recorded.
-    pub fn record_history(&self, settings: HistorySettings, clear: bool) {
-        self.state().history.configure(settings, clear);
-    }
-
-    /// The stacks kept now.
-    pub fn record_context(&self) -> RecordContext {
-        let history = self.state().history.settings();
-        if history.enabled {
-            history.when
-        } else {
-            RecordContext::Never
-        }
-    }
-
-    /// Takes up to `max` stack numbers nothing holds any more.
-    pub fn take_dead_contexts(&self, max: usize) -> Vec<u64> {
-        self.state().history.take_dead(max)
-    }
-
-    /// How many stack numbers died and were not taken yet.
-    pub fn dead_contexts(&self) -> usize {
-        self.state().history.dead_count()
-    }
-
     /// The block holding `ptr`: its first byte's address and its bytes.
     pub fn block_of(&self, ptr: u64) -> Result<(u64, u64)> {
         let state = self.state();
@@ -970,114 +640,6 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
     pub fn owns(&self, ptr: u64) -> bool {
         let (start, bytes) = self.backing.reservation();
         ptr >= start && ptr - start < bytes
-    }
-
-    /// What the device holds now, as PyTorch's snapshot shows it: every segment of
-    /// `pool` (all of them for [`PoolId::DEFAULT`]) and, with `trace`, the history.
-    /// Records a snapshot entry in the history.
-    pub fn snapshot(&self, pool: PoolId, trace: bool) -> Snapshot {
-        let mut state = self.state();
-        let state = &mut *state;
-        let runs = self.backing.mapped_runs();
-        let private: Vec<PrivateSegment> = state
-            .pools
-            .segments()
-            .map(|(pool, address, s)| PrivateSegment {
-                address,
-                bytes: s.bytes,
-                pool,
-                stream: E::number(s.stream),
-            })
-            .collect();
-        let shown = |b: &Block<B::Token, E::Stream>, state| SnapshotBlock {
-            address: b.ptr,
-            size: b.bytes,
-            requested_size: b.requested,
-            state,
-            context: b.context,
-        };
-        let blocks: Vec<SnapshotBlock> = state
-            .live
-            .values()
-            .map(|b| shown(b, BlockState::ActiveAllocated))
-            .chain(
-                state
-                    .order
-                    .blocks()
-                    .map(|b| shown(b, BlockState::ActivePendingFree)),
-            )
-            .collect();
-        let segments = snapshot::segments(&runs, &private, &blocks, pool);
-        let active: u64 = segments.iter().map(|s| s.active_size()).sum();
-        state
-            .history
-            .record(TraceAction::Snapshot, 0, active, 0, pool, NO_CONTEXT);
-        let trace = if trace {
-            state.history.entries().copied().collect()
-        } else {
-            Vec::new()
-        };
-        Snapshot { segments, trace }
-    }
-
-    /// The figures behind `cudamem_stats`.
-    pub fn stats(&self) -> AllocatorStats {
-        let state = self.state();
-        let figures = self.backing.figures();
-        let private_pool_bytes = state.pools.segments().map(|(_, _, s)| s.bytes).sum();
-        let counts = state.counts;
-        AllocatorStats {
-            live_bytes: counts.live_bytes,
-            peak_live_bytes: counts.peak_live_bytes,
-            mapped_bytes: figures.mapped_bytes,
-            peak_mapped_bytes: figures.peak_mapped_bytes,
-            pending_bytes: state.order.bytes,
-            largest_free_bytes: figures.largest_free_bytes,
-            memory_driver_calls: self.backing.memory_driver_calls(),
-            event_calls: state.events.calls(),
-            allocations: counts.allocations,
-            frees: counts.frees,
-            ooms: counts.ooms,
-            errors: counts.errors,
-            peer_access_calls: figures.peer_access_calls,
-            private_pool_bytes,
-        }
-    }
-
-    /// The ledger of the device's context with the pool in it, as text.
-    pub fn explain(&self) -> Result<String> {
-        self.current(|state| {
-            let (facts, figures) = self.figures(state)?;
-            Ok(Explanation::new(&facts, &figures).render(self.device, &facts, &figures))
-        })
-    }
-
-    fn figures(&self, state: &State<B::Token, E>) -> Result<(ContextFacts, PoolFigures)> {
-        let facts = self.backing.context_facts()?;
-        let backing = self.backing.figures();
-        let figures = PoolFigures {
-            live_bytes: state.counts.live_bytes,
-            pending_bytes: state.order.bytes,
-            mapped_bytes: backing.mapped_bytes,
-            peak_mapped_bytes: backing.peak_mapped_bytes,
-            free_bytes: backing.free_bytes,
-            largest_free_bytes: backing.largest_free_bytes,
-        };
-        Ok((facts, figures))
-    }
-}
-
-/// One line saying which term is to blame.
-fn verdict(ledger: &Explanation, figures: &PoolFigures, size: u64) -> String {
-    if figures.free_bytes >= size && figures.largest_free_bytes < size {
-        format!(
-            "cudamem: fragmentation: the pool has {} bytes free but no block of {size}\n",
-            figures.free_bytes
-        )
-    } else if ledger.outside_bytes > ledger.pool_bytes {
-        "cudamem: most of the device is held outside the pool (see 'outside the pool')\n".to_owned()
-    } else {
-        "cudamem: the device is exhausted by live tensors\n".to_owned()
     }
 }
 
