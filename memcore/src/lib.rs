@@ -11,6 +11,7 @@ mod compact;
 mod error;
 mod freelist;
 mod handle;
+pub mod pytorch;
 mod stitch;
 mod tlsf;
 

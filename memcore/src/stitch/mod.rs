@@ -51,8 +51,9 @@ use driver::{DriverCalls, DriverCosts, DriverOp, H200_DRIVER_COSTS};
 pub const PAGE_BYTES: u64 = 2 << 20;
 
 /// Every block starts at a multiple of this and spans a multiple of it,
-/// bytes (512, PyTorch's rounding).
-pub const STITCH_ALIGN: u64 = 512;
+/// bytes: PyTorch's block size ([`crate::pytorch::MIN_BLOCK_BYTES`]), so a
+/// PyTorch request takes the bytes PyTorch counts for it.
+pub const STITCH_ALIGN: u64 = crate::pytorch::MIN_BLOCK_BYTES;
 
 /// Bytes of the virtual arena (2^47 = 128 TiB).
 pub const VIRTUAL_BYTES: u64 = 1 << 47;
