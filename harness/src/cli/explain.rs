@@ -5,7 +5,7 @@
 //! Predicted from a built-in device profile, or measured on a GPU (feature
 //! `cuda`).
 
-use std::io::Write as _;
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow};
@@ -13,8 +13,9 @@ use ctx::{DeviceProfile, Ledger, LedgerItemKind, Limits, Workload};
 use plotters::prelude::*;
 use serde_json::{Map, Value, json};
 
-use crate::cli::byte_size::{self, human};
+use crate::cli::byte_size;
 use crate::report::{Swatch, escape, legend, page};
+use memcore::bytes::human;
 
 /// Arguments of `cudamem explain`.
 #[derive(Debug, clap::Args)]
@@ -85,10 +86,10 @@ pub(crate) struct Explained {
     measured_extra: Vec<(&'static str, u64)>,
 }
 
-/// Run `cudamem explain`.
-pub fn run(args: ExplainArgs) -> Result<()> {
+/// Run `cudamem explain`, writing the ledger to `out`.
+pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
     if let Some(snapshot) = &args.snapshot {
-        return crate::cli::explain_snapshot::run(snapshot, args.json, args.report.as_deref());
+        return crate::cli::explain_snapshot::run(snapshot, args.json, args.report.as_deref(), out);
     }
     let most = kernels::cm_heap::region_bytes(kernels::cm_heap::MAX_CHUNKS);
     if let Some(bytes) = args.cm_heap.filter(|&b| b > most) {
@@ -103,7 +104,7 @@ pub fn run(args: ExplainArgs) -> Result<()> {
                 "--report draws one ledger; with --device all, name one device (--device N)"
             ));
         }
-        return crate::cli::explain_devices::run(&args);
+        return crate::cli::explain_devices::run(&args, out);
     }
     let defaults = Limits::cuda_default();
     let limits = Limits {
@@ -136,7 +137,6 @@ pub fn run(args: ExplainArgs) -> Result<()> {
         .ledger
         .check_fits()
         .with_context(|| format!("the {} ledger", explained.profile.full_name))?;
-    let mut out = crate::cli::output::stdout();
     if args.json {
         writeln!(
             out,

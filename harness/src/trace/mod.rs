@@ -133,7 +133,7 @@ pub enum Problem {
     #[error(
         "more than {limit_bytes} bytes ({}) once decompressed, the most cudamem \
          reads from one trace file",
-        crate::cli::byte_size::human(*limit_bytes)
+        memcore::bytes::human(*limit_bytes)
     )]
     TooLarge {
         /// The limit, bytes.
