@@ -39,6 +39,10 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "torch-alloc/tests/peers_env.rs",
         "tests that call the C ABI as C code does, with CUDAMEM_PEERS set",
     ),
+    (
+        "harness/tests/support/alloc_count.rs",
+        "a counting global allocator: tests bound what a reader allocates",
+    ),
 ];
 
 /// Files under `ctx/src/cuda/` that need no `unsafe`, each with why.

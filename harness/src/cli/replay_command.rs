@@ -368,3 +368,43 @@ fn progress_bar(trace: &Trace, policies: usize) -> ProgressBar {
     bar.set_prefix(trace.name.clone());
     bar
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_defaults_are_the_librarys() {
+        let defaults = ReplayArgs::defaults().unwrap();
+        assert_eq!(defaults.settings().unwrap(), Settings::default());
+        assert!(defaults.traces.is_empty() && defaults.policies.is_empty());
+        assert_eq!(defaults.chosen_policies(), spec::defaults(false));
+    }
+
+    #[test]
+    fn policies_are_named_once_in_the_order_given() {
+        #[derive(Debug, Parser)]
+        struct Replay {
+            #[command(flatten)]
+            args: ReplayArgs,
+        }
+        let args = Replay::try_parse_from([
+            "replay", "--policy", "stitch", "--policy", "tlsf", "--policy", "stitch",
+        ])
+        .unwrap()
+        .args;
+        let names: Vec<&str> = args.chosen_policies().iter().map(|s| s.name).collect();
+        assert_eq!(names, ["stitch", "tlsf"]);
+        let err = Replay::try_parse_from(["replay", "--policy", "fastest"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+        let said = err.to_string();
+        assert!(
+            said.contains("fastest") && said.contains("pytorch-expandable"),
+            "{said}"
+        );
+        let gpu = Replay::try_parse_from(["replay", "--gpu", "0"])
+            .unwrap()
+            .args;
+        assert_eq!(gpu.chosen_policies(), spec::defaults(true));
+    }
+}
