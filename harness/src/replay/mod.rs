@@ -116,7 +116,7 @@ pub fn run(
         progress,
     });
     let outcome = match spec.run(settings, measured).with_context(context)? {
-        Done::Measured(outcome) => outcome,
+        Done::Measured(outcome) => *outcome,
         Done::Recorded(_) => return Err(wrong_pass(spec)),
     };
     let placement = if record {
@@ -152,8 +152,8 @@ pub enum Pass<'a> {
 
 /// What a [`Pass`] produced.
 pub enum Done {
-    /// The timed replay's figures.
-    Measured(Outcome),
+    /// The timed replay's figures (boxed: they are most of a `Done`).
+    Measured(Box<Outcome>),
     /// Where every block lay.
     Recorded(Placement),
 }
@@ -162,7 +162,9 @@ impl Pass<'_> {
     /// Run the pass through `policy`; compiled for each policy's type.
     pub fn run<P: Policy>(self, policy: &mut P) -> Result<Done> {
         match self {
-            Pass::Measured(pass) => pass.run(policy).map(Done::Measured),
+            Pass::Measured(pass) => pass
+                .run(policy)
+                .map(|outcome| Done::Measured(Box::new(outcome))),
             Pass::Recording(pass) => pass.run(policy).map(Done::Recorded),
         }
     }

@@ -27,7 +27,8 @@ use ctx::{CompactionPolicy, DeviceMemory as _, Pool, PoolConfig};
 use ctx::{CopyCalls, CudaDevice};
 
 use crate::gpu::{Gpu, Rng};
-use crate::report::{Checks, mib};
+use crate::report::Checks;
+use memcore::bytes::mib;
 
 const RESERVE_BYTES: u64 = 64 << 30;
 /// (i): blocks allocated; sizes uniform in [1, 3) MiB, about 4 GiB in all.

@@ -11,7 +11,8 @@ use kernels::Kernel;
 use kernels::heap::{self, HeapCounters, HeapParams};
 
 use crate::gpu::{Gpu, launch};
-use crate::report::{Checks, mib};
+use crate::report::Checks;
+use memcore::bytes::mib;
 
 const HEAP_BYTES: u64 = 256 << 20;
 const THROUGHPUT_THREADS: u32 = 1 << 20;

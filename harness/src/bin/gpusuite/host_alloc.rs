@@ -147,8 +147,9 @@ fn fill_by_steps(out: &mut Checks, context: &CudaContext) -> Result<()> {
     Ok(())
 }
 
+/// `bytes` in GiB, for rates per GiB.
 fn gib(bytes: u64) -> f64 {
-    bytes as f64 / f64::from(1 << 30)
+    bytes as f64 / memcore::bytes::GIB as f64
 }
 
 fn us(time: Duration) -> f64 {
