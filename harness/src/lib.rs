@@ -43,6 +43,8 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod cli;
 pub mod replay;
 pub mod report;
