@@ -22,14 +22,17 @@ use crate::trace::Trace;
 /// Where the report goes when `cudamem` runs on the built-in trace.
 pub const DEFAULT_REPORT: &str = "cudamem-report.html";
 
-/// `--stitch-large`'s default: memcore's large handle.
+/// `--stitch-large`'s default: memcore's large handle (`human` reads back
+/// exactly for it, which a test holds).
 static DEFAULT_STITCH_LARGE: LazyLock<String> = LazyLock::new(|| {
-    byte_size::exact(u64::from(memcore::StitchConfig::default().large_pages) * memcore::PAGE_BYTES)
+    memcore::bytes::human(
+        u64::from(memcore::StitchConfig::default().large_pages) * memcore::PAGE_BYTES,
+    )
 });
 
 /// `--stitch-keep-idle`'s default: memcore's.
 static DEFAULT_STITCH_KEEP_IDLE: LazyLock<String> =
-    LazyLock::new(|| byte_size::exact(memcore::StitchConfig::default().keep_idle_bytes));
+    LazyLock::new(|| memcore::bytes::human(memcore::StitchConfig::default().keep_idle_bytes));
 
 /// A trace kept for the report, with what each policy did to it.
 struct Replayed {

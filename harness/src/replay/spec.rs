@@ -269,14 +269,12 @@ pub static POLICIES: &[PolicySpec] = &[
         describe: |settings| {
             let on = match settings.gpu {
                 Some(ordinal) => format!("CUDA device {ordinal}"),
-                None => "a simulated H200 (--gpu N: CUDA device N)".to_string(),
+                None => "a simulated H200 (with --gpu N, CUDA device N)".to_string(),
             };
-            describe_stitch(
-                &format!(
-                    "ctx's StitchedPool on {on}, carrying out the stitch model's driver calls \
-                     and measuring each allocate and free, with"
-                ),
-                &settings.stitch,
+            format!(
+                "ctx's StitchedPool on {on}: the stitch policy carried out through the driver's \
+                 VMM calls, each allocate and free timed; its footprint and driver calls are the \
+                 stitch row's, and what the device measured is listed under the table"
             )
         },
         moves_blocks: false,
@@ -314,11 +312,12 @@ fn describe_stitch(what: &str, config: &StitchConfig) -> String {
     if config.large_pages > 1 {
         text += &format!(
             "a {large} chunk no handle backs yet gets one {large} handle while that keeps the \
-             footprint within {budget} (a new handle may pass it by {} of its bytes{}), else its \
-             pages are backed by {page} handles, idle ones moved from where they lie first; ",
+             footprint within {budget} (a new handle may pass it by {} of its bytes){}, else its \
+             pages get {page} handles, idle ones first (moved from the highest place they are \
+             mapped), then new ones; ",
             permille(config.overshoot_permille),
             if config.grow_in_large {
-                ", or by all of them when nothing is idle"
+                " or nothing is idle"
             } else {
                 ""
             },
@@ -447,7 +446,7 @@ mod tests {
             "TLSF preferring low addresses",
             "one 32.0 MiB handle",
             "a budget of 2% over the most bytes live so far",
-            "by 100% of its bytes, or by all of them when nothing is idle",
+            "by 100% of its bytes) or nothing is idle, else",
             "2.00 MiB handles",
             "Never moves a block.",
             "To use it: ctx::StitchedPool runs it on a GPU.",

@@ -24,7 +24,7 @@ const STEPS: u64 = 400;
 /// Warm pairs timed per pool, and per driver call pair.
 const PAIRS: u32 = 100_000;
 const DRIVER_PAIRS: u32 = 2_000;
-/// The host cost per warm pair the issue asks for, ns.
+/// The host cost per warm pair aimed for, ns.
 const PAIR_GOAL_NS: f64 = 100.0;
 
 /// A small xorshift generator, so every run is the same.
