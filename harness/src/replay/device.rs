@@ -22,7 +22,6 @@ use serde::Serialize;
 
 use crate::replay::policy::{Arena, ArenaState, Policy};
 use crate::replay::{Done, Pass, Settings};
-use crate::trace::Trace;
 
 /// Warm allocate+free pairs timed per pool.
 const PAIRS: u32 = 100_000;
@@ -398,7 +397,7 @@ impl<D: ReplayDevice> Policy for StitchedPoolPolicy<D> {
         Ok(())
     }
 
-    fn device_figures(&mut self, _trace: &Trace) -> Result<Option<DeviceFigures>> {
+    fn device_figures(&mut self) -> Result<Option<DeviceFigures>> {
         let stats: StitchedStats = self.pool.stats();
         let calls = stats.calls;
         let driver = calls.create.time
@@ -557,7 +556,7 @@ mod tests {
             }
         }
         policy.pool().check().unwrap();
-        let figures = policy.device_figures(trace).unwrap().unwrap();
+        let figures = policy.device_figures().unwrap().unwrap();
         assert!(figures.bandwidth.is_err(), "no peak was passed");
         policy.pool().check().unwrap();
         assert_eq!(policy.pool().stats().model.physical_bytes, 0);

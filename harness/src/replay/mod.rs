@@ -241,7 +241,7 @@ impl MeasuredPass<'_> {
             device: None,
         };
         // Last: measuring on the device may change what the policy holds.
-        outcome.device = policy.device_figures(trace)?;
+        outcome.device = policy.device_figures()?;
         Ok(outcome)
     }
 }

@@ -19,7 +19,6 @@ use memcore::{
 use serde::Serialize;
 
 use crate::replay::device::DeviceFigures;
-use crate::trace::Trace;
 
 /// The step in which address space is mapped, in bytes: the H200's VMM
 /// granularity (2 MiB).
@@ -140,9 +139,9 @@ pub trait Policy {
     fn at_peak(&mut self) -> Result<()> {
         Ok(())
     }
-    /// What a policy on a device measured there, after the replay of
-    /// `trace` (and after the other figures were read); `None` for a model.
-    fn device_figures(&mut self, _trace: &Trace) -> Result<Option<DeviceFigures>> {
+    /// What a policy on a device measured there, after the replay (and
+    /// after the other figures were read); `None` for a model.
+    fn device_figures(&mut self) -> Result<Option<DeviceFigures>> {
         Ok(None)
     }
 }
