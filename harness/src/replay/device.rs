@@ -196,7 +196,7 @@ impl DeviceFigures {
         let calls = &self.calls;
         vec![
             format!(
-                "  {name} on {}: footprint measured {} (cuMemGetInfo, above the start) = {:.3} x \
+                "  {name} on {}: footprint measured {} (device memory in use above the start) = {:.3} x \
                  peak live {}; model {} = {:.3} x peak live; measured/model {:.3}",
                 self.device,
                 mib(self.measured_peak_bytes),
