@@ -276,8 +276,8 @@ mod tests {
             .count();
         assert_eq!(replayed.allocate.calls, allocs as u64);
         let stats = replayed.stats;
-        assert_eq!(stats.calls.create.calls, stats.model.calls.creates);
-        assert_eq!(stats.calls.map.calls, stats.model.calls.maps);
+        assert_eq!(stats.calls.create.calls, stats.model.calls.create.calls);
+        assert_eq!(stats.calls.map.calls, stats.model.calls.map.calls);
         assert!(replayed.allocate.p50_ns <= replayed.allocate.p99_ns);
         assert_eq!(replayed.lines().len(), 6);
         let pair = warm_pair_ns(&pool, 1 << 20, 1000).unwrap();
