@@ -261,8 +261,8 @@ proptest! {
         prop_assert_eq!(pool.stats().physical_bytes, 0);
         prop_assert_eq!(pool.handles().count(), 0);
         let calls = pool.stats().calls;
-        prop_assert_eq!(calls.creates, calls.releases);
-        prop_assert_eq!(calls.maps, calls.unmaps);
-        prop_assert_eq!(calls.maps, calls.set_access);
+        prop_assert_eq!(calls.create.calls, calls.release.calls);
+        prop_assert_eq!(calls.map.calls, calls.unmap.calls);
+        prop_assert_eq!(calls.map.calls, calls.set_access.calls);
     }
 }

@@ -312,7 +312,7 @@ impl<D: DeviceFacts, E: StreamEvents> DeviceAllocator<D, E> {
             mapped_bytes: figures.mapped_bytes,
             peak_mapped_bytes: figures.peak_mapped_bytes,
             largest_free_bytes: figures.heap.largest_free,
-            memory_driver_calls: pool.device().memory_driver_calls(),
+            memory_driver_calls: figures.calls.total() + figures.peer_access.calls,
             event_calls: state.events.calls(),
             peer_access_calls: figures.peer_access.calls,
             ..state.stats

@@ -60,7 +60,7 @@ const FIGURES_ALLOWED: &[(&str, &str, &str)] = &[
         "this file describes what the check looks for",
     ),
     (
-        "ctx/src/ledger.rs",
+        "ctx/src/ledger/mod.rs",
         "as read on the H200 (driver 580)",
         "where the built-in defaults the function returns come from",
     ),

@@ -100,9 +100,12 @@ fn grant_one_page(owner: u32, peer: u32) -> ctx::Result<()> {
     let mut device = CudaDevice::new(&context)?;
     let page = device.granularity();
     let base = device.reserve(page)?;
-    device.map(base, page)?;
-    let granted = device.set_access(base, page, PeerSet::of(&[peer])?);
-    device.unmap(base, page)?;
+    let handle = device.create_physical(page)?;
+    device.map_physical(handle, base)?;
+    device.grant_access(base, page, PeerSet::of(&[owner])?)?;
+    let granted = device.grant_access(base, page, PeerSet::of(&[peer])?);
+    device.unmap_physical(base, page)?;
+    device.release_physical(handle)?;
     device.release(base, page)?;
     granted
 }

@@ -505,8 +505,8 @@ mod tests {
             .filter(|e| matches!(e, Event::Alloc { .. }))
             .count();
         assert_eq!(device.allocate.calls, allocs as u64);
-        assert_eq!(device.calls.creates, outcome.driver_calls.creates);
-        assert_eq!(device.calls.maps, outcome.driver_calls.maps);
+        assert_eq!(device.calls.creates, outcome.driver_calls.create.calls);
+        assert_eq!(device.calls.maps, outcome.driver_calls.map.calls);
         assert!(device.allocate.p50_ns <= device.allocate.p99_ns);
         assert!(device.stitched_pair_ns > 0.0 && device.moving_pair_ns > 0.0);
         assert_eq!(

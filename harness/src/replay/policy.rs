@@ -20,9 +20,9 @@ use serde::Serialize;
 
 use crate::replay::device::DeviceFigures;
 
-/// The step in which address space is mapped, in bytes: the H200's VMM
-/// granularity (2 MiB).
-pub const GRANULE: u64 = 2 << 20;
+/// The step in which address space is mapped, in bytes: the VMM page
+/// (2 MiB).
+pub const GRANULE: u64 = memcore::PAGE_BYTES;
 
 /// The address space, in bytes (512 GiB), of a policy that must take it all
 /// at once: offset-allocator's one arena (its u32 units of 256 B reach just

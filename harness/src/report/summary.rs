@@ -64,11 +64,11 @@ pub struct DriverSummary {
 impl From<memcore::DriverCalls> for DriverSummary {
     fn from(calls: memcore::DriverCalls) -> Self {
         Self {
-            creates: calls.creates,
-            releases: calls.releases,
-            maps: calls.maps,
-            unmaps: calls.unmaps,
-            set_access: calls.set_access,
+            creates: calls.create.calls,
+            releases: calls.release.calls,
+            maps: calls.map.calls,
+            unmaps: calls.unmap.calls,
+            set_access: calls.set_access.calls,
             modeled_ns: calls.modeled_ns,
         }
     }

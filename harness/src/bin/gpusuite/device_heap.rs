@@ -125,7 +125,7 @@ pub fn run(out: &mut Checks) -> Result<()> {
         .set_limit(Limit::MallocHeapBytes, 2 * HEAP_BYTES);
     let named_invalid_value = matches!(
         &refused,
-        Err(ctx::Error::Device { detail, .. }) if detail.contains("CUDA_ERROR_INVALID_VALUE")
+        Err(error) if error.driver_code() == Some(ctx::DriverCode::INVALID_VALUE)
     );
     out.check(
         "heap limit set after a malloc launch is refused",
