@@ -39,6 +39,10 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "torch-alloc/tests/peers_env.rs",
         "tests that call the C ABI as C code does, with CUDAMEM_PEERS set",
     ),
+    (
+        "kernels/tests/cm_alloc/host.rs",
+        "loads cm_alloc.cuh compiled for the host and calls its C ABI",
+    ),
 ];
 
 /// Files under `ctx/src/cuda/` that need no `unsafe`, each with why.
