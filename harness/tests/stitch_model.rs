@@ -13,7 +13,7 @@
 //! freeing everything and trimming leaves no handle.
 //!
 //! Then the real traces in `traces/`, replayed by the `cudamem` binary:
-//! the goals of issue #13 that the default configuration meets stay met.
+//! the stitching goals that the default configuration meets stay met.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -271,7 +271,7 @@ proptest! {
     }
 }
 
-/// The goals of issue #13 on one real trace, as the default stitch
+/// The stitching goals on one real trace, as the default stitch
 /// configuration meets them: footprint at most 1.03 x peak live, modeled
 /// driver time at most 1% of the recorded duration, at least 90% of the
 /// live bytes at the peak in handles of 32 MiB or more. BENCHMARKS.md

@@ -6,6 +6,7 @@ pub mod memory_map;
 pub mod summary;
 
 use anyhow::Result;
+use memcore::bytes::{GIB, MIB};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -344,10 +345,10 @@ fn curve_color(index: usize) -> RGBColor {
 
 /// The unit an axis of `span` bytes reads best in.
 fn axis_unit(span: u64) -> (f64, &'static str) {
-    if span >= 1 << 30 {
-        ((1u64 << 30) as f64, "GiB")
+    if span >= GIB {
+        (GIB as f64, "GiB")
     } else {
-        ((1u64 << 20) as f64, "MiB")
+        (MIB as f64, "MiB")
     }
 }
 

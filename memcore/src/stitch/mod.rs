@@ -58,8 +58,8 @@ pub const STITCH_ALIGN: u64 = 512;
 pub const VIRTUAL_BYTES: u64 = 1 << 47;
 
 /// Handles of at least this many bytes (32 MiB) copy at (nearly) the
-/// bandwidth of `cuMemAlloc` memory, as measured on the project's GPU (the
-/// shared FACTS.md, "VMM stitching"); smaller ones are slower. Reports count the
+/// bandwidth of `cuMemAlloc` memory, as measured on the project's GPU;
+/// smaller ones are slower. Reports count the
 /// live bytes in such handles.
 pub const FULL_BANDWIDTH_HANDLE_BYTES: u64 = 32 << 20;
 
