@@ -9,8 +9,8 @@
 pub const PAGE_BYTES: u64 = 2 << 20;
 
 /// Handles of at least this many bytes (32 MiB) copy at (nearly) the
-/// bandwidth of `cuMemAlloc` memory, as measured on the project's GPU (the
-/// shared FACTS.md, "VMM stitching"); smaller ones are slower. The
+/// bandwidth of `cuMemAlloc` memory (BENCHMARKS.md, "Stitching", has the
+/// measurement); smaller ones are slower. The
 /// stitching policy's large handle is this size
 /// ([`StitchConfig::large_pages`](crate::StitchConfig::large_pages)
 /// defaults to [`FULL_BANDWIDTH_HANDLE_PAGES`]), and a growing pool's step

@@ -28,13 +28,12 @@ pub struct DriverCosts {
     pub set_access_ns: u64,
 }
 
-/// cuMemCreate, as measured with driver 580 (the project's shared FACTS.md,
-/// section "VMM stitching").
+/// cuMemCreate, as measured with driver 580 by a small CUDA C program
+/// (BENCHMARKS.md quotes the costs).
 const H200_CREATE: &[(u64, u64)] = &[(2 << 20, 9_600), (32 << 20, 11_900), (1 << 30, 32_000)];
 
 /// The H200's costs (driver 580), as measured by a small CUDA C program
-/// and written down in the project's shared FACTS.md, section "VMM
-/// stitching". cuMemRelease was not measured there: it takes
+/// (BENCHMARKS.md quotes them). cuMemRelease was not measured there: it takes
 /// cuMemCreate's cost. cuMemUnmap was measured over 2 MiB handles only and
 /// is taken per handle whatever its size.
 pub const H200_DRIVER_COSTS: DriverCosts = DriverCosts {
