@@ -17,7 +17,7 @@ use ctx::{Pool, PoolConfig, SimConfig, SimDevice};
 
 /// Block size, bytes: two 2 MiB pages, so each request grows the pool.
 const BLOCK: u64 = 4 << 20;
-const PAGE: u64 = 2 << 20;
+const PAGE: u64 = memcore::PAGE_BYTES;
 const COUNTS: [u64; 2] = [40_000, 400_000];
 
 fn fill(count: u64) {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::{Error, Result};
+use crate::{DriverCode, Error, Result};
 
 /// What a backend keeps for each mapping or chunk.
 pub(crate) trait Backing {
@@ -40,12 +40,10 @@ impl<B> Default for AddressSpace<B> {
     }
 }
 
-/// The error the driver gives for a range that breaks its rules.
-pub(crate) fn invalid_value(op: &'static str, detail: impl core::fmt::Display) -> Error {
-    Error::Device {
-        op,
-        detail: format!("CUDA_ERROR_INVALID_VALUE: {detail}"),
-    }
+/// The error the driver gives for an argument or a range that breaks its
+/// rules; both backends refuse such ranges with it before any call.
+pub(crate) fn invalid_value(op: &'static str, detail: impl Into<String>) -> Error {
+    Error::driver(op, DriverCode::INVALID_VALUE, detail)
 }
 
 impl<B: Backing> AddressSpace<B> {
@@ -172,17 +170,23 @@ impl<B: Backing> AddressSpace<B> {
     }
 
     /// `Ok` if `[addr, +size)` is whole `page`-byte pages inside one
-    /// reservation, with nothing mapped there yet.
-    pub(crate) fn check_map(&self, addr: u64, size: u64, page: u64) -> Result<()> {
+    /// reservation, with nothing mapped there yet; else the error of `op`.
+    pub(crate) fn check_map(
+        &self,
+        op: &'static str,
+        addr: u64,
+        size: u64,
+        page: u64,
+    ) -> Result<()> {
         if size == 0 || size % page != 0 || addr % page != 0 {
             return Err(invalid_value(
-                "map",
+                op,
                 format!("[{addr:#x}, +{size}) is not on {page}-byte pages"),
             ));
         }
         let end = addr
             .checked_add(size)
-            .ok_or_else(|| invalid_value("map", "range overflows"))?;
+            .ok_or_else(|| invalid_value(op, "range overflows"))?;
         let inside = self
             .reservations
             .range(..=addr)
@@ -190,13 +194,13 @@ impl<B: Backing> AddressSpace<B> {
             .is_some_and(|(base, reserved)| end <= base + reserved);
         if !inside {
             return Err(invalid_value(
-                "map",
+                op,
                 format!("[{addr:#x}, +{size}) is not inside a reservation"),
             ));
         }
         if self.overlaps_backing(addr, end) {
             return Err(invalid_value(
-                "map",
+                op,
                 format!("[{addr:#x}, +{size}) is already mapped"),
             ));
         }

@@ -5,8 +5,8 @@
 
 use kernels::moves::BlockMove;
 
+use crate::Result;
 use crate::peers::PeerSet;
-use crate::{Error, Result};
 
 /// Device memory figures as `cuMemGetInfo` reports them, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,12 +37,20 @@ impl StreamId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PhysicalHandle(pub(crate) u64);
 
-/// Device memory as a pool uses it: virtual address reservations that are
-/// mapped and unmapped in granularity-sized pages (VMM), plain chunk
-/// allocations when there is no VMM, copies and host transfers.
+/// Device memory as a pool uses it, at the driver's level and no higher:
+/// virtual address reservations, physical memory made, mapped into them,
+/// made accessible, unmapped and released as separate steps (VMM), plain
+/// chunk allocations when there is no VMM, copies and host transfers.
+///
+/// A backend does the minimum each call needs and checks only what keeps
+/// its own calls sound (the driver's rules for ranges, which
+/// [`SimDevice`](crate::SimDevice) keeps as strictly as the driver);
+/// putting the steps together (create, map and grant with a rollback when
+/// one fails; unmap and release) is the pools' shared code, written once
+/// above every backend.
 ///
 /// All addresses are absolute device addresses and never zero; all sizes are
-/// bytes.
+/// bytes. A refused call changes nothing.
 pub trait DeviceMemory: Send {
     /// A short human-readable name of the device.
     fn name(&self) -> String;
@@ -51,40 +59,50 @@ pub trait DeviceMemory: Send {
     /// name).
     fn ordinal(&self) -> u32;
 
-    /// The VMM page in bytes (2 MiB on recent NVIDIA GPUs): reservation
-    /// sizes, mapping addresses and mapping sizes are multiples of it. Chunk
-    /// sizes are rounded to it by the pool as well.
+    /// The VMM page in bytes ([`memcore::PAGE_BYTES`] on recent NVIDIA
+    /// GPUs): reservation sizes, mapping addresses and physical sizes are
+    /// multiples of it. Chunk sizes are rounded to it by the pool as well.
     fn granularity(&self) -> u64;
 
-    /// Whether [`reserve`](Self::reserve)/[`map`](Self::map) work.
+    /// Whether [`reserve`](Self::reserve) and the physical-memory steps
+    /// work.
     fn supports_vmm(&self) -> bool;
 
-    /// Reserve `size` bytes of virtual address space, no physical memory;
-    /// returns the base address.
+    /// Reserve `size` bytes of virtual address space, no physical memory
+    /// (`cuMemAddressReserve`); returns the base address.
     fn reserve(&mut self, size: u64) -> Result<u64>;
 
-    /// Give back a reservation made by [`reserve`](Self::reserve); nothing in
-    /// it may be mapped any more.
+    /// Give back a reservation made by [`reserve`](Self::reserve)
+    /// (`cuMemAddressFree`); nothing in it may be mapped any more.
     fn release(&mut self, base: u64, size: u64) -> Result<()>;
 
-    /// Back `[addr, addr + size)`, which lies inside a reservation and is not
-    /// mapped yet, with physical memory readable and writable by the device.
-    fn map(&mut self, addr: u64, size: u64) -> Result<()>;
+    /// Create `size` bytes of physical memory (`cuMemCreate`), a positive
+    /// multiple of [`granularity`](Self::granularity), mapped nowhere.
+    fn create_physical(&mut self, size: u64) -> Result<PhysicalHandle>;
 
-    /// Make `[addr, addr + size)`, a run of whole ranges earlier passed to
-    /// [`map`](Self::map) and still mapped, readable and writable by every
-    /// device in `peers` as well (`cuMemSetAccess`; what was granted before
-    /// stays). The device's own ordinal in `peers` is ignored. A peer that
-    /// cannot reach this device's memory is refused with
+    /// Map all of `handle` at `addr` (`cuMemMap`): `[addr, addr + its
+    /// size)` lies inside a reservation, on granularity boundaries, with
+    /// nothing mapped there yet. A mapping is always one whole handle. The
+    /// range is not accessible until [`grant_access`](Self::grant_access).
+    fn map_physical(&mut self, handle: PhysicalHandle, addr: u64) -> Result<()>;
+
+    /// Make `[addr, addr + size)`, a run of whole mappings made by
+    /// [`map_physical`](Self::map_physical), readable and writable by every
+    /// device in `devices` (`cuMemSetAccess`, one descriptor per device):
+    /// this device's own ordinal for its own access, any other for a peer's.
+    /// What was granted before stays. A peer that cannot reach this
+    /// device's memory is refused with
     /// [`Error::PeerAccess`](crate::Error::PeerAccess) before anything
-    /// changes. Pools call it through one function for every mapping they
-    /// make ([`crate::PoolConfig::peers`]).
-    fn set_access(&mut self, addr: u64, size: u64, peers: PeerSet) -> Result<()>;
+    /// changes; an empty set is an invalid value.
+    fn grant_access(&mut self, addr: u64, size: u64, devices: PeerSet) -> Result<()>;
 
-    /// Drop the physical memory behind `[addr, addr + size)`. As with
-    /// `cuMemUnmap`, the range must consist of whole ranges earlier passed to
-    /// [`map`](Self::map): a part of one mapping cannot be unmapped.
-    fn unmap(&mut self, addr: u64, size: u64) -> Result<()>;
+    /// Unmap the one mapping of a handle that covers exactly `[addr, addr +
+    /// size)` (`cuMemUnmap`), after queued work on it is done; the handle
+    /// and its contents stay, to be mapped again or released.
+    fn unmap_physical(&mut self, addr: u64, size: u64) -> Result<()>;
+
+    /// Give `handle`, mapped nowhere, back to the device (`cuMemRelease`).
+    fn release_physical(&mut self, handle: PhysicalHandle) -> Result<()>;
 
     /// Allocate `size` bytes outside any reservation (`cuMemAlloc`); returns
     /// the address, aligned to at least 256 bytes.
@@ -123,58 +141,4 @@ pub trait DeviceMemory: Send {
 
     /// Wait until all work queued on the device, on every stream, is done.
     fn synchronize(&mut self) -> Result<()>;
-
-    // Stitching: physical memory made, mapped and given back apart from its
-    // address (what `crate::StitchedPool` needs). [`map`](Self::map) does
-    // create, map and access in one call; these are its steps, so one
-    // physical allocation can move from one address to another with its
-    // contents. Devices without them refuse with [`Error::Unsupported`].
-
-    /// Create `size` bytes of physical memory (`cuMemCreate`), a positive
-    /// multiple of [`granularity`](Self::granularity), mapped nowhere.
-    fn create_physical(&mut self, size: u64) -> Result<PhysicalHandle> {
-        let _ = size;
-        Err(Error::Unsupported(
-            "this device cannot create physical memory apart from an address",
-        ))
-    }
-
-    /// Map all of `handle` at `addr` (`cuMemMap`): `[addr, addr + its
-    /// size)` lies inside a reservation, on granularity boundaries, with
-    /// nothing mapped there yet. The range is not accessible until
-    /// [`grant_access`](Self::grant_access).
-    fn map_physical(&mut self, handle: PhysicalHandle, addr: u64) -> Result<()> {
-        let _ = (handle, addr);
-        Err(Error::Unsupported(
-            "this device cannot map physical memory it created apart",
-        ))
-    }
-
-    /// Make `[addr, addr + size)`, whole mappings made by
-    /// [`map_physical`](Self::map_physical), readable and writable by this
-    /// device (`cuMemSetAccess`).
-    fn grant_access(&mut self, addr: u64, size: u64) -> Result<()> {
-        let _ = (addr, size);
-        Err(Error::Unsupported(
-            "this device cannot grant access to physical memory it mapped apart",
-        ))
-    }
-
-    /// Unmap the one mapping of a handle that covers exactly `[addr, addr +
-    /// size)` (`cuMemUnmap`), after queued work on it is done; the handle
-    /// and its contents stay, to be mapped again or released.
-    fn unmap_physical(&mut self, addr: u64, size: u64) -> Result<()> {
-        let _ = (addr, size);
-        Err(Error::Unsupported(
-            "this device cannot unmap physical memory it mapped apart",
-        ))
-    }
-
-    /// Give `handle`, mapped nowhere, back to the device (`cuMemRelease`).
-    fn release_physical(&mut self, handle: PhysicalHandle) -> Result<()> {
-        let _ = handle;
-        Err(Error::Unsupported(
-            "this device cannot release physical memory it created apart",
-        ))
-    }
 }

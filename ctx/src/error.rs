@@ -1,8 +1,11 @@
 //! The one error type of the crate.
 
+use crate::DriverCode;
+
 /// Why a device, pool or ledger operation failed.
 ///
-/// A failed driver (or simulated driver) call is [`Error::Device`]; a pool
+/// A failed driver (or simulated driver) call is [`Error::Driver`], whose
+/// [`DriverCode`] is what code decides on; a pool
 /// that cannot find room even after growing and compacting is
 /// [`Error::OutOfMemory`], which carries enough figures to tell
 /// fragmentation (free bytes large, largest free block small) from
@@ -51,15 +54,26 @@ pub enum Error {
         /// The device's memory, bytes.
         total_bytes: u64,
     },
-    /// A driver call (or its simulation) failed. For CUDA, `detail` holds the
-    /// `CUresult` name.
-    #[error("device call {op} failed: {detail}")]
-    Device {
-        /// The operation, e.g. `"map"`, `"cuMemCreate"`.
+    /// A driver call failed, or the simulated device refused one as the
+    /// driver would (same code), or the backend refused arguments before
+    /// the call for the reason the driver would give (a range that breaks
+    /// its rules is [`DriverCode::INVALID_VALUE`]).
+    #[error("{op} failed: {code}{}", detail_suffix(detail))]
+    Driver {
+        /// The call, e.g. `"cuMemCreate"`, or the [`crate::DeviceMemory`]
+        /// method (`"map_physical"`) where the backend refused it first.
         op: &'static str,
-        /// What went wrong.
+        /// The driver's result code: what callers decide on.
+        code: DriverCode,
+        /// What else is known, for people (the range, the module, the JIT
+        /// log); may be empty. Never decided on.
         detail: String,
     },
+    /// The crate's own records broke a rule they keep (a pool's picture of
+    /// the device and the device disagree, a copy plan is not what its
+    /// planner promised): a bug here, reported rather than acted on.
+    #[error("broken internal state: {0}")]
+    Inconsistent(String),
     /// An access to device memory that is not mapped, or past the end of a
     /// pool block.
     #[error("invalid address range [{addr:#x}, +{len}): {why}")]
@@ -73,10 +87,11 @@ pub enum Error {
     },
     /// Linking PTX modules into one (`CudaContext::link_ptx`) failed:
     /// `step` is the driver call (`cuLinkAddData`, `cuLinkComplete`, ...),
-    /// `detail` its error, `log` what the linker wrote to its error log
+    /// `code` its result, `log` what the linker wrote to its error log
     /// (e.g. the symbol left undefined).
     #[error(
-        "linking module `{module}`: {step} failed: {detail}{}",
+        "linking module `{module}`: {step} failed: {code}{}{}",
+        detail_suffix(detail),
         link_log_suffix(log)
     )]
     Link {
@@ -84,7 +99,11 @@ pub enum Error {
         module: String,
         /// The driver call that failed.
         step: &'static str,
-        /// Its error, and which input when one was being added.
+        /// Its result code ([`DriverCode::INVALID_VALUE`] for input refused
+        /// before any call).
+        code: DriverCode,
+        /// Which input, when one was being added, or what was wrong with
+        /// it; may be empty.
         detail: String,
         /// The linker's error log, empty if it wrote none.
         log: String,
@@ -131,7 +150,12 @@ pub enum Error {
         physical_bytes: u64,
         /// Requested bytes of the pool's live allocations.
         live_bytes: u64,
-        /// What refused: the driver's error, or the reservation's size.
+        /// The driver's code when the device refused the memory
+        /// ([`DriverCode::OUT_OF_MEMORY`]); `None` when the pool's virtual
+        /// reservation was full.
+        driver_code: Option<DriverCode>,
+        /// What refused, for people: the driver's error, or the
+        /// reservation's size.
         why: String,
     },
     /// A free of a pointer that no live allocation of this pool starts at:
@@ -144,6 +168,52 @@ pub enum Error {
     /// The operation needs something this device or configuration lacks.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
+}
+
+fn detail_suffix(detail: &str) -> String {
+    if detail.is_empty() {
+        String::new()
+    } else {
+        format!(" ({detail})")
+    }
+}
+
+impl Error {
+    /// A driver error of `code` from `op`, with `detail` for people.
+    pub(crate) fn driver(op: &'static str, code: DriverCode, detail: impl Into<String>) -> Error {
+        Error::Driver {
+            op,
+            code,
+            detail: detail.into(),
+        }
+    }
+
+    /// The same error with `detail` (for people) in place of its own, if it
+    /// is a driver error; any other error as it is.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn with_detail(self, detail: String) -> Error {
+        match self {
+            Error::Driver { op, code, .. } => Error::Driver { op, code, detail },
+            other => other,
+        }
+    }
+
+    /// The driver's result code, if this is a failed driver call.
+    ///
+    /// ```
+    /// use ctx::{DeviceMemory, DriverCode, SimConfig, SimDevice};
+    ///
+    /// let mut dev = SimDevice::new(SimConfig::small(1 << 20));
+    /// let refused = dev.create_physical(4 << 20).unwrap_err();
+    /// assert_eq!(refused.driver_code(), Some(DriverCode::OUT_OF_MEMORY));
+    /// assert!(refused.driver_code().is_some_and(DriverCode::is_out_of_memory));
+    /// ```
+    pub fn driver_code(&self) -> Option<DriverCode> {
+        match self {
+            Error::Driver { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
 }
 
 fn link_log_suffix(log: &str) -> String {
@@ -177,6 +247,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::{Error, driver_log};
+    use crate::DriverCode;
 
     #[test]
     fn a_link_error_carries_the_linker_log() {
@@ -190,7 +261,8 @@ mod tests {
         let e = Error::Link {
             module: "user+cm".into(),
             step: "cuLinkComplete",
-            detail: "CUDA_ERROR_NOT_FOUND".into(),
+            code: DriverCode::NOT_FOUND,
+            detail: String::new(),
             log,
         };
         assert_eq!(
@@ -201,13 +273,21 @@ mod tests {
         assert_eq!(driver_log(&[0; 16]), "");
         let quiet = Error::Link {
             module: "m".into(),
-            step: "cuLinkCreate",
-            detail: "CUDA_ERROR_INVALID_CONTEXT".into(),
+            step: "cuLinkAddData",
+            code: DriverCode(201),
+            detail: "part.ptx".into(),
             log: String::new(),
         };
         assert_eq!(
             quiet.to_string(),
-            "linking module `m`: cuLinkCreate failed: CUDA_ERROR_INVALID_CONTEXT"
+            "linking module `m`: cuLinkAddData failed: CUDA_ERROR_INVALID_CONTEXT (part.ptx)"
         );
+        let refused = Error::driver("map_physical", DriverCode::INVALID_VALUE, "");
+        assert_eq!(
+            refused.to_string(),
+            "map_physical failed: CUDA_ERROR_INVALID_VALUE"
+        );
+        assert_eq!(refused.driver_code(), Some(DriverCode::INVALID_VALUE));
+        assert_eq!(Error::InvalidConfig("x").driver_code(), None);
     }
 }

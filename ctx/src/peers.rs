@@ -1,10 +1,9 @@
 //! Peer access: which other devices of the host may read and write a pool's
-//! memory ([`PeerSet`]), which pairs of devices can reach each other at all
-//! ([`PeerLinks`]), and the one place a pool grants a mapping to its peers
-//! ([`grant`]), so every kind of pool grants and counts alike.
+//! memory ([`PeerSet`]), and which pairs of devices can reach each other at
+//! all ([`PeerLinks`]). Every pool grants its mappings to its peers in one
+//! place, the mapper (mapping.rs), so every kind of pool grants and counts
+//! alike.
 
-use crate::call_tally::CallTally;
-use crate::device::DeviceMemory;
 use crate::{Error, Result};
 
 /// Devices by ordinal, 0 to 63: the peers a pool grants access to
@@ -163,24 +162,6 @@ impl PeerLinks {
     pub const fn can_access(&self, from: u32, to: u32) -> bool {
         from < self.count && self.reach[from as usize].contains(to)
     }
-}
-
-/// Grants `peers` (never the device's own ordinal) access to `[addr, addr +
-/// size)`, a run of whole mappings just made, with one
-/// [`DeviceMemory::set_access`], counted and timed in `tally` (its bytes:
-/// the range's, once per call whatever the number of peers). Every pool
-/// calls this for every mapping it makes, so grants are counted alike.
-pub(crate) fn grant<D: DeviceMemory>(
-    device: &mut D,
-    addr: u64,
-    size: u64,
-    peers: PeerSet,
-    tally: &mut CallTally,
-) -> Result<()> {
-    if peers.is_empty() {
-        return Ok(());
-    }
-    tally.record(size, || device.set_access(addr, size, peers))
 }
 
 #[cfg(test)]

@@ -29,9 +29,11 @@ fn every_growth_is_granted_to_every_peer_and_counted() {
     assert_eq!(stats.peer_access.calls, 2);
     assert_eq!(stats.peer_access.bytes, stats.mapped_bytes);
     let (a_at, b_at) = (pool.device_ptr(a).unwrap(), pool.device_ptr(b).unwrap());
+    // Each growth: the device's own grant, then one for both peers.
+    assert_eq!(stats.calls.set_access.calls, 2);
     let guard = pool.lock();
     let dev = guard.device();
-    assert_eq!(dev.counters().set_accesses, 2);
+    assert_eq!(dev.counters().grants, 4);
     for peer in [0, 2] {
         let mut out = [0; 12];
         dev.read_as(peer, a_at, &mut out).unwrap();
@@ -116,7 +118,7 @@ fn a_pool_without_peers_makes_no_grant() {
         assert_eq!(stats.grows, 2);
         assert_eq!(stats.peer_access, ctx::CallTally::default());
         let dev = pool.into_device();
-        assert_eq!(dev.counters().set_accesses, 0);
+        assert_eq!(dev.counters().grants, 2, "the device's own grants alone");
         assert_eq!(dev.counters().maps, 2);
         assert_eq!(dev.used_bytes(), 0, "given back");
     }
@@ -136,24 +138,26 @@ fn a_chunk_pool_refuses_peers_and_says_why() {
 }
 
 #[test]
-fn set_access_takes_whole_mappings_only() {
+fn a_grant_takes_whole_mappings_only() {
     let mut dev = device(0, PeerLinks::all(2));
     let base = dev.reserve(8 * PAGE).unwrap();
-    dev.map(base, 2 * PAGE).unwrap();
-    dev.map(base + 2 * PAGE, 2 * PAGE).unwrap();
+    for at in [base, base + 2 * PAGE] {
+        let handle = dev.create_physical(2 * PAGE).unwrap();
+        dev.map_physical(handle, at).unwrap();
+    }
     let one = peers(&[1]);
-    assert!(dev.set_access(base, PAGE, one).is_err(), "half a mapping");
+    assert!(dev.grant_access(base, PAGE, one).is_err(), "half a mapping");
     assert!(
-        dev.set_access(base, 6 * PAGE, one).is_err(),
+        dev.grant_access(base, 6 * PAGE, one).is_err(),
         "past the mappings"
     );
-    assert!(dev.set_access(base, 0, one).is_err(), "nothing");
+    assert!(dev.grant_access(base, 0, one).is_err(), "nothing");
     let chunk = dev.alloc_chunk(PAGE).unwrap();
-    assert!(dev.set_access(chunk, PAGE, one).is_err(), "a chunk");
-    dev.set_access(base, 4 * PAGE, one).unwrap();
+    assert!(dev.grant_access(chunk, PAGE, one).is_err(), "a chunk");
+    dev.grant_access(base, 4 * PAGE, peers(&[0, 1])).unwrap();
     let mut out = [0; 8];
     dev.read_as(1, base + 2 * PAGE - 4, &mut out).unwrap();
-    assert_eq!(dev.counters().set_accesses, 1);
+    assert_eq!(dev.counters().grants, 1);
 }
 
 #[test]

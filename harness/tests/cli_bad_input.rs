@@ -1,17 +1,20 @@
-//! Bad and unusual input to the built `cudamem`, as found by trying: bombs,
-//! special rows of real RMM logs, numbers past 64 bits, arenas and report
-//! paths that cannot work. Each ends in a clear error or a reported warning,
-//! in bounded time and memory.
+//! Bad and unusual input to `cudamem`, as found by trying: bombs, special
+//! rows of real RMM logs, numbers past 64 bits, arenas and report paths
+//! that cannot work, run in process. Each ends in a clear error or a
+//! reported warning, holding memory bounded by what was counted.
 
 mod support;
-use support::{cudamem, gzip, temp_path, write_file};
+use support::alloc_count::{Counting, peak_during};
+use support::{attempt, failure, gzip, json_lines, message, output, run, temp_path, write_file};
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
+use cudamem::trace::{Location, Problem, TraceError};
 use flate2::read::GzDecoder;
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
 /// The real RMM log these tests change.
@@ -21,52 +24,26 @@ const RESNET50: &str = concat!(
 );
 /// The H200 profile's memory, bytes.
 const H200_TOTAL: &str = "150109880320";
+/// What a reader may hold while it refuses one overlong line: the line's
+/// bound and its buffers, far below the bombs' decompressed sizes.
+const LINE_REFUSAL_BYTES: u64 = 1 << 20;
 
-/// Run `cudamem` with its address space capped at `mib` MiB and a wall
-/// clock limit: a run that needs more memory or time fails the test.
-fn cudamem_bounded(args: &[&str], mib: u64, limit: Duration) -> Output {
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(format!("ulimit -v {} && exec \"$0\" \"$@\"", mib << 10))
-        .arg(env!("CARGO_BIN_EXE_cudamem"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > limit {
-            child.kill().unwrap();
-            panic!("cudamem {args:?} ran past {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
-}
-
-/// Expect exit 1 with one short message holding every needle.
-fn assert_error(output: &Output, needles: &[&str]) -> String {
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(stderr.starts_with("cudamem: "), "{stderr}");
-    assert!(stderr.len() < 600, "{} bytes of stderr", stderr.len());
+/// The message of a failed run, short, holding every needle.
+fn assert_error(args: &[&str], needles: &[&str]) -> String {
+    let said = message(args);
+    assert!(said.len() < 600, "{} bytes of message", said.len());
     for needle in needles {
-        assert!(stderr.contains(needle), "wanted {needle:?} in {stderr}");
+        assert!(said.contains(needle), "wanted {needle:?} in {said}");
     }
-    stderr
+    said
 }
 
-fn json_lines(output: &Output) -> Vec<serde_json::Value> {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
+/// The trace error of a failed run.
+fn trace_error(args: &[&str]) -> TraceError {
+    let err = failure(args);
+    err.downcast_ref::<TraceError>()
+        .unwrap_or_else(|| panic!("not a trace error: {err:#}"))
+        .clone()
 }
 
 fn real_log() -> String {
@@ -78,12 +55,19 @@ fn real_log() -> String {
 }
 
 #[test]
-fn dev_zero_is_an_error_in_bounded_time_and_memory() {
-    let output = cudamem_bounded(&["replay", "/dev/zero"], 512, Duration::from_secs(60));
-    assert_error(
-        &output,
-        &["/dev/zero", "line 1:", "longer than 65536 bytes"],
+fn dev_zero_is_an_error_in_bounded_memory() {
+    let (error, peak) = peak_during(|| trace_error(&["replay", "/dev/zero"]));
+    assert_eq!(error.location, Location::Line(1));
+    assert!(
+        matches!(error.problem, Problem::LineTooLong { limit_bytes: 65536 }),
+        "{error}"
     );
+    assert!(
+        error
+            .to_string()
+            .starts_with("/dev/zero: line 1: line longer than 65536 bytes")
+    );
+    assert!(peak < LINE_REFUSAL_BYTES, "{peak} bytes held at once");
 }
 
 #[test]
@@ -94,14 +78,16 @@ fn gzip_bombs_stop_at_the_line_bound() {
     field.resize(field.len() + (32 << 20), b'9');
     field.extend_from_slice(b",0\n");
     let field_bomb = write_file("field.csv.gz", &gzip(&field));
-    for (path, line) in [(&header_bomb, "line 1:"), (&field_bomb, "line 2:")] {
+    for (path, line) in [(&header_bomb, 1), (&field_bomb, 2)] {
         assert!(std::fs::metadata(path).unwrap().len() < 256 << 10);
-        let output = cudamem_bounded(
-            &["replay", path.to_str().unwrap(), "--policy", "tlsf"],
-            512,
-            Duration::from_secs(30),
+        let (error, peak) =
+            peak_during(|| trace_error(&["replay", path.to_str().unwrap(), "--policy", "tlsf"]));
+        assert_eq!(error.location, Location::Line(line));
+        assert!(
+            matches!(error.problem, Problem::LineTooLong { .. }),
+            "{error}"
         );
-        assert_error(&output, &[line, "longer than 65536 bytes"]);
+        assert!(peak < LINE_REFUSAL_BYTES, "{peak} bytes held at once");
     }
 }
 
@@ -109,11 +95,13 @@ fn gzip_bombs_stop_at_the_line_bound() {
 fn a_long_bad_value_is_quoted_cut_to_80_characters() {
     let body = format!("{HEADER}0,0,allocate,0x10,{}x,0\n", "9".repeat(60_000));
     let path = write_file("long.csv", body.as_bytes());
-    let output = cudamem(&["replay", path.to_str().unwrap(), "--policy", "tlsf"]);
-    let stderr = assert_error(&output, &["line 2:", "(60001 bytes)"]);
+    let said = assert_error(
+        &["replay", path.to_str().unwrap(), "--policy", "tlsf"],
+        &["line 2:", "(60001 bytes)"],
+    );
     assert!(
-        stderr.contains(&format!("\"{}\"...", "9".repeat(80))),
-        "{stderr}"
+        said.contains(&format!("\"{}\"...", "9".repeat(80))),
+        "{said}"
     );
 }
 
@@ -136,17 +124,9 @@ fn special_rows_of_a_real_log_are_counted_and_the_rest_replayed() {
     let mut text = changed.join("\n");
     text += "\n0,00:00:09.123456,allocate,0x7fbd2";
     let path = write_file("oom.csv.gz", &gzip(text.as_bytes()));
-    let original = json_lines(&cudamem(&[
-        "replay", RESNET50, "--json", "--policy", "tlsf",
-    ]));
-    let output = cudamem(&[
-        "replay",
-        path.to_str().unwrap(),
-        "--json",
-        "--policy",
-        "tlsf",
-    ]);
-    let json = &json_lines(&output)[0];
+    let path = path.to_str().unwrap();
+    let original = json_lines(&["replay", RESNET50, "--json", "--policy", "tlsf"]);
+    let json = &json_lines(&["replay", path, "--json", "--policy", "tlsf"])[0];
     assert_eq!(json["events"], original[0]["events"]);
     assert_eq!(json["peak_live_bytes"], original[0]["peak_live_bytes"]);
     assert_eq!(original[0]["skipped_records"], serde_json::json!([]));
@@ -158,21 +138,14 @@ fn special_rows_of_a_real_log_are_counted_and_the_rest_replayed() {
             {"reason": "cut_last_line", "count": 1, "first": format!("line {}", lines.len() + 4)},
         ])
     );
-    let table = cudamem(&["replay", path.to_str().unwrap(), "--policy", "tlsf"]);
-    assert!(table.status.success());
-    let stdout = String::from_utf8_lossy(&table.stdout);
-    assert!(
-        stdout.contains("warning: skipped 2 `allocate failure` rows"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("warning: skipped 1 repeated header"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("warning: skipped 1 cut-off last line"),
-        "{stdout}"
-    );
+    let table = output(&["replay", path, "--policy", "tlsf"]);
+    for warning in [
+        "warning: skipped 2 `allocate failure` rows",
+        "warning: skipped 1 repeated header",
+        "warning: skipped 1 cut-off last line",
+    ] {
+        assert!(table.contains(warning), "{table}");
+    }
 }
 
 #[test]
@@ -183,9 +156,13 @@ fn live_bytes_past_64_bits_are_an_error_naming_the_line() {
         body += &format!("0,0,allocate,{:#x},281474976710656,0\n", (index + 1) << 8);
     }
     let path = write_file("wrap.csv", body.as_bytes());
-    let output = cudamem(&["replay", path.to_str().unwrap(), "--policy", "tlsf"]);
-    assert_error(&output, &["line 65537:", "live bytes overflow 64 bits"]);
-    assert!(output.stdout.is_empty());
+    let error = trace_error(&["replay", path.to_str().unwrap(), "--policy", "tlsf"]);
+    assert_eq!(error.location, Location::Line(65_537));
+    assert!(
+        matches!(error.problem, Problem::LiveBytesOverflow { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("live bytes overflow 64 bits"));
 }
 
 /// Three 1 MiB blocks.
@@ -201,9 +178,10 @@ fn small_trace() -> PathBuf {
 fn a_capacity_off_the_2_mib_granule_is_refused() {
     let path = small_trace();
     for capacity in ["3MiB", "2097153", "1GB"] {
-        let output = cudamem(&["replay", path.to_str().unwrap(), "--capacity", capacity]);
-        assert_error(&output, &["--capacity", "2 MiB"]);
-        assert!(output.stdout.is_empty());
+        assert_error(
+            &["replay", path.to_str().unwrap(), "--capacity", capacity],
+            &["--capacity", "2 MiB"],
+        );
     }
 }
 
@@ -211,7 +189,7 @@ fn a_capacity_off_the_2_mib_granule_is_refused() {
 fn a_policy_that_cannot_take_the_arena_is_skipped_with_a_note() {
     let path = small_trace();
     let path = path.to_str().unwrap();
-    let json = &json_lines(&cudamem(&["replay", path, "--capacity", "1TiB", "--json"]))[0];
+    let json = &json_lines(&["replay", path, "--capacity", "1TiB", "--json"])[0];
     let names: Vec<&str> = json["policies"]
         .as_array()
         .unwrap()
@@ -234,50 +212,45 @@ fn a_policy_that_cannot_take_the_arena_is_skipped_with_a_note() {
     let skipped = &json["skipped_policies"];
     assert_eq!(skipped.as_array().unwrap().len(), 1, "{skipped}");
     assert_eq!(skipped[0]["name"], "offset-allocator");
-    assert!(
-        skipped[0]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("at most 1099511627264 bytes"),
-        "{skipped}"
+    assert_eq!(
+        skipped[0]["reason"],
+        "offset-allocator manages at most 1099511627264 bytes, less than the \
+         1099511627776-byte arena"
     );
-    let table = cudamem(&["replay", path, "--capacity", "1TiB"]);
-    assert!(table.status.success());
-    let stdout = String::from_utf8_lossy(&table.stdout);
-    assert!(
-        stdout.contains("note: offset-allocator skipped"),
-        "{stdout}"
-    );
-    assert!(stdout.contains("range-alloc"), "{stdout}");
+    let table = output(&["replay", path, "--capacity", "1TiB"]);
+    assert!(table.contains("note: offset-allocator skipped"), "{table}");
+    assert!(table.contains("range-alloc"), "{table}");
     // Alone, it leaves nothing to replay: an error.
-    let output = cudamem(&[
-        "replay",
-        path,
-        "--capacity",
-        "1TiB",
-        "--policy",
-        "offset-allocator",
-    ]);
-    assert_error(&output, &["no chosen policy can take the arena"]);
+    assert_error(
+        &[
+            "replay",
+            path,
+            "--capacity",
+            "1TiB",
+            "--policy",
+            "offset-allocator",
+        ],
+        &["no chosen policy can take the arena"],
+    );
 }
 
 #[test]
 fn an_unwritable_report_fails_before_the_replay() {
     let trace = small_trace();
     let report = temp_path("no-such-dir").join("report.html");
-    let output = cudamem(&[
+    // The error comes before any table: nothing was printed.
+    let (printed, result) = attempt(&[
         "replay",
         trace.to_str().unwrap(),
         "--report",
         report.to_str().unwrap(),
     ]);
-    assert_error(&output, &["cannot write the report", "report.html"]);
-    // Nothing replayed: no table came out first.
+    let said = format!("{:#}", result.unwrap_err());
     assert!(
-        output.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
+        said.contains("cannot write the report") && said.contains("report.html"),
+        "{said}"
     );
+    assert!(printed.is_empty(), "{printed}");
 }
 
 #[test]
@@ -287,23 +260,17 @@ fn a_failed_replay_leaves_no_empty_report_behind() {
         format!("{HEADER}0,0,resize,0x10,1,0\n").as_bytes(),
     );
     let report = temp_path("never.html");
-    let output = cudamem(&[
+    let args = [
         "replay",
         bad.to_str().unwrap(),
         "--report",
         report.to_str().unwrap(),
-    ]);
-    assert_error(&output, &["unknown action"]);
+    ];
+    assert_error(&args, &["unknown action"]);
     assert!(!report.exists());
     // An existing file is left as it was.
     std::fs::write(&report, "old report").unwrap();
-    let output = cudamem(&[
-        "replay",
-        bad.to_str().unwrap(),
-        "--report",
-        report.to_str().unwrap(),
-    ]);
-    assert_error(&output, &["unknown action"]);
+    assert_error(&args, &["unknown action"]);
     assert_eq!(std::fs::read_to_string(&report).unwrap(), "old report");
 }
 
@@ -315,14 +282,16 @@ fn a_report_naming_an_input_trace_is_refused() {
     // The same file, spelled another way.
     let dir = trace.parent().unwrap();
     let spelled = Path::new(dir).join(".").join(trace.file_name().unwrap());
-    let output = cudamem(&[
-        "replay",
-        other.to_str().unwrap(),
-        trace.to_str().unwrap(),
-        "--report",
-        spelled.to_str().unwrap(),
-    ]);
-    assert_error(&output, &["is the input trace", "refusing to overwrite it"]);
+    assert_error(
+        &[
+            "replay",
+            other.to_str().unwrap(),
+            trace.to_str().unwrap(),
+            "--report",
+            spelled.to_str().unwrap(),
+        ],
+        &["is the input trace", "refusing to overwrite it"],
+    );
     assert_eq!(std::fs::read(&trace).unwrap(), before);
 }
 
@@ -339,18 +308,21 @@ fn byte_counts_that_are_not_numbers_are_refused() {
         "1.",
     ] {
         // `--size=-1`: spelled apart, clap would take "-1" for a flag.
-        let output = cudamem(&["heap", &format!("--size={text}")]);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{text:?}: {stderr}");
-        assert!(stderr.contains("invalid value"), "{text:?}: {stderr}");
-        assert!(
-            !stderr.contains("--size 0:"),
-            "{text:?} read as 0: {stderr}"
+        let err = run(&["heap", &format!("--size={text}")]).unwrap_err();
+        let clap = err
+            .downcast_ref::<clap::Error>()
+            .unwrap_or_else(|| panic!("{text:?}: not refused by clap: {err:#}"));
+        assert_eq!(
+            clap.kind(),
+            clap::error::ErrorKind::ValueValidation,
+            "{text:?}"
         );
+        let said = clap.to_string();
+        assert!(said.contains("invalid value"), "{text:?}: {said}");
+        assert!(!said.contains("--size 0:"), "{text:?} read as 0: {said}");
     }
-    let stderr =
-        String::from_utf8_lossy(&cudamem(&["heap", "--size", "20000000PiB"]).stderr).into_owned();
-    assert!(stderr.contains("overflows"), "{stderr}");
+    let said = message(&["heap", "--size", "20000000PiB"]);
+    assert!(said.contains("overflows"), "{said}");
 }
 
 #[test]
@@ -360,27 +332,21 @@ fn a_local_memory_reservation_larger_than_the_device_is_an_error() {
         &["explain", "--lmem", "200GiB"],
         &["explain", "--lmem", "200GiB", "--json"],
     ] {
-        let output = cudamem(args);
         assert_error(
-            &output,
+            args,
             &["local memory would take", H200_TOTAL, "NVIDIA H200"],
         );
-        assert!(output.stdout.is_empty(), "{args:?}");
+        assert!(attempt(args).0.is_empty(), "{args:?} printed a ledger");
     }
-    let stderr = String::from_utf8_lossy(
-        &cudamem(&["explain", "--stack-size", "18446744073709551615"]).stderr,
-    )
-    .into_owned();
-    assert!(stderr.contains("2^64 bytes or more"), "{stderr}");
+    let said = message(&["explain", "--stack-size", "18446744073709551615"]);
+    assert!(said.contains("2^64 bytes or more"), "{said}");
     // 64 KiB per thread is 16.5 GiB: it fits, and is printed.
-    let output = cudamem(&["explain", "--stack-size", "64KiB"]);
-    assert!(output.status.success());
+    assert!(output(&["explain", "--stack-size", "64KiB"]).contains("local memory"));
 }
 
 #[test]
 fn heap_works_out_a_terabyte_per_thread() {
-    let output = cudamem(&["heap", "--size", "1TiB", "--json"]);
-    let json = &json_lines(&output)[0];
+    let json = &json_lines(&["heap", "--size", "1TiB", "--json"])[0];
     // (2^40 + 16) B x 270,336 threads, rounded up to whole MiB.
     assert_eq!(
         json["prediction"]["minimum_heap_bytes"],

@@ -1,11 +1,11 @@
-//! `cudamem explain` and `cudamem heap` as a user runs them.
+//! `cudamem explain` and `cudamem heap` as a user runs them, in process.
 
 mod support;
-use support::{cudamem, json_of};
+use support::{json, message, output, run};
 
 #[test]
 fn h200_ledger_has_the_local_memory_reservation() {
-    let json = json_of(&cudamem(&["explain", "--profile", "h200", "--json"]));
+    let json = json(&["explain", "--profile", "h200", "--json"]);
     assert_eq!(json["device"], "h200");
     assert_eq!(json["sm_count"], 132);
     assert_eq!(json["max_threads_per_sm"], 2048);
@@ -26,7 +26,7 @@ fn h200_ledger_has_the_local_memory_reservation() {
 
 #[test]
 fn limits_and_kernel_frames_change_the_ledger() {
-    let json = json_of(&cudamem(&[
+    let json = json(&[
         "explain",
         "--stack-size",
         "2KiB",
@@ -37,7 +37,7 @@ fn limits_and_kernel_frames_change_the_ledger() {
         "--heap-size",
         "64MiB",
         "--json",
-    ]));
+    ]);
     // The largest frame (16 KiB) exceeds the stack limit and sets the reservation.
     assert_eq!(json["stack_size_bytes"], 2048);
     assert_eq!(
@@ -49,44 +49,37 @@ fn limits_and_kernel_frames_change_the_ledger() {
 
 #[test]
 fn explain_tells_unknown_profiles_and_missing_cuda_apart() {
-    let output = cudamem(&["explain", "--profile", "voodoo2"]);
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let said = message(&["explain", "--profile", "voodoo2"]);
     assert!(
-        stderr.contains("unknown profile \"voodoo2\"") && stderr.contains("h200"),
-        "{stderr}"
+        said.contains("unknown profile \"voodoo2\"") && said.contains("h200"),
+        "{said}"
     );
 
-    let output = cudamem(&["explain", "--device", "0"]);
+    let measured = run(&["explain", "--device", "0"]);
     if cfg!(feature = "cuda") {
-        // A cuda build without a GPU fails in the driver, still cleanly.
-        assert!(!String::from_utf8_lossy(&output.stderr).contains("panicked"));
+        // A cuda build ends in the driver's answer: a ledger on a GPU
+        // machine, an error without one.
+        if let Err(err) = measured {
+            assert!(!format!("{err:#}").is_empty());
+        }
     } else {
-        assert!(!output.status.success());
-        assert!(String::from_utf8_lossy(&output.stderr).contains("built without the cuda feature"));
+        let said = format!("{:#}", measured.unwrap_err());
+        assert!(said.contains("built without the cuda feature"), "{said}");
     }
 
-    let output = cudamem(&["explain", "--stack-size", "12 parsecs"]);
-    assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown unit"));
+    assert!(message(&["explain", "--stack-size", "12 parsecs"]).contains("unknown unit"));
 }
 
 #[test]
 fn explain_draws_the_ledger() {
     let path = std::env::temp_dir().join(format!("cudamem-explain-{}.html", std::process::id()));
-    let output = cudamem(&[
+    let stdout = output(&[
         "explain",
         "--profile",
         "a100-80gb",
         "--report",
         path.to_str().unwrap(),
     ]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("local memory"), "{stdout}");
     let html = std::fs::read_to_string(&path).unwrap();
     assert_eq!(html.matches("<svg").count(), 1);
@@ -96,7 +89,7 @@ fn explain_draws_the_ledger() {
 
 #[test]
 fn heap_predicts_without_a_gpu() {
-    let json = json_of(&cudamem(&[
+    let json = json(&[
         "heap",
         "--size",
         "256",
@@ -106,12 +99,12 @@ fn heap_predicts_without_a_gpu() {
         "1024",
         "--predict",
         "--json",
-    ]));
+    ]);
     assert_eq!(json["prediction"]["requested_bytes_per_thread"], 1280);
     // (256 + 16) + (1024 + 16) bytes a thread, 1024 threads, whole MiB.
     assert_eq!(json["prediction"]["minimum_heap_bytes"], 2 << 20);
     assert!(json["measured"].is_null());
-    let output = cudamem(&[
+    let stdout = output(&[
         "heap",
         "--size",
         "4096",
@@ -119,60 +112,56 @@ fn heap_predicts_without_a_gpu() {
         "1048576",
         "--predict",
     ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("prediction"), "{stdout}");
-    let output = cudamem(&["heap", "--size", "0"]);
-    assert!(!output.status.success());
+    assert!(message(&["heap", "--size", "0"]).contains("--size 0"));
 }
 
 #[test]
 fn explain_device_all_parses_and_fails_cleanly_without_a_gpu() {
-    let output = cudamem(&["explain", "--device", "all"]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let all = run(&["explain", "--device", "all"]);
     if cfg!(feature = "cuda") {
-        // A cuda build on a machine without a GPU fails in the driver; on a GPU
-        // machine it succeeds. Either way it ends cleanly.
-        assert!(output.status.success() || !stderr.is_empty());
+        // On a GPU machine it succeeds; without one it fails in the driver.
+        if let Err(err) = all {
+            assert!(!format!("{err:#}").is_empty());
+        }
     } else {
-        assert!(!output.status.success());
+        let said = format!("{:#}", all.unwrap_err());
         assert!(
-            stderr.contains("--device all: cudamem was built without the cuda feature"),
-            "{stderr}"
+            said.contains("--device all: cudamem was built without the cuda feature"),
+            "{said}"
         );
     }
 
-    let output = cudamem(&["explain", "--device", "gpu0"]);
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let said = message(&["explain", "--device", "gpu0"]);
     assert!(
-        stderr.contains("\"gpu0\" is neither a device ordinal (0, 1, ...) nor `all`"),
-        "{stderr}"
+        said.contains("\"gpu0\" is neither a device ordinal (0, 1, ...) nor `all`"),
+        "{said}"
     );
 
-    let output = cudamem(&["explain", "--device", "all", "--report", "x.html"]);
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("--report draws one ledger"), "{stderr}");
+    let said = message(&["explain", "--device", "all", "--report", "x.html"]);
+    assert!(said.contains("--report draws one ledger"), "{said}");
 
-    let output = cudamem(&["explain", "--device", "ALL", "--profile", "h100"]);
-    assert!(
-        !output.status.success(),
-        "--device conflicts with --profile"
+    let conflict = run(&["explain", "--device", "ALL", "--profile", "h100"]).unwrap_err();
+    assert_eq!(
+        conflict
+            .downcast_ref::<clap::Error>()
+            .map(clap::Error::kind),
+        Some(clap::error::ErrorKind::ArgumentConflict),
+        "--device conflicts with --profile: {conflict:#}"
     );
 }
 
 #[test]
 fn a_cm_heap_is_a_ledger_line_beside_cudas_malloc_heap() {
-    let plain = json_of(&cudamem(&["explain", "--json"]));
-    let json = json_of(&cudamem(&[
+    let plain = json(&["explain", "--json"]);
+    let json = json(&[
         "explain",
         "--cm-heap",
         "256MiB",
         "--heap-size",
         "64MiB",
         "--json",
-    ]));
+    ]);
     // 256 MiB of regions hold 252 chunks of 1 MiB + 16 KiB of maps; the
     // descriptor comes on top.
     let expected = kernels::cm_heap::DESCRIPTOR_BYTES + kernels::cm_heap::region_bytes(252);
@@ -193,23 +182,14 @@ fn a_cm_heap_is_a_ledger_line_beside_cudas_malloc_heap() {
     let free = |json: &serde_json::Value| item(json, "free")["predicted"].as_u64().unwrap();
     assert_eq!(free(&plain) - free(&json), expected);
 
-    let table = cudamem(&["explain", "--cm-heap", "1GiB"]);
-    assert!(table.status.success());
-    let text = String::from_utf8_lossy(&table.stdout);
+    let text = output(&["explain", "--cm-heap", "1GiB"]);
     let line = text
         .lines()
         .find(|l| l.starts_with("cm_malloc heap"))
         .expect("a cm_malloc heap line");
     assert!(line.contains("taken from the pool"), "{line}");
 
-    let bad = cudamem(&["explain", "--cm-heap", "3 parsecs"]);
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--cm-heap"));
-    let huge = cudamem(&["explain", "--cm-heap", "100GiB"]);
-    assert!(!huge.status.success());
-    assert!(
-        String::from_utf8_lossy(&huge.stderr).contains("at most 65536 chunks"),
-        "{}",
-        String::from_utf8_lossy(&huge.stderr)
-    );
+    assert!(message(&["explain", "--cm-heap", "3 parsecs"]).contains("--cm-heap"));
+    let said = message(&["explain", "--cm-heap", "100GiB"]);
+    assert!(said.contains("at most 65536 chunks"), "{said}");
 }

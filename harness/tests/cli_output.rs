@@ -1,7 +1,8 @@
-//! What `cudamem` writes, and where: a reader that closes the pipe early
-//! (`cudamem explain | head -1`) ends the command quietly, a full disk is an
-//! error, `--help` says what the command is for, and the bare command's
-//! report lands where git ignores it.
+//! What the `cudamem` binary does as a process, which only a process shows:
+//! a reader that closes the pipe early (`cudamem explain | head -1`) ends
+//! the command quietly, a full disk is an error, exit statuses say how a
+//! run ended, `--help` says what the command is for, and the bare command's
+//! report lands where git ignores it. Everything else is tested in process.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -82,6 +83,26 @@ fn a_full_disk_is_an_error_with_a_message() {
         );
         assert!(!stderr.contains("panicked"), "cudamem {args:?}: {stderr}");
     }
+}
+
+#[test]
+fn exit_statuses_say_how_a_run_ended() {
+    // A failure: 1, and one line on stderr that says it is cudamem's.
+    let output = cudamem()
+        .args(["replay", "/nonexistent/trace.csv"])
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("cudamem: /nonexistent/trace.csv: ") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty());
+    // Arguments that do not parse: clap's 2.
+    let output = cudamem().args(["heap", "--size=-1"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("invalid value"));
 }
 
 #[test]

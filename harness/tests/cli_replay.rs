@@ -1,34 +1,40 @@
-//! `cudamem replay` as a user runs it: the built binary on trace files
-//! written to a temporary folder.
+//! `cudamem replay` as a user runs it, in process, on trace files written
+//! to a temporary folder.
 
 mod support;
-use support::{cudamem, gzip, temp_path, write_file};
+use support::{attempt, gzip, json, message, output, temp_path, write_file};
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
+
+use cudamem::trace::{Location, TraceError};
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
 
-fn replay(path: &Path, extra: &[&str]) -> Output {
+/// The arguments `replay PATH EXTRA...`.
+fn replay<'a>(path: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["replay", path.to_str().unwrap()];
     args.extend_from_slice(extra);
-    cudamem(&args)
+    args
 }
 
-/// Replay `body` (CSV rows after the header) and expect a failure whose
-/// message names the file, `line` and `needle`.
+/// Replay `body` (CSV rows after the header) and expect a trace error at
+/// `line` whose message names the file and holds `needle`.
 fn assert_rejected(body: &str, line: u64, needle: &str) {
     let path = write_file("bad.csv", format!("{HEADER}{body}").as_bytes());
-    let output = replay(&path, &["--policy", "tlsf"]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "accepted:\n{body}");
+    let (_, result) = attempt(&replay(&path, &["--policy", "tlsf"]));
+    let err = result.expect_err(body);
+    let error = err
+        .downcast_ref::<TraceError>()
+        .unwrap_or_else(|| panic!("not a trace error: {err:#}"));
+    assert_eq!(error.path, path);
+    assert_eq!(error.location, Location::Line(line), "{error}");
+    let said = format!("{err:#}");
     assert!(
-        stderr.contains(path.file_name().unwrap().to_str().unwrap()),
-        "{stderr}"
+        said.contains(path.file_name().unwrap().to_str().unwrap()),
+        "{said}"
     );
-    assert!(stderr.contains(&format!("line {line}:")), "{stderr}");
-    assert!(stderr.contains(needle), "wanted {needle:?} in {stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(said.contains(&format!("line {line}:")), "{said}");
+    assert!(said.contains(needle), "wanted {needle:?} in {said}");
 }
 
 #[test]
@@ -93,19 +99,16 @@ fn a_truncated_gzip_file_is_an_error() {
     }
     let whole = gzip(body.as_bytes());
     let path = write_file("cut.csv.gz", &whole[..whole.len() / 2]);
-    let output = replay(&path, &[]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
-    assert!(stderr.contains("cut.csv.gz"), "{stderr}");
-    assert!(stderr.contains("truncated gzip"), "{stderr}");
-    assert!(stderr.contains("line "), "{stderr}");
+    let said = message(&replay(&path, &[]));
+    assert!(said.contains("cut.csv.gz"), "{said}");
+    assert!(said.contains("truncated gzip"), "{said}");
+    assert!(said.contains("line "), "{said}");
 }
 
 #[test]
 fn a_missing_file_is_an_error() {
-    let output = cudamem(&["replay", "/nonexistent/trace.csv"]);
-    assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent/trace.csv"));
+    let said = message(&["replay", "/nonexistent/trace.csv"]);
+    assert!(said.contains("/nonexistent/trace.csv"), "{said}");
 }
 
 /// Three blocks with a peak of 1000 + 3000 = 4000 live bytes, gzipped.
@@ -126,16 +129,9 @@ fn small_trace() -> PathBuf {
 #[test]
 fn json_output_has_every_field_and_the_exact_peak() {
     let path = small_trace();
-    let output = replay(&path, &["--json"]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 1, "{stdout}");
-    let json: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    let printed = output(&replay(&path, &["--json"]));
+    assert_eq!(printed.lines().count(), 1, "{printed}");
+    let json: serde_json::Value = serde_json::from_str(&printed).unwrap();
     assert!(json["trace"].as_str().unwrap().ends_with("small.csv.gz"));
     assert_eq!(json["events"], 6);
     assert_eq!(json["peak_live_bytes"], 4000);
@@ -190,9 +186,10 @@ fn json_output_has_every_field_and_the_exact_peak() {
 #[test]
 fn policy_selection_and_the_table() {
     let path = small_trace();
-    let output = replay(&path, &["--policy", "best-fit", "--policy", "range-alloc"]);
-    assert!(output.status.success());
-    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stdout = output(&replay(
+        &path,
+        &["--policy", "best-fit", "--policy", "range-alloc"],
+    ));
     assert!(
         stdout.contains("peak live 3.91 KiB (4000 bytes)"),
         "{stdout}"
@@ -216,7 +213,7 @@ fn a_fixed_capacity_reports_the_first_failure() {
          0,0,allocate,0x4000,2097152,0\n"
     );
     let path = write_file("holes.csv", body.as_bytes());
-    let output = replay(
+    let json = json(&replay(
         &path,
         &[
             "--capacity",
@@ -227,13 +224,7 @@ fn a_fixed_capacity_reports_the_first_failure() {
             "tlsf-compact",
             "--json",
         ],
-    );
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    ));
     assert_eq!(json["capacity_bytes"], 4 << 20);
     let first_fit = &json["policies"][0];
     assert_eq!(first_fit["failed_allocations"], 1);
@@ -247,8 +238,10 @@ fn a_fixed_capacity_reports_the_first_failure() {
     assert_eq!(compacting["failed_allocations"], 0);
     assert_eq!(compacting["compaction_bytes_moved"], 1 << 20);
 
-    let table = replay(&path, &["--capacity", "4MiB", "--policy", "first-fit"]);
-    let stdout = String::from_utf8(table.stdout).unwrap();
+    let stdout = output(&replay(
+        &path,
+        &["--capacity", "4MiB", "--policy", "first-fit"],
+    ));
     assert!(
         stdout.contains("first-fit first fails at event 4 (line 6)"),
         "{stdout}"
@@ -259,7 +252,7 @@ fn a_fixed_capacity_reports_the_first_failure() {
 fn the_report_is_html_with_svg() {
     let path = small_trace();
     let report = temp_path("report.html");
-    let output = replay(
+    output(&replay(
         &path,
         &[
             "--report",
@@ -267,12 +260,7 @@ fn the_report_is_html_with_svg() {
             "--policy",
             "tlsf-compact",
         ],
-    );
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    ));
     let html = std::fs::read_to_string(&report).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>"));
     assert_eq!(
@@ -283,22 +271,90 @@ fn the_report_is_html_with_svg() {
     assert!(html.contains("Memory map: tlsf-compact"));
 }
 
+/// A bare `cudamem` replays the built-in trace with `cudamem replay`'s
+/// defaults: the same rows as `cudamem replay` of the trace's file (but for
+/// time), so what the README shows first is what the benchmarks say.
+#[test]
+fn the_bare_command_and_replay_of_the_built_in_trace_give_the_same_rows() {
+    use cudamem::cli::replay_command::{self, ReplayArgs};
+
+    let mut bare = ReplayArgs::defaults().unwrap();
+    // As the bare command runs, but JSON, and the report out of the way.
+    bare.json = true;
+    bare.report = Some(temp_path("bare.html"));
+    let mut printed = Vec::new();
+    replay_command::run(bare, &mut printed).unwrap();
+    let bare: serde_json::Value = serde_json::from_slice(&printed).unwrap();
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/rmm/resnet50_train.csv.gz");
+    let replayed = json(&["replay", file.to_str().unwrap(), "--json"]);
+    let rows = |json: &serde_json::Value| {
+        let mut rows = json["policies"].as_array().unwrap().clone();
+        for row in &mut rows {
+            let row = row.as_object_mut().unwrap();
+            row.remove("ns_per_op").unwrap();
+            row.remove("ops_per_second").unwrap();
+        }
+        rows
+    };
+    assert_eq!(rows(&bare).len(), 9);
+    assert_eq!(rows(&bare), rows(&replayed));
+    assert_eq!(bare["peak_live_bytes"], replayed["peak_live_bytes"]);
+    let stitch = &rows(&bare)[7];
+    assert_eq!(stitch["name"], "stitch");
+    assert_eq!(stitch["full_bandwidth_share"], 1.0, "{stitch}");
+}
+
 /// Without the `cuda` feature, `--gpu` is a clear error, after the trace
 /// was read (so a bad trace is still reported as such).
 #[test]
 #[cfg(not(feature = "cuda"))]
 fn gpu_replay_without_cuda_says_how_to_get_it() {
     let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/rmm/resnet50_train.csv.gz");
-    let output = replay(&trace, &["--gpu", "0"]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
+    let (printed, result) = attempt(&replay(&trace, &["--gpu", "0"]));
+    let said = format!("{:#}", result.unwrap_err());
     assert!(
-        stderr.contains("--gpu 0") && stderr.contains("`cuda` feature"),
-        "{stderr}"
+        said.contains("--gpu 0") && said.contains("`cuda` feature"),
+        "{said}"
+    );
+    assert!(printed.is_empty(), "printed a replay: {printed}");
+    let bad = write_file(
+        "bad.csv",
+        format!("{HEADER}0,0,resize,0x10,1,0\n").as_bytes(),
+    );
+    assert!(message(&replay(&bad, &["--gpu", "0"])).contains("unknown action"));
+}
+
+/// `--gpu` picks the policy that runs on a device; on the simulated one
+/// (no `--gpu`) it is a row like the others, with the device's figures
+/// under the table and in the JSON.
+#[test]
+fn the_stitched_pool_is_a_row_with_the_devices_figures() {
+    let path = small_trace();
+    let json = json(&replay(
+        &path,
+        &["--policy", "stitch", "--policy", "stitched-pool", "--json"],
+    ));
+    let [model, pool] = [&json["policies"][0], &json["policies"][1]];
+    assert_eq!(pool["name"], "stitched-pool");
+    for figure in [
+        "peak_footprint_bytes",
+        "driver_calls",
+        "full_bandwidth_share",
+    ] {
+        assert_eq!(model[figure], pool[figure], "{figure}");
+    }
+    let device = &pool["device"];
+    assert_eq!(device["measured_peak_bytes"], pool["peak_footprint_bytes"]);
+    assert_eq!(device["allocate"]["calls"], 3);
+    assert_eq!(device["free"]["calls"], 3);
+    assert!(model.get("device").is_none(), "{model}");
+    let table = output(&replay(&path, &["--policy", "stitched-pool"]));
+    assert!(
+        table.contains("stitched-pool on ") && table.contains("measured/model 1.000"),
+        "{table}"
     );
     assert!(
-        output.stdout.is_empty(),
-        "printed a replay: {}",
-        String::from_utf8_lossy(&output.stdout)
+        table.contains("copy kernel at the peak: not measured"),
+        "{table}"
     );
 }

@@ -2,29 +2,20 @@
 //! their charts as HTML (never over the data, never cut off), the maps have a
 //! colour key, and the page says what the policies are.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod support;
+
+use std::path::Path;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
 }
 
+/// The page `cudamem ARGS... --report FILE` writes, run in process.
 fn report_of(name: &str, args: &[&str]) -> String {
-    let dir: PathBuf = std::env::temp_dir().join(format!("cudamem-report-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    let output = Command::new(env!("CARGO_BIN_EXE_cudamem"))
-        .args(args)
-        .arg("--report")
-        .arg(&path)
-        .current_dir(root())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let path = support::temp_path(name);
+    let mut args = args.to_vec();
+    args.extend(["--report", path.to_str().unwrap()]);
+    support::output(&args);
     let html = std::fs::read_to_string(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
     html
@@ -63,10 +54,8 @@ fn the_ledger_legend_lists_every_item_under_the_chart() {
 
 #[test]
 fn the_replay_report_has_legends_keys_and_the_overhead_chart() {
-    let html = report_of(
-        "replay.html",
-        &["replay", "traces/rmm/resnet50_train.csv.gz"],
-    );
+    let trace = root().join("traces/rmm/resnet50_train.csv.gz");
+    let html = report_of("replay.html", &["replay", trace.to_str().unwrap()]);
     let legends = legends(&html);
     // Footprint, overhead, and a key under each of the nine memory maps.
     assert_eq!(legends.len(), 2 + 9);

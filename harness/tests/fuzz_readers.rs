@@ -1,28 +1,36 @@
-//! Fuzz-style property tests of the trace readers through the built
-//! `cudamem`: random bytes, and random mutations of the real RMM logs in
-//! `traces/rmm/` (byte flips, cuts, lines duplicated, deleted or swapped,
-//! huge numbers), plain and gzipped. Whatever the input, `cudamem replay`
-//! ends with a result (exit 0, JSON) or one short error (exit 1), within a
-//! capped address space and a time limit: never a panic, an abort or a hang.
+//! Fuzz-style property tests of the trace readers, in process: random
+//! bytes, and random mutations of the real RMM logs in `traces/rmm/` (byte
+//! flips, cuts, lines duplicated, deleted or swapped, huge numbers), plain
+//! and gzipped. Whatever the input, reading it ends with traces that replay
+//! or one short error naming the input, never a panic, with no more events
+//! than the input has lines and no more memory held than a bound on its
+//! size.
 
 mod support;
-use support::{gzip, temp_path};
+use support::alloc_count::{Counting, peak_during};
+use support::gzip;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
+use cudamem::replay::{self, Settings};
+use cudamem::trace::file::{ReadLimits, read_limited};
 use flate2::read::GzDecoder;
 use proptest::prelude::*;
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
 
 /// Lines taken from the front of each real log: enough for every kind of
 /// row, few enough to keep a case at a few milliseconds.
 const PREFIX_LINES: usize = 3000;
-/// Address space each run may have, MiB.
-const MEMORY_MIB: u64 = 1024;
-/// Wall clock each run may take.
-const TIME_LIMIT: Duration = Duration::from_secs(30);
+/// Bytes a case may hold at once beyond [`BYTES_PER_INPUT_BYTE`] times its
+/// input: the readers' buffers (a line, a decompression window).
+const FIXED_BYTES: u64 = 1 << 20;
+/// Bytes a case may hold at once per byte of input (decompressed): the
+/// trace's events and locations, the replay's blocks.
+const BYTES_PER_INPUT_BYTE: u64 = 8;
 
 /// The first [`PREFIX_LINES`] lines of each real RMM log.
 fn real_prefixes() -> &'static [Vec<String>] {
@@ -162,69 +170,60 @@ fn apply(lines: &[String], mutations: &[Mutation]) -> Vec<u8> {
     text
 }
 
-/// Replay `bytes` as a trace file and check the run ended well.
-fn replay_ends_well(bytes: &[u8]) -> Result<(), TestCaseError> {
-    let path = temp_path("case");
-    std::fs::write(&path, bytes).unwrap();
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "ulimit -v {} && exec \"$0\" \"$@\"",
-            MEMORY_MIB << 10
-        ))
-        .arg(env!("CARGO_BIN_EXE_cudamem"))
-        .args([
-            "replay",
-            path.to_str().unwrap(),
-            "--json",
-            "--policy",
-            "tlsf",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > TIME_LIMIT {
-            child.kill().unwrap();
-            let _ = child.wait();
-            return Err(TestCaseError::fail(format!(
-                "ran past {TIME_LIMIT:?}; input kept at {}",
-                path.display()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    match output.status.code() {
-        Some(0) => {
-            for line in stdout.lines() {
-                let json: serde_json::Value = serde_json::from_str(line)
-                    .map_err(|err| TestCaseError::fail(format!("{err}: {line}")))?;
-                prop_assert!(json["events"].is_u64(), "{line}");
+/// Read `bytes` (whose text, decompressed, is `text_bytes` long) as a
+/// trace file, replay what it holds, and check it ended well.
+fn replay_ends_well(bytes: &[u8], text_bytes: usize) -> Result<(), TestCaseError> {
+    let path = Path::new("case");
+    let tlsf = replay::spec::named("tlsf").unwrap();
+    let hidden = indicatif::ProgressBar::hidden();
+    let (outcome, peak) = peak_during(|| {
+        read_limited(path, "case", bytes, ReadLimits::DEFAULT).map(|traces| {
+            traces
+                .iter()
+                .map(|trace| {
+                    let replayed = replay::run(tlsf, trace, &Settings::default(), &hidden, false);
+                    (trace.events.len(), replayed)
+                })
+                .collect::<Vec<_>>()
+        })
+    });
+    match outcome {
+        Ok(replays) => {
+            prop_assert!(!replays.is_empty(), "a file read as no trace at all");
+            let lines = bytes_lines(text_bytes);
+            for (events, replayed) in replays {
+                prop_assert!(
+                    events <= lines,
+                    "{events} events from at most {lines} lines"
+                );
+                let (outcome, _) =
+                    replayed.map_err(|err| TestCaseError::fail(format!("{err:#}")))?;
+                prop_assert_eq!(outcome.events, events);
+                prop_assert_eq!(outcome.failed_allocations, 0);
             }
-            prop_assert!(!stdout.is_empty(), "exit 0 with no output");
         }
-        Some(1) => {
-            prop_assert!(stderr.starts_with("cudamem: "), "{stderr}");
-            prop_assert!(stderr.lines().count() == 1, "{stderr}");
+        Err(err) => {
+            prop_assert_eq!(err.path.as_path(), path);
             // A path, a location and a message cut to a few hundred characters.
-            let chars = stderr.chars().count();
-            prop_assert!(chars < 800, "{chars} characters of stderr: {stderr}");
-            prop_assert!(stdout.is_empty(), "{stdout}");
-        }
-        code => {
-            return Err(TestCaseError::fail(format!(
-                "exit {code:?} (a signal, a panic or an abort); input kept at {}:\n{stderr}",
-                path.display()
-            )));
+            let said = err.to_string();
+            prop_assert!(said.starts_with("case: "), "{}", said);
+            prop_assert!(!said.contains('\n'), "{}", said);
+            prop_assert!(
+                said.chars().count() < 800,
+                "{} characters: {}",
+                said.chars().count(),
+                said
+            );
         }
     }
-    std::fs::remove_file(&path).unwrap();
+    let bound = FIXED_BYTES + BYTES_PER_INPUT_BYTE * text_bytes.max(bytes.len()) as u64;
+    prop_assert!(peak <= bound, "{} bytes held at once, over {}", peak, bound);
     Ok(())
+}
+
+/// The most lines a text of `bytes` bytes can hold.
+fn bytes_lines(bytes: usize) -> usize {
+    bytes + 1
 }
 
 proptest! {
@@ -241,8 +240,8 @@ proptest! {
         zipped in any::<bool>(),
     ) {
         let text = apply(&real_prefixes()[log], &mutations);
-        let bytes = if zipped { gzip(&text) } else { text };
-        replay_ends_well(&bytes)?;
+        let bytes = if zipped { gzip(&text) } else { text.clone() };
+        replay_ends_well(&bytes, text.len())?;
     }
 
     #[test]
@@ -257,8 +256,8 @@ proptest! {
         body in prop::collection::vec(any::<u8>(), 0..4096),
         zipped in any::<bool>(),
     ) {
-        let bytes = [head, body].concat();
-        let bytes = if zipped { gzip(&bytes) } else { bytes };
-        replay_ends_well(&bytes)?;
+        let text = [head, body].concat();
+        let bytes = if zipped { gzip(&text) } else { text.clone() };
+        replay_ends_well(&bytes, text.len())?;
     }
 }

@@ -28,7 +28,7 @@ fn tlsf_wastes_no_more_than_best_fit_on_real_traces() {
     let traces = real_traces();
     assert!(traces.len() >= 19, "{traces:?}");
     for path in traces {
-        let json = json_of(&replay_json(&path, &["--policy", "best-fit"]));
+        let json = replay_json(&path, &["--policy", "best-fit"]);
         let policies = json["policies"].as_array().unwrap();
         let footprint = |name: &str| {
             policies

@@ -32,8 +32,8 @@
 // map, and the chunk gets CM_SPANS_BIT; cm_free of its first block frees it
 // whole. On a heap that no thread frees in meanwhile, a request of class k
 // gets NULL only when no 2^k-aligned window of 2^k bytes is free anywhere
-// (kernels::cm_heap::HeapImage::free_window states it; the host model's
-// property test checks it).
+// (kernels::cm_heap::HeapImage::free_window states it; the host tests
+// check it).
 //
 // NULL from one class means that class is truly out: a chunk of class k with room is always
 // in an active slot of k, in room_map[k], or held by a thread that will
@@ -45,7 +45,8 @@
 // in transit, and searches again otherwise.
 //
 // kernels/src/cm_heap.rs states the same layout for the host, and
-// kernels/src/cm_model.rs runs the same algorithm on CPU threads.
+// kernels/tests/cm_alloc runs this file itself on host threads, each warp's
+// lanes as threads that meet in every warp function.
 #pragma once
 
 typedef unsigned long long cm_u64;
@@ -120,6 +121,36 @@ static_assert(sizeof(CmHeap) == 412920, "CmHeap layout");
 // module (ctx::cuda::DeviceHeap::bind).
 __device__ CmHeap *cm_heap;
 
+// Where a thread holds a chunk that no map shows; empty on the device. The
+// host tests widen these windows here.
+#ifndef CM_TRANSIT_HOOK
+#define CM_TRANSIT_HOOK()
+#endif
+
+#ifdef CUDA_HOST_EMULATION
+// Host threads run this file in the tests (kernels/tests/emulation): the
+// emulation's lane and warp slot, and relaxed atomic loads, which is what a
+// volatile load is in the device's memory model.
+__device__ __forceinline__ cm_u32 cm_lane()
+{
+    return host_lane_id();
+}
+
+__device__ __forceinline__ cm_u32 cm_warp_hash()
+{
+    return host_warp_slot();
+}
+
+__device__ __forceinline__ cm_u32 cm_load(const cm_u32 *p)
+{
+    return host_load_relaxed(p);
+}
+
+__device__ __forceinline__ cm_u64 cm_load64(const cm_u64 *p)
+{
+    return host_load_relaxed(p);
+}
+#else
 __device__ __forceinline__ cm_u32 cm_lane()
 {
     cm_u32 lane;
@@ -136,6 +167,17 @@ __device__ __forceinline__ cm_u32 cm_warp_hash()
     return sm * 64u + warp;
 }
 
+__device__ __forceinline__ cm_u32 cm_load(const cm_u32 *p)
+{
+    return *(const volatile cm_u32 *)p;
+}
+
+__device__ __forceinline__ cm_u64 cm_load64(const cm_u64 *p)
+{
+    return *(const volatile cm_u64 *)p;
+}
+#endif
+
 __device__ __forceinline__ cm_u32 cm_class(cm_u64 bytes)
 {
     if (bytes <= (1ull << CM_MIN_SHIFT)) {
@@ -147,16 +189,6 @@ __device__ __forceinline__ cm_u32 cm_class(cm_u64 bytes)
 __device__ __forceinline__ cm_u32 cm_blocks(cm_u32 k)
 {
     return (cm_u32)(CM_CHUNK_BYTES >> (CM_MIN_SHIFT + k));
-}
-
-__device__ __forceinline__ cm_u32 cm_load(const cm_u32 *p)
-{
-    return *(const volatile cm_u32 *)p;
-}
-
-__device__ __forceinline__ cm_u64 cm_load64(const cm_u64 *p)
-{
-    return *(const volatile cm_u64 *)p;
 }
 
 // Region of chunk `id`; its data address and bitmap.
@@ -223,6 +255,7 @@ __device__ void cm_settle(CmHeap *h, cm_u32 id, cm_u32 cls, cm_u32 empty)
     bool settled = atomicCAS(&h->state[id], empty, 0u) == empty;
     if (settled) {
         cm_map_clear(h->room_map[cls - 1], id);
+        CM_TRANSIT_HOOK();
         __threadfence();
         atomicOr(&h->free_map[id / 64], 1ull << (id % 64));
     }
@@ -286,6 +319,7 @@ __device__ cm_u32 cm_take_free(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 start, c
                 continue;
             }
             cm_u32 id = w * 64 + b;
+            CM_TRANSIT_HOOK();
             // Only the holder of the free bit sets the class; stale
             // reservations in the low bits undo themselves.
             atomicAdd(&h->state[id], (k + 1) << CM_CLASS_SHIFT);
@@ -331,6 +365,7 @@ __device__ cm_u32 cm_find_room(CmHeap *h, cm_u32 k, cm_u32 want, cm_u32 skip, cm
             // transit until its mark is back or it is known full.
             cm_enter_transit(h);
             cm_map_clear(room, id);
+            CM_TRANSIT_HOOK();
             __threadfence();
             cm_u32 now = cm_load(&h->state[id]);
             bool has_room = (now >> CM_CLASS_SHIFT) == k + 1 && (now & CM_COUNT_MASK) < cm_blocks(k);
@@ -687,7 +722,9 @@ __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
             }
             if (got == 0) {
                 got = cm_slow_path(h, k, n - handed, hash, &kk, &chunk, &data);
-                if (kk == CM_CLASSES) {
+                // The loop above may leave kk at CM_CLASSES too: only a
+                // block found marks a span.
+                if (got != 0 && kk == CM_CLASSES) {
                     added += 1ull << (CM_MIN_SHIFT + k);
                 }
             }
@@ -747,13 +784,25 @@ __device__ void *cm_heap_malloc(CmHeap *h, cm_u64 bytes)
 }
 
 // Frees a block of heap `h` (NULL: nothing). A pointer that is no live
-// block of the heap is counted in bad_frees and otherwise ignored.
+// block of the heap is counted in bad_frees and otherwise ignored, and so
+// is each lane but the first that frees one pointer in the same call. What
+// no allocator without tags can tell: a block freed again after it was
+// handed out anew frees the new owner's; and two warps that free one span
+// of more than 64 blocks at the same moment both free it.
 __device__ void cm_heap_free(CmHeap *h, void *ptr)
 {
     if (ptr == NULL) {
         return;
     }
     cm_u64 a = (cm_u64)ptr;
+    // Lanes that free the same pointer at once: the lowest frees it, the
+    // others are bad frees (combined below, they would free it twice).
+    cm_u32 lane = cm_lane();
+    cm_u32 twins = __match_any_sync(__activemask(), a);
+    if ((twins & ((1u << lane) - 1)) != 0) {
+        atomicAdd(&h->counters.bad_frees, 1ull);
+        return;
+    }
     cm_u32 r = 0;
     while (r < h->regions && a - h->region_base[r] >= ((cm_u64)h->region_chunks[r] << CM_CHUNK_SHIFT)) {
         r++;
@@ -787,12 +836,12 @@ __device__ void cm_heap_free(CmHeap *h, void *ptr)
             return;
         }
         if (run > 1) {
-            mask = ((1ull << run) - 1) << (index % 64);
+            // A run of 64 is a whole word (shifting by 64 is undefined).
+            mask = run >= 64 ? ~0ull : ((1ull << run) - 1) << (index % 64);
         }
     }
     // The block's last writes land before another thread can claim it.
     __threadfence();
-    cm_u32 lane = cm_lane();
     cm_u32 here = __activemask();
     cm_u32 same_word = __match_any_sync(here, (cm_u64)word);
     cm_u32 word_leader = __ffs(same_word) - 1;
@@ -812,7 +861,8 @@ __device__ void cm_heap_free(CmHeap *h, void *ptr)
     cm_u32 same_chunk = __match_any_sync(here, id);
     cm_u32 calls = __reduce_add_sync(same_chunk, valid);
     cm_u32 freed = __reduce_add_sync(same_chunk, valid * run);
-    if (lane == __ffs(same_chunk) - 1 && freed != 0) {
+    cm_u32 chunk_leader = __ffs(same_chunk) - 1;
+    if (lane == chunk_leader && freed != 0) {
         cm_unreserve(h, id, freed);
         atomicAdd(&h->counters.live_bytes, 0ull - ((cm_u64)freed << (CM_MIN_SHIFT + k)));
         atomicAdd(&h->counters.frees, (cm_u64)calls);

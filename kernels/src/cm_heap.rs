@@ -8,8 +8,8 @@
 //! ([`region_bytes`]). A chunk takes a size class (16 B << k) when first used;
 //! blocks are claimed by setting bits of its bitmap after reserving them in
 //! the chunk's count, and a chunk whose count drops to 0 is free again. The
-//! header says what the kernels do step by step; [`crate::cm_model`] runs the
-//! same steps on CPU threads.
+//! header says what the kernels do step by step; `tests/cm_alloc` runs the
+//! header itself on host threads, a warp's lanes as threads.
 //!
 //! The host zeroes the descriptor, writes the [`RegionTable`] and sets one
 //! bit of the free map per chunk ([`free_map_words`]); after a launch it reads
@@ -265,7 +265,7 @@ pub fn free_map_words(first: u32, chunks: u32) -> Vec<(usize, u64)> {
 
 /// The allocator's state as a quiescent heap holds it (no kernel running):
 /// the chunk states and each chunk's maps, read from the device
-/// (`ctx::DeviceHeap::image`) or from the host model. What the no-false-NULL
+/// (`ctx::DeviceHeap::image`) or from host memory in the tests. What the no-false-NULL
 /// rule is checked against.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HeapImage {
@@ -360,7 +360,7 @@ fn find_clear_run(map: &[u64], blocks: u32, run: u32) -> Option<u32> {
 /// failed (chunks of other classes and partly used chunks of the same class
 /// cannot serve it), at least half the heap so that growth is geometric,
 /// bounded by what [`MAX_CHUNKS`] leaves. 0 when nothing failed or nothing
-/// is left. The one sizing rule: the device host and the model call it.
+/// is left. The one sizing rule: the device host and the tests call it.
 ///
 /// ```
 /// use kernels::cm_heap::growth_chunks;

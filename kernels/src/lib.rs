@@ -4,7 +4,6 @@
 
 pub mod cm_heap;
 pub mod cm_link;
-pub mod cm_model;
 pub mod heap;
 mod kernel;
 pub mod local;

@@ -6,7 +6,7 @@
 //! compute. The GPU suite checks
 //! the same kernels on the device; this catches logic errors on every CI run.
 //!
-//! Needs a C++17 compiler (`$CXX`, else `c++`); fails if there is none.
+//! Needs a C++20 compiler (`$CXX`, else `c++`); fails if there is none.
 
 use std::path::Path;
 use std::process::Command;
@@ -20,7 +20,7 @@ fn kernels_compute_on_the_host_what_they_should() {
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
     let build = Command::new(&compiler)
         .args([
-            "-std=c++17",
+            "-std=c++20",
             "-pthread",
             "-O1",
             "-Wall",

@@ -100,7 +100,7 @@ simple_copy(const __grid_constant__ MoveBlocksParams p)
     }
 }
 
-// Helpers: fill source with a pattern, count mismatches of one move.
+// Fill a source with a pattern; count the mismatches of one move.
 __global__ void fill_pattern(unsigned int *a, u64 words)
 {
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < words; i += (u64)gridDim.x * blockDim.x)

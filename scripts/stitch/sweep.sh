@@ -2,7 +2,7 @@
 # The stitch policy's trade-off curve over every trace in traces/: for each
 # configuration (large-handle size, budget slack, large-handle overshoot,
 # growth with nothing idle in large handles or pages, alignment of large
-# requests), how many traces meet each goal of issue #13
+# requests), how many traces meet each stitching goal
 # (footprint <= 1.03 x peak live, modeled driver time <= 1% of the trace's
 # recorded duration, >= 90% of live bytes at the peak in >= 32 MiB handles)
 # and the worst figure of each. PyTorch's expandable segments (the model)

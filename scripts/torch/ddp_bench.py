@@ -37,7 +37,7 @@ matmul on each, checksums compared with the same work on the CPU, cudamem_stats 
 both devices (each must show its own allocations, and peer grants: every mapping of
 each pool is granted to the other GPU).
 
-Goals (issue 15), checked in the table's last lines: the losses of `cudamem` identical
+Goals, checked in the table's last lines: the losses of `cudamem` identical
 to the default's (or within PyTorch's own spread), its peak memory on each GPU at most
 expandable segments', its step time at most 1.02 x the default's.
 

@@ -16,8 +16,8 @@ use ctx::{Handle, MemInfo, Pool, StitchedPool};
 
 use crate::Result;
 use crate::facts::{ContextFacts, DeviceFacts};
-use crate::pytorch::BLOCK_ALIGN;
 use crate::settings::Settings;
+use memcore::pytorch::MIN_BLOCK_BYTES;
 
 /// The TLSF pool on `memory` as `settings` say: a reservation of the device's total
 /// memory, rounded up to whole pages, granted to `settings.peers`.
@@ -113,15 +113,16 @@ pub trait Backing: Send + Sync {
 }
 
 /// Whether a pool refused for lack of device memory (and not for a broken call): the
-/// TLSF pool's or the stitched pool's out of memory, or the stitching model's refusal
-/// to pass its capacity.
+/// TLSF pool's or the stitched pool's out of memory, the stitching model's refusal to
+/// pass its capacity, or the driver's own out-of-memory code.
 pub fn is_out_of_memory(error: &ctx::Error) -> bool {
-    matches!(
-        error,
+    match error {
         ctx::Error::OutOfMemory { .. }
-            | ctx::Error::StitchedOutOfMemory { .. }
-            | ctx::Error::Memcore(memcore::Error::OutOfMemory { .. })
-    )
+        | ctx::Error::StitchedOutOfMemory { .. }
+        | ctx::Error::Memcore(memcore::Error::OutOfMemory { .. }) => true,
+        ctx::Error::Driver { code, .. } => code.is_out_of_memory(),
+        _ => false,
+    }
 }
 
 impl<D: DeviceFacts> Backing for Pool<D> {
@@ -130,7 +131,7 @@ impl<D: DeviceFacts> Backing for Pool<D> {
 
     fn allocate(&self, bytes: u64) -> ctx::Result<(Handle, u64)> {
         let mut pool = self.lock();
-        let handle = pool.allocate(bytes, BLOCK_ALIGN, None)?;
+        let handle = pool.allocate(bytes, MIN_BLOCK_BYTES, None)?;
         match pool.device_ptr(handle) {
             Ok(ptr) => Ok((handle, ptr)),
             Err(error) => {
@@ -165,8 +166,8 @@ impl<D: DeviceFacts> Backing for Pool<D> {
             releasable_bytes: releasable,
             growable_bytes: releasable,
             segments: u64::from(stats.mapped_bytes > 0),
-            device_allocs: stats.grows,
-            device_frees: stats.shrinks,
+            device_allocs: stats.calls.create.calls,
+            device_frees: stats.calls.release.calls,
             peer_access_calls: stats.peer_access.calls,
         }
     }
@@ -193,7 +194,8 @@ impl<D: DeviceFacts> Backing for Pool<D> {
     }
 
     fn memory_driver_calls(&self) -> u64 {
-        self.lock().device().memory_driver_calls()
+        let stats = self.stats();
+        stats.calls.total() + stats.peer_access.calls
     }
 
     fn context_facts(&self) -> Result<ContextFacts> {
@@ -252,7 +254,8 @@ impl<D: DeviceFacts> Backing for StitchedPool<D> {
     }
 
     fn memory_driver_calls(&self) -> u64 {
-        self.with_device(|device| device.memory_driver_calls())
+        let stats = self.stats();
+        stats.calls.total() + stats.peer_access.calls
     }
 
     fn context_facts(&self) -> Result<ContextFacts> {

@@ -12,16 +12,6 @@ use crate::facts::{ContextFacts, DeviceFacts};
 const SPARE_EVENTS: usize = 1024;
 
 impl DeviceFacts for CudaDevice {
-    fn memory_driver_calls(&self) -> u64 {
-        let c = self.vmm_calls();
-        c.reserve.calls
-            + c.create.calls
-            + c.map.calls
-            + c.set_access.calls
-            + c.unmap.calls
-            + c.release.calls
-    }
-
     fn device_count(&self) -> Result<u32> {
         Ok(CudaContext::device_count()?)
     }

@@ -8,7 +8,7 @@
 //! reset, the aggregate is the sum of the small and the large pool, and allocated bytes
 //! are at most active bytes, which are at most reserved bytes.
 
-use crate::pytorch;
+use memcore::pytorch;
 
 /// One figure with its history, PyTorch's `Stat`; bytes or counts.
 #[repr(C)]
@@ -69,7 +69,7 @@ impl Stat {
 pub struct StatArray {
     /// Every block (`StatType::AGGREGATE`).
     pub aggregate: Stat,
-    /// Blocks of at most [`pytorch::SMALL_BLOCK_BYTES`] (`SMALL_POOL`).
+    /// Blocks of at most [`pytorch::SMALL_SIZE_BYTES`] (`SMALL_POOL`).
     pub small_pool: Stat,
     /// Larger blocks (`LARGE_POOL`).
     pub large_pool: Stat,

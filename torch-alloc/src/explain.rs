@@ -2,9 +2,8 @@
 //! memory go": the context's terms from ctx's [`Ledger`], what the pool holds, and what
 //! the process holds outside the pool.
 
-use std::fmt::Write;
-
-use ctx::{Ledger, LedgerItemKind};
+use ctx::{Ledger, LedgerRow, render_rows};
+use memcore::bytes;
 
 use crate::facts::ContextFacts;
 
@@ -53,107 +52,78 @@ pub struct Explanation {
     pub outside_bytes: u64,
 }
 
-/// The context's terms that the ledger predicts, in order.
-const CONTEXT_TERMS: [LedgerItemKind; 5] = [
-    LedgerItemKind::ContextBaseline,
-    LedgerItemKind::LocalMemory,
-    LedgerItemKind::ModuleCode,
-    LedgerItemKind::MallocHeap,
-    LedgerItemKind::PrintfFifo,
-];
-
 impl Explanation {
     /// The ledger of a context with `facts` whose pool holds `figures`.
     pub fn new(facts: &ContextFacts, figures: &PoolFigures) -> Self {
         let ledger = Ledger::predict(&facts.profile, &facts.limits, &[], figures.live_bytes);
         let used_bytes = facts.mem.total.saturating_sub(facts.mem.free);
-        let context: u64 = CONTEXT_TERMS
-            .iter()
-            .filter_map(|kind| ledger.item(*kind))
-            .map(|item| item.predicted)
-            .sum();
         let pool_bytes = figures.mapped_bytes;
         Explanation {
             used_bytes,
             pool_bytes,
             pool_free_bytes: figures.free_bytes,
             outside_bytes: used_bytes
-                .saturating_sub(context)
+                .saturating_sub(ledger.context_bytes())
                 .saturating_sub(pool_bytes),
             ledger,
         }
     }
 
-    /// The ledger as text, one term a line.
+    /// The ledger as text, one term a line (ctx's ledger table): what the device and
+    /// the pool report under measured, the context's terms as the ledger predicts
+    /// them, and what the process holds outside the pool as the difference.
     pub fn render(&self, device: i32, facts: &ContextFacts, figures: &PoolFigures) -> String {
-        let mut out = String::new();
-        let line = |out: &mut String, name: &str, bytes: u64, why: &str| {
-            let _ = writeln!(out, "  {name:<30} {:>16}  {why}", mib(bytes));
+        let measured = |item: &str, bytes: u64, why: &str| LedgerRow {
+            item: item.into(),
+            predicted: None,
+            measured: Some(bytes),
+            why: why.into(),
         };
-        let _ = writeln!(
-            out,
-            "cudamem: device {device} ({}), bytes in MiB",
-            facts.profile.full_name
-        );
-        line(&mut out, "total", facts.mem.total, "cuMemGetInfo");
-        line(
-            &mut out,
-            "used by this process",
-            self.used_bytes,
-            "total - free",
-        );
-        for kind in CONTEXT_TERMS {
-            if let Some(item) = self.ledger.item(kind) {
-                line(
-                    &mut out,
-                    &format!("  {}", item.name),
-                    item.predicted,
-                    &item.explanation,
-                );
-            }
-        }
-        line(
-            &mut out,
-            "  cudamem pool (physical)",
-            self.pool_bytes,
-            &format!(
-                "mapped pages; peak {}",
-                mib(figures.peak_mapped_bytes).trim()
+        let mut rows = vec![
+            measured("total", facts.mem.total, "cuMemGetInfo"),
+            measured("used by this process", self.used_bytes, "total - free"),
+        ];
+        rows.extend(self.ledger.context_items().map(|item| LedgerRow {
+            item: format!("  {}", item.name()),
+            ..item.row()
+        }));
+        rows.extend([
+            measured(
+                "  cudamem pool (physical)",
+                self.pool_bytes,
+                &format!(
+                    "mapped pages; peak {}",
+                    bytes::mib(figures.peak_mapped_bytes)
+                ),
             ),
-        );
-        line(
-            &mut out,
-            "    live",
-            figures.live_bytes,
-            "tensors not freed",
-        );
-        line(
-            &mut out,
-            "    freed, waiting on streams",
-            figures.pending_bytes,
-            "reusable by other streams once their work completes",
-        );
-        line(
-            &mut out,
-            "    free inside the pool",
-            self.pool_free_bytes,
-            &format!(
-                "largest free block {}; fragmentation {:.1}%",
-                mib(figures.largest_free_bytes).trim(),
-                figures.fragmentation() * 100.0
+            measured("    live", figures.live_bytes, "tensors not freed"),
+            measured(
+                "    freed, waiting on streams",
+                figures.pending_bytes,
+                "reusable by other streams once their work completes",
             ),
-        );
-        line(
-            &mut out,
-            "  outside the pool",
-            self.outside_bytes,
-            "used - context - pool: cuBLAS/cuDNN workspaces, NCCL, module code, other allocators",
-        );
-        line(&mut out, "free", facts.mem.free, "cuMemGetInfo");
+            measured(
+                "    free inside the pool",
+                self.pool_free_bytes,
+                &format!(
+                    "largest free block {}; fragmentation {:.1}%",
+                    bytes::mib(figures.largest_free_bytes),
+                    figures.fragmentation() * 100.0
+                ),
+            ),
+            LedgerRow {
+                item: "  outside the pool".into(),
+                predicted: Some(self.outside_bytes),
+                measured: None,
+                why: "used - context - pool: cuBLAS/cuDNN workspaces, NCCL, module code, \
+                      other allocators"
+                    .into(),
+            },
+            measured("free", facts.mem.free, "cuMemGetInfo"),
+        ]);
+        let mut out = format!("cudamem: device {device} ({})\n", facts.profile.full_name);
+        // Writing to a String cannot fail.
+        let _ = render_rows(&mut out, &rows);
         out
     }
-}
-
-fn mib(bytes: u64) -> String {
-    format!("{:.1}", bytes as f64 / f64::from(1 << 20))
 }

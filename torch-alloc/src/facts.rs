@@ -1,5 +1,5 @@
-//! What the allocator reads from a device besides its memory: driver call counts and
-//! the facts the context's ledger is computed from.
+//! What the allocator reads from a device besides its memory: the facts the context's
+//! ledger is computed from.
 
 use ctx::{DeviceMemory, DeviceProfile, Limits, MemInfo, SimDevice};
 
@@ -16,11 +16,8 @@ pub struct ContextFacts {
     pub mem: MemInfo,
 }
 
-/// A device the allocator can explain and count.
+/// A device the allocator can explain.
 pub trait DeviceFacts: DeviceMemory {
-    /// Driver calls that took or gave device memory so far.
-    fn memory_driver_calls(&self) -> u64;
-
     /// The context's figures now.
     fn context_facts(&self) -> Result<ContextFacts>;
 
@@ -38,20 +35,6 @@ impl DeviceFacts for SimDevice {
     /// The devices of the simulated host ([`SimDevice::links`]).
     fn device_count(&self) -> Result<u32> {
         Ok(self.links().device_count())
-    }
-
-    fn memory_driver_calls(&self) -> u64 {
-        let c = self.counters();
-        c.maps
-            + c.unmaps
-            + c.chunk_allocs
-            + c.chunk_frees
-            + c.set_accesses
-            + c.physical_creates
-            + c.physical_maps
-            + c.access_grants
-            + c.physical_unmaps
-            + c.physical_releases
     }
 
     /// An H200-shaped profile scaled to the simulated capacity: the context's share is

@@ -62,7 +62,6 @@ mod facts;
 pub mod ffi;
 pub mod history;
 mod pool_id;
-pub mod pytorch;
 pub mod registry;
 mod settings;
 pub mod snapshot;

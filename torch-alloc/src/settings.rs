@@ -131,8 +131,8 @@ impl Settings {
     /// ResNet-50's peak (BENCHMARKS.md, "Two GPUs").
     pub const DEFAULT_GROWTH_DIVISOR: u32 = 0;
 
-    /// `CUDAMEM_MIN_GROWTH` when unset: one H200 VMM page, bytes.
-    pub const DEFAULT_MIN_GROWTH_BYTES: u64 = 2 << 20;
+    /// `CUDAMEM_MIN_GROWTH` when unset: one VMM page, bytes.
+    pub const DEFAULT_MIN_GROWTH_BYTES: u64 = memcore::PAGE_BYTES;
 
     /// The settings from `CUDAMEM_POLICY`, `CUDAMEM_MIN_GROWTH`, `CUDAMEM_GROWTH_DIVISOR`
     /// and `CUDAMEM_PEERS`.

@@ -7,11 +7,21 @@
 //! - no `unsafe` outside the places [`UNSAFE_ALLOWED`] names;
 //! - no file under `ctx/src/cuda/` without `unsafe`: the backend stays the
 //!   thin unsafe layer, and code that needs no `unsafe` lives outside it,
-//!   where CPU tests run it.
+//!   where CPU tests run it;
+//! - no decision on an error's text outside tests (error_text.rs);
+//! - one home for byte units, memcore's `bytes` (byte_units.rs);
+//! - no process words (issue numbers, branches, machine kinds, internal
+//!   files) in comments, strings, scripts and docs (process_words.rs).
 //!
 //! Sources are read from the workspace root (the parent of this crate's
 //! manifest directory). The scanner tells code from comments and string
-//! literals by a small lexer, not by regular expressions.
+//! literals by a small lexer, not by regular expressions; test_only.rs says
+//! which lines only tests compile.
+
+mod byte_units;
+mod error_text;
+mod process_words;
+mod test_only;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -39,6 +49,14 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "torch-alloc/tests/peers_env.rs",
         "tests that call the C ABI as C code does, with CUDAMEM_PEERS set",
     ),
+    (
+        "harness/tests/support/alloc_count.rs",
+        "a counting global allocator: tests bound what a reader allocates",
+    ),
+    (
+        "kernels/tests/cm_alloc/host.rs",
+        "loads cm_alloc.cuh compiled for the host and calls its C ABI",
+    ),
 ];
 
 /// Files under `ctx/src/cuda/` that need no `unsafe`, each with why.
@@ -56,7 +74,7 @@ const FIGURES_ALLOWED: &[(&str, &str, &str)] = &[
         "this file describes what the check looks for",
     ),
     (
-        "ctx/src/ledger.rs",
+        "ctx/src/ledger/mod.rs",
         "as read on the H200 (driver 580)",
         "where the built-in defaults the function returns come from",
     ),
@@ -93,6 +111,11 @@ fn workspace_root() -> PathBuf {
 /// Every file under `dir` whose name ends in one of `extensions`, as paths
 /// relative to the root with `/` separators, sorted.
 fn sources(root: &Path, extensions: &[&str]) -> Vec<(String, String)> {
+    sources_skipping(root, extensions, SKIPPED_DIRS)
+}
+
+/// As [`sources`], skipping the directories named `skipped` (and hidden ones).
+fn sources_skipping(root: &Path, extensions: &[&str], skipped: &[&str]) -> Vec<(String, String)> {
     let mut found = Vec::new();
     let mut pending = vec![root.to_path_buf()];
     while let Some(dir) = pending.pop() {
@@ -103,7 +126,7 @@ fn sources(root: &Path, extensions: &[&str]) -> Vec<(String, String)> {
                 .path();
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             if path.is_dir() {
-                if !name.starts_with('.') && !SKIPPED_DIRS.contains(&name) {
+                if !name.starts_with('.') && !skipped.contains(&name) {
                     pending.push(path);
                 }
             } else if extensions.iter().any(|ext| name.ends_with(ext)) {
@@ -123,12 +146,17 @@ fn sources(root: &Path, extensions: &[&str]) -> Vec<(String, String)> {
     found
 }
 
-/// One source line split into its code (string and char literals blanked)
-/// and its comment text.
+/// What ends each string literal in [`Line::strings`].
+const LITERAL_END: char = '\0';
+
+/// One source line split into its code (string and char literals blanked),
+/// its comment text and the text of its string literals (escapes as spaces,
+/// each literal ended by [`LITERAL_END`]).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct Line {
     code: String,
     comment: String,
+    strings: String,
 }
 
 /// Splits C-family source (Rust, CUDA C) into lines of code and comment.
@@ -234,6 +262,7 @@ fn split(text: &str) -> Vec<Line> {
                     if next == Some('\n') {
                         i += 1;
                     } else {
+                        line.strings.push(' ');
                         i += 2;
                     }
                     continue;
@@ -241,6 +270,9 @@ fn split(text: &str) -> Vec<Line> {
                 if c == '"' {
                     state = State::Code;
                     line.code.push('"');
+                    line.strings.push(LITERAL_END);
+                } else {
+                    line.strings.push(c);
                 }
             }
             State::RawStr(hashes) => {
@@ -254,9 +286,11 @@ fn split(text: &str) -> Vec<Line> {
                 {
                     state = State::Code;
                     line.code.push('"');
+                    line.strings.push(LITERAL_END);
                     i += 1 + hashes;
                     continue;
                 }
+                line.strings.push(c);
             }
         }
         i += 1;
@@ -365,6 +399,20 @@ fn cuda_files_without_unsafe(root: &Path) -> Vec<String> {
         .filter(|(_, text)| !split(text).iter().any(|line| has_unsafe(&line.code)))
         .map(|(path, _)| path)
         .collect()
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// Where `word` stands in `text` as a whole identifier.
+fn word_at(text: &str, word: &str) -> impl Iterator<Item = usize> {
+    text.match_indices(word)
+        .map(|(at, _)| at)
+        .filter(move |&at| {
+            !text[..at].chars().next_back().is_some_and(is_ident)
+                && !text[at + word.len()..].chars().next().is_some_and(is_ident)
+        })
 }
 
 #[test]

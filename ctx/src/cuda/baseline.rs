@@ -11,21 +11,14 @@ use cust::sys::{CUdeviceptr, CUmemPool_attribute, CUmemoryPool};
 
 use super::{
     CudaContext, Stream,
-    driver::{self, check},
+    driver::{self, check, size_t},
 };
-use crate::{Error, Result};
-
-fn to_usize(op: &'static str, bytes: u64) -> Result<usize> {
-    usize::try_from(bytes).map_err(|_| Error::Device {
-        op,
-        detail: format!("{bytes} bytes do not fit in size_t"),
-    })
-}
+use crate::Result;
 
 impl CudaContext {
     /// `cuMemAlloc`: `bytes` of device memory; returns its address.
     pub fn mem_alloc(&self, bytes: u64) -> Result<u64> {
-        let size = to_usize("cuMemAlloc", bytes)?;
+        let size = size_t("cuMemAlloc", bytes)?;
         self.bind()?;
         let mut address: CUdeviceptr = 0;
         // SAFETY: `address` is a valid out-pointer; the context is current.
@@ -68,7 +61,7 @@ impl CudaContext {
 
     /// `cuMemAllocAsync`: `bytes` from the default memory pool, ordered on `stream`.
     pub fn mem_alloc_async(&self, bytes: u64, stream: &Stream) -> Result<u64> {
-        let size = to_usize("cuMemAllocAsync", bytes)?;
+        let size = size_t("cuMemAllocAsync", bytes)?;
         self.bind()?;
         let mut address: CUdeviceptr = 0;
         // SAFETY: `address` is a valid out-pointer; `stream` is a live stream (the

@@ -72,7 +72,7 @@ impl Limit {
 impl CudaContext {
     /// Initializes the driver and retains the primary context of device `ordinal`.
     ///
-    /// Fails with [`crate::Error::Device`] (`op: "cuInit"`) when there is no usable driver
+    /// Fails with [`crate::Error::Driver`] (`op: "cuInit"`) when there is no usable driver
     /// (on a machine built against the stub `libcuda`, every call fails this way).
     pub fn new(ordinal: u32) -> Result<Self> {
         // SAFETY: cuInit takes only flags, which must be 0.
@@ -285,11 +285,6 @@ impl CudaContext {
         )? != 0)
     }
 
-    /// Whether the device supports stream-ordered allocation (`cuMemAllocAsync`).
-    pub fn supports_memory_pools(&self) -> Result<bool> {
-        Ok(self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0)
-    }
-
     /// The device as the ledger models it, read from the device.
     ///
     /// SM count, threads per SM, compute capability and total memory (as
@@ -343,10 +338,7 @@ impl CudaContext {
     /// (`CUDA_ERROR_INVALID_VALUE`).
     pub fn set_limit(&self, limit: Limit, bytes: u64) -> Result<()> {
         self.bind()?;
-        let value = usize::try_from(bytes).map_err(|_| crate::Error::Device {
-            op: "cuCtxSetLimit",
-            detail: format!("{bytes} bytes do not fit in size_t"),
-        })?;
+        let value = driver::size_t("cuCtxSetLimit", bytes)?;
         // SAFETY: the context is current; the driver validates the value.
         check("cuCtxSetLimit", unsafe {
             driver::cuCtxSetLimit(limit.raw(), value)
@@ -390,9 +382,12 @@ const PEER_ACCESS_ALREADY_ENABLED: driver::RawResult = 704;
 
 /// The driver's handle of device `ordinal`.
 pub(crate) fn device_handle(ordinal: u32) -> Result<CUdevice> {
-    let ordinal_c = c_int::try_from(ordinal).map_err(|_| crate::Error::Device {
-        op: "cuDeviceGet",
-        detail: format!("device ordinal {ordinal} is out of range"),
+    let ordinal_c = c_int::try_from(ordinal).map_err(|_| {
+        crate::Error::driver(
+            "cuDeviceGet",
+            crate::DriverCode::INVALID_DEVICE,
+            format!("device ordinal {ordinal} is out of range"),
+        )
     })?;
     let mut device: CUdevice = 0;
     // SAFETY: `device` is a valid out-pointer; the driver checks the ordinal.

@@ -100,8 +100,9 @@ enum MoveKernel {
         /// `slide_blocks`.
         slide: Function,
     },
-    /// Loading or launching failed; the error, for reports.
-    Unavailable(String),
+    /// Loading or launching failed; the error, returned by later loads and kept for
+    /// reports.
+    Unavailable(Error),
 }
 
 /// The copying half of a [`super::CudaDevice`]: its kernel, its scratch buffer and
@@ -136,10 +137,7 @@ fn nanos(time: Duration) -> u64 {
 }
 
 fn to_usize(bytes: u64) -> Result<usize> {
-    usize::try_from(bytes).map_err(|_| Error::Device {
-        op: "cuMemcpyDtoDAsync",
-        detail: format!("CUDA_ERROR_INVALID_VALUE: {bytes} bytes do not fit in size_t"),
-    })
+    driver::size_t("cuMemcpyDtoDAsync", bytes)
 }
 
 impl CopyQueue {
@@ -159,7 +157,7 @@ impl CopyQueue {
     }
 
     /// Why the kernel is not used, once loading (or a launch) failed.
-    pub(crate) fn kernel_error(&self) -> Option<&str> {
+    pub(crate) fn kernel_error(&self) -> Option<&Error> {
         match &self.kernel {
             MoveKernel::Unavailable(error) => Some(error),
             _ => None,
@@ -180,9 +178,10 @@ impl CopyQueue {
                     // Under lazy loading (the driver's default) the code reaches the
                     // device at its first launch; empty launches now keep that out of
                     // the first compaction (its cost is in `kernel_load_micros`).
-                    let empty = MoveBlocksParams::new(&[]).ok_or(Error::Device {
-                        op: "load move_blocks",
-                        detail: "no parameters for an empty launch".into(),
+                    let empty = MoveBlocksParams::new(&[]).ok_or_else(|| {
+                        Error::Inconsistent(
+                            "move_blocks has no parameters for an empty launch".into(),
+                        )
                     })?;
                     let empty_slide = SlideBlocksParams {
                         moves: empty,
@@ -206,19 +205,15 @@ impl CopyQueue {
             self.calls.kernel_load_micros += start.elapsed().as_micros() as u64;
             self.kernel = match loaded {
                 Ok(ready) => ready,
-                Err(error) => MoveKernel::Unavailable(error.to_string()),
+                Err(error) => MoveKernel::Unavailable(error),
             };
         }
         match &self.kernel {
             MoveKernel::Ready { .. } => Ok(()),
-            MoveKernel::Unavailable(error) => Err(Error::Device {
-                op: "load move_blocks",
-                detail: error.clone(),
-            }),
-            MoveKernel::NotLoaded => Err(Error::Device {
-                op: "load move_blocks",
-                detail: "the kernel was not loaded".into(),
-            }),
+            MoveKernel::Unavailable(error) => Err(error.clone()),
+            MoveKernel::NotLoaded => Err(Error::Inconsistent(
+                "the move_blocks kernel was neither loaded nor refused".into(),
+            )),
         }
     }
 
@@ -324,7 +319,7 @@ impl CopyQueue {
                 Ok(true)
             }
             Err(error) => {
-                self.kernel = MoveKernel::Unavailable(error.to_string());
+                self.kernel = MoveKernel::Unavailable(error);
                 Ok(false)
             }
         }
@@ -387,7 +382,7 @@ impl CopyQueue {
                 Ok(true)
             }
             Err(error) => {
-                self.kernel = MoveKernel::Unavailable(error.to_string());
+                self.kernel = MoveKernel::Unavailable(error);
                 Ok(false)
             }
         }
@@ -427,11 +422,9 @@ impl CopyQueue {
                     self.calls.bounces += 1;
                 }
                 (CopyStep::ViaScratch { .. }, None) => {
-                    return Err(Error::Device {
-                        op: "copy_within",
-                        detail: "copy plan bounces through a scratch buffer that does not exist"
-                            .into(),
-                    });
+                    return Err(Error::Inconsistent(
+                        "a copy plan bounces through a scratch buffer that does not exist".into(),
+                    ));
                 }
             }
         }

@@ -1,13 +1,11 @@
 //! [`CudaDevice`]: the pool's [`DeviceMemory`] on a real GPU.
 //!
-//! Growth through the virtual memory management API when the device has it (reserve
-//! address space once, back it with physical pages as the pool grows, give pages back
-//! when it shrinks), plain `cuMemAlloc` chunks otherwise. All work runs on the legacy
-//! default stream of the context, so copies are ordered with each other and with host
-//! transfers; how batches of copies are done is [`super::copy_queue`]'s.
-//!
-//! Every VMM driver call is counted and timed ([`CudaDevice::vmm_calls`]), so a
-//! benchmark can tell where the time of a growth goes.
+//! The virtual memory management API's steps when the device has it (reserve address
+//! space, create physical memory, map it, grant access, unmap, release), one driver call
+//! each, and plain `cuMemAlloc` chunks otherwise; putting the steps together, and counting
+//! them, is the pools' shared code above. All work runs on the legacy default stream of
+//! the context, so copies are ordered with each other and with host transfers; how batches
+//! of copies are done is [`super::copy_queue`]'s.
 
 use cust::sys::{
     CUdevice, CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags,
@@ -19,26 +17,20 @@ use super::{
     CudaContext,
     context::device_handle,
     copy_queue::{CopyCalls, CopyQueue},
-    driver::{self, check},
+    driver::{self, check, size_t},
 };
 use crate::address_space::{self, AddressSpace, invalid_value};
-use crate::{DeviceMemory, Error, MemInfo, PeerSet, PhysicalHandle, Result, VmmCalls};
+use crate::{DeviceMemory, Error, MemInfo, PeerSet, PhysicalHandle, Result};
 use kernels::moves::BlockMove;
 use std::collections::HashMap;
-
-/// The page a pool rounds chunks to when the device has no VMM, bytes.
-const CHUNK_GRANULARITY: u64 = 2 << 20;
 
 /// What backs a range of device addresses this device handed out.
 #[derive(Debug)]
 struct Backing {
     /// Bytes.
     size: u64,
-    /// The physical allocation behind a VMM mapping; `None` for a `cuMemAlloc` chunk.
+    /// The handle mapped there by `map_physical`; `None` for a `cuMemAlloc` chunk.
     handle: Option<CUmemGenericAllocationHandle>,
-    /// Whether the handle is one of `create_physical`'s, mapped by `map_physical`:
-    /// unmapping such a mapping keeps the handle.
-    stitched: bool,
 }
 
 impl address_space::Backing for Backing {
@@ -49,8 +41,10 @@ impl address_space::Backing for Backing {
 
 /// Device memory of one CUDA device for a [`crate::Pool`].
 ///
-/// It tracks every reservation, mapping and chunk it made, refuses accesses outside
-/// them ([`Error::InvalidAddress`]) and gives everything back on drop.
+/// It tracks every reservation, handle, mapping and chunk it made, refuses ranges that
+/// break the driver's rules before calling it ([`crate::DriverCode::INVALID_VALUE`]) and
+/// accesses outside its memory ([`Error::InvalidAddress`]), and gives everything back on
+/// drop.
 ///
 /// Device memory it uses besides what the pool asks for: a 16 MiB scratch buffer,
 /// allocated the first time a copy slides a block over itself by a short distance, kept
@@ -64,10 +58,10 @@ pub struct CudaDevice {
     vmm: bool,
     space: AddressSpace<Backing>,
     copies: CopyQueue,
-    vmm_calls: VmmCalls,
     /// Peers `cuDeviceCanAccessPeer` has said reach this device's memory.
     reachable_peers: PeerSet,
-    /// Handles made by `create_physical`, with their bytes and whether they are mapped.
+    /// Handles made by `create_physical` and not released, with their bytes and whether
+    /// they are mapped (then `space` holds the mapping).
     physical: HashMap<CUmemGenericAllocationHandle, (u64, bool)>,
     /// Whether handles are made exportable ([`CudaDevice::shareable`]).
     shareable: bool,
@@ -90,11 +84,6 @@ fn allocation_prop(device: CUdevice, shareable: bool) -> CUmemAllocationProp {
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: Default::default(),
     }
-}
-
-fn to_usize(op: &'static str, bytes: u64) -> Result<usize> {
-    usize::try_from(bytes)
-        .map_err(|_| invalid_value(op, format!("{bytes} bytes do not fit in size_t")))
 }
 
 impl CudaDevice {
@@ -128,7 +117,8 @@ impl CudaDevice {
             })?;
             bytes as u64
         } else {
-            CHUNK_GRANULARITY
+            // The page a pool rounds chunks to without VMM.
+            memcore::PAGE_BYTES
         };
         let name = format!(
             "{} (CUDA device {})",
@@ -142,7 +132,6 @@ impl CudaDevice {
             vmm,
             space: AddressSpace::default(),
             copies: CopyQueue::new(context),
-            vmm_calls: VmmCalls::default(),
             reachable_peers: PeerSet::NONE,
             physical: HashMap::new(),
             shareable,
@@ -152,11 +141,6 @@ impl CudaDevice {
     /// The context this device works in.
     pub fn context(&self) -> &CudaContext {
         &self.context
-    }
-
-    /// The VMM driver calls made so far, with their host time.
-    pub fn vmm_calls(&self) -> VmmCalls {
-        self.vmm_calls
     }
 
     /// The copies made so far: batches, kernel launches, `cuMemcpyDtoDAsync` calls.
@@ -175,7 +159,7 @@ impl CudaDevice {
 
     /// Why batches of copies do not use the `move_blocks` kernel, if loading or
     /// launching it failed.
-    pub fn move_kernel_error(&self) -> Option<&str> {
+    pub fn move_kernel_error(&self) -> Option<&Error> {
         self.copies.kernel_error()
     }
 
@@ -183,46 +167,6 @@ impl CudaDevice {
     /// device made, so the driver is only ever handed memory we own.
     fn check_backed(&self, addr: u64, len: u64) -> Result<()> {
         self.space.check_backed(addr, len)
-    }
-
-    /// `Ok` if `[addr, +size)` is a run of whole `map_physical` mappings.
-    fn check_stitched_run(&self, op: &'static str, addr: u64, size: u64) -> Result<()> {
-        let end = addr.saturating_add(size);
-        let mut cursor = addr;
-        while cursor < end {
-            match self.space.backings().get(&cursor) {
-                Some(b) if b.stitched && cursor + b.size <= end => cursor += b.size,
-                _ => break,
-            }
-        }
-        if size == 0 || cursor != end {
-            return Err(invalid_value(
-                op,
-                format!("[{addr:#x}, +{size}) is not a run of whole handle mappings"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Unmaps and releases one mapping we made, after the device has finished with it.
-    fn drop_mapping(
-        calls: &mut VmmCalls,
-        address: u64,
-        size: u64,
-        handle: CUmemGenericAllocationHandle,
-    ) -> Result<()> {
-        let bytes = to_usize("cuMemUnmap", size)?;
-        let code = calls.unmap.record(size, || {
-            // SAFETY: `[address, +size)` is exactly one mapping made by `map`, and the
-            // caller synchronized so no queued work still touches it.
-            unsafe { driver::cuMemUnmap(address, bytes) }
-        });
-        check("cuMemUnmap", code)?;
-        let code = calls.release.record(size, || {
-            // SAFETY: `handle` came from cuMemCreate and is now mapped nowhere.
-            unsafe { driver::cuMemRelease(handle) }
-        });
-        check("cuMemRelease", code)
     }
 }
 
@@ -258,164 +202,173 @@ impl DeviceMemory for CudaDevice {
                 ),
             ));
         }
+        let bytes = size_t("cuMemAddressReserve", size)?;
         self.context.bind()?;
         let mut base: CUdeviceptr = 0;
-        let bytes = to_usize("reserve", size)?;
-        let code = self.vmm_calls.reserve.record(size, || {
-            // SAFETY: `base` is a valid out-pointer; alignment 0 and fixed address 0 let
-            // the driver choose a granularity-aligned range; flags must be 0.
-            unsafe { driver::cuMemAddressReserve(&mut base, bytes, 0, 0, 0) }
-        });
-        check("cuMemAddressReserve", code)?;
+        // SAFETY: `base` is a valid out-pointer; alignment 0 and fixed address 0 let the
+        // driver choose a granularity-aligned range; flags must be 0.
+        check("cuMemAddressReserve", unsafe {
+            driver::cuMemAddressReserve(&mut base, bytes, 0, 0, 0)
+        })?;
         self.space.reservations.insert(base, size);
         Ok(base)
     }
 
     fn release(&mut self, base: u64, size: u64) -> Result<()> {
         self.space.check_release(base, size)?;
+        let bytes = size_t("cuMemAddressFree", size)?;
         self.context.bind()?;
         // SAFETY: `[base, +size)` is exactly a reservation we made and nothing in it is
         // mapped any more.
         check("cuMemAddressFree", unsafe {
-            driver::cuMemAddressFree(base, to_usize("release", size)?)
+            driver::cuMemAddressFree(base, bytes)
         })?;
         self.space.reservations.remove(&base);
         Ok(())
     }
 
-    fn map(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.space.check_map(addr, size, self.granularity)?;
-        let bytes = to_usize("map", size)?;
+    fn create_physical(&mut self, size: u64) -> Result<PhysicalHandle> {
+        if !self.vmm {
+            return Err(Error::Unsupported(
+                "this CUDA device has no virtual memory management",
+            ));
+        }
+        if size == 0 || size % self.granularity != 0 {
+            return Err(invalid_value(
+                "create_physical",
+                format!(
+                    "size {size} is not a positive multiple of {}",
+                    self.granularity
+                ),
+            ));
+        }
+        let bytes = size_t("cuMemCreate", size)?;
         self.context.bind()?;
-        let device = self.context.raw_device();
-        let prop = allocation_prop(device, self.shareable);
+        let prop = allocation_prop(self.context.raw_device(), self.shareable);
         let mut handle: CUmemGenericAllocationHandle = 0;
-        let code = self.vmm_calls.create.record(size, || {
-            // SAFETY: `handle` is a valid out-pointer, `prop` a fully initialised
-            // description outliving the call, `bytes` a multiple of the granularity;
-            // flags must be 0.
-            unsafe { driver::cuMemCreate(&mut handle, bytes, &prop, 0) }
-        });
-        check("cuMemCreate", code)?;
-        let code = self.vmm_calls.map.record(size, || {
-            // SAFETY: `[addr, +bytes)` lies in a reservation of ours and nothing is
-            // mapped there (checked above); `handle` is exactly `bytes` long; offset and
-            // flags 0.
-            unsafe { driver::cuMemMap(addr, bytes, 0, handle, 0) }
-        });
-        let mapped = check("cuMemMap", code);
-        if let Err(error) = mapped {
-            // SAFETY: `handle` is ours and mapped nowhere. The map error is the one to report.
-            let _ = unsafe { driver::cuMemRelease(handle) };
-            return Err(error);
+        // SAFETY: `handle` is a valid out-pointer, `prop` a fully initialised description
+        // outliving the call, `bytes` a multiple of the granularity; flags must be 0.
+        check("cuMemCreate", unsafe {
+            driver::cuMemCreate(&mut handle, bytes, &prop, 0)
+        })?;
+        self.physical.insert(handle, (size, false));
+        Ok(PhysicalHandle(handle))
+    }
+
+    fn map_physical(&mut self, handle: PhysicalHandle, addr: u64) -> Result<()> {
+        let Some(&(size, mapped)) = self.physical.get(&handle.0) else {
+            return Err(invalid_value("map_physical", "not a handle of this device"));
+        };
+        if mapped {
+            return Err(invalid_value(
+                "map_physical",
+                "the handle is mapped already",
+            ));
         }
-        let access = read_write_access(device);
-        let code = self.vmm_calls.set_access.record(size, || {
-            // SAFETY: `[addr, +bytes)` is fully mapped (just now); one descriptor, which
-            // outlives the call.
-            unsafe { driver::cuMemSetAccess(addr, bytes, &access, 1) }
-        });
-        let accessible = check("cuMemSetAccess", code);
-        if let Err(error) = accessible {
-            // Nothing can have used the range yet, so no synchronization is needed; the
-            // access error is the one to report.
-            let _ = Self::drop_mapping(&mut self.vmm_calls, addr, size, handle);
-            return Err(error);
-        }
+        self.space
+            .check_map("map_physical", addr, size, self.granularity)?;
+        let bytes = size_t("cuMemMap", size)?;
+        self.context.bind()?;
+        // SAFETY: `[addr, +bytes)` lies in a reservation of ours with nothing mapped there
+        // (checked above); the handle is ours, mapped nowhere and exactly `bytes` long;
+        // offset and flags 0.
+        check("cuMemMap", unsafe {
+            driver::cuMemMap(addr, bytes, 0, handle.0, 0)
+        })?;
+        self.physical.insert(handle.0, (size, true));
         self.space.add_backing(
             addr,
             Backing {
                 size,
-                handle: Some(handle),
-                stitched: false,
+                handle: Some(handle.0),
             },
         );
         Ok(())
     }
 
-    /// One `cuMemSetAccess` with a descriptor per peer, counted in
-    /// [`VmmCalls::set_access`] with the device's own grants.
-    fn set_access(&mut self, addr: u64, size: u64, peers: PeerSet) -> Result<()> {
+    /// One `cuMemSetAccess` with a descriptor per device; a peer is asked
+    /// `cuDeviceCanAccessPeer` first (once per peer, the answer kept).
+    fn grant_access(&mut self, addr: u64, size: u64, devices: PeerSet) -> Result<()> {
         if self
             .space
             .whole_run(addr, size, |b| b.handle.is_some())
             .is_none()
         {
             return Err(invalid_value(
-                "set_access",
-                format!("[{addr:#x}, +{size}) is not a run of whole mappings"),
+                "grant_access",
+                format!("[{addr:#x}, +{size}) is not a run of whole handle mappings"),
+            ));
+        }
+        if devices.is_empty() {
+            return Err(invalid_value(
+                "grant_access",
+                "no device to grant access to",
             ));
         }
         let own = self.context.ordinal();
-        let mut access = Vec::new();
-        for peer in peers.without(own).iter() {
-            if !self.reachable_peers.contains(peer) {
-                let reachable =
-                    CudaContext::can_access_peer(peer, own).map_err(|_| Error::PeerAccess {
-                        device: own,
-                        peer,
-                        why: "the driver knows no such device",
-                    })?;
-                if !reachable {
-                    return Err(Error::PeerAccess {
-                        device: own,
-                        peer,
-                        why: "cuDeviceCanAccessPeer says no",
-                    });
-                }
-                self.reachable_peers = self.reachable_peers.union(PeerSet::of(&[peer])?);
-            }
-            access.push(CUmemAccessDesc {
-                location: CUmemLocation {
-                    type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                    id: device_handle(peer)?,
-                },
-                flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            });
+        let mut access = Vec::with_capacity(devices.len() as usize);
+        for device in devices.iter() {
+            let id = if device == own {
+                self.context.raw_device()
+            } else {
+                self.check_peer(device)?;
+                device_handle(device)?
+            };
+            access.push(read_write_access(id));
         }
-        if access.is_empty() {
-            return Ok(());
-        }
-        let bytes = to_usize("set_access", size)?;
+        let bytes = size_t("cuMemSetAccess", size)?;
         self.context.bind()?;
-        let code = self.vmm_calls.set_access.record(size, || {
-            // SAFETY: `[addr, +bytes)` is a run of whole mappings of ours (checked
-            // above); `access` holds `access.len()` initialised descriptors and outlives
-            // the call.
-            unsafe { driver::cuMemSetAccess(addr, bytes, access.as_ptr(), access.len()) }
-        });
-        check("cuMemSetAccess", code)
+        // SAFETY: `[addr, +bytes)` is a run of whole mappings of ours (checked above);
+        // `access` holds `access.len()` initialised descriptors and outlives the call.
+        check("cuMemSetAccess", unsafe {
+            driver::cuMemSetAccess(addr, bytes, access.as_ptr(), access.len())
+        })
     }
 
-    fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {
-        let end = addr.saturating_add(size);
-        let mut cursor = addr;
-        let mut run = Vec::new();
-        while cursor < end {
-            match self.space.backings().get(&cursor) {
-                Some(Backing {
-                    size: piece,
-                    handle: Some(handle),
-                    stitched: false,
-                }) if cursor + piece <= end => {
-                    run.push((cursor, *piece, *handle));
-                    cursor += piece;
-                }
-                _ => break,
+    fn unmap_physical(&mut self, addr: u64, size: u64) -> Result<()> {
+        let handle = match self.space.backings().get(&addr) {
+            Some(Backing {
+                size: mapped,
+                handle: Some(handle),
+            }) if *mapped == size => *handle,
+            _ => {
+                return Err(invalid_value(
+                    "unmap_physical",
+                    format!("[{addr:#x}, +{size}) is not one handle's mapping"),
+                ));
             }
-        }
-        if size == 0 || cursor != end {
-            return Err(invalid_value(
-                "unmap",
-                format!("[{addr:#x}, +{size}) is not a run of whole mappings"),
-            ));
-        }
+        };
+        let bytes = size_t("cuMemUnmap", size)?;
         // Copies into or out of the range may still be queued.
         self.synchronize()?;
-        for (start, piece, handle) in run {
-            Self::drop_mapping(&mut self.vmm_calls, start, piece, handle)?;
-            self.space.remove_backing(start);
+        // SAFETY: `[addr, +bytes)` is exactly one mapping made by `map_physical`, and no
+        // queued work touches it any more.
+        check("cuMemUnmap", unsafe { driver::cuMemUnmap(addr, bytes) })?;
+        self.space.remove_backing(addr);
+        self.physical.insert(handle, (size, false));
+        Ok(())
+    }
+
+    fn release_physical(&mut self, handle: PhysicalHandle) -> Result<()> {
+        match self.physical.get(&handle.0) {
+            Some(&(_, false)) => {}
+            Some(_) => {
+                return Err(invalid_value(
+                    "release_physical",
+                    "the handle is still mapped",
+                ));
+            }
+            None => {
+                return Err(invalid_value(
+                    "release_physical",
+                    "not a handle of this device",
+                ));
+            }
         }
+        self.context.bind()?;
+        // SAFETY: the handle came from cuMemCreate and is mapped nowhere.
+        check("cuMemRelease", unsafe { driver::cuMemRelease(handle.0) })?;
+        self.physical.remove(&handle.0);
         Ok(())
     }
 
@@ -423,21 +376,15 @@ impl DeviceMemory for CudaDevice {
         if size == 0 {
             return Err(invalid_value("alloc_chunk", "zero bytes"));
         }
-        let bytes = to_usize("alloc_chunk", size)?;
+        let bytes = size_t("cuMemAlloc", size)?;
         self.context.bind()?;
         let mut address: CUdeviceptr = 0;
         // SAFETY: `address` is a valid out-pointer; the context is current.
         check("cuMemAlloc", unsafe {
             driver::cuMemAlloc_v2(&mut address, bytes)
         })?;
-        self.space.add_backing(
-            address,
-            Backing {
-                size,
-                handle: None,
-                stitched: false,
-            },
-        );
+        self.space
+            .add_backing(address, Backing { size, handle: None });
         Ok(address)
     }
 
@@ -446,7 +393,6 @@ impl DeviceMemory for CudaDevice {
             Some(Backing {
                 size: chunk,
                 handle: None,
-                ..
             }) if *chunk == size => {}
             _ => {
                 return Err(invalid_value(
@@ -513,134 +459,29 @@ impl DeviceMemory for CudaDevice {
     fn synchronize(&mut self) -> Result<()> {
         self.context.synchronize()
     }
+}
 
-    fn create_physical(&mut self, size: u64) -> Result<PhysicalHandle> {
-        if !self.vmm {
-            return Err(Error::Unsupported(
-                "this CUDA device has no virtual memory management",
-            ));
+impl CudaDevice {
+    /// `Ok` if `peer` can reach this device's memory, by `cuDeviceCanAccessPeer` (asked
+    /// once per peer); else [`Error::PeerAccess`].
+    fn check_peer(&mut self, peer: u32) -> Result<()> {
+        if self.reachable_peers.contains(peer) {
+            return Ok(());
         }
-        if size == 0 || size % self.granularity != 0 {
-            return Err(invalid_value(
-                "create_physical",
-                format!(
-                    "size {size} is not a positive multiple of {}",
-                    self.granularity
-                ),
-            ));
+        let own = self.context.ordinal();
+        let reachable = CudaContext::can_access_peer(peer, own).map_err(|_| Error::PeerAccess {
+            device: own,
+            peer,
+            why: "the driver knows no such device",
+        })?;
+        if !reachable {
+            return Err(Error::PeerAccess {
+                device: own,
+                peer,
+                why: "cuDeviceCanAccessPeer says no",
+            });
         }
-        let bytes = to_usize("create_physical", size)?;
-        self.context.bind()?;
-        let prop = allocation_prop(self.context.raw_device(), self.shareable);
-        let mut handle: CUmemGenericAllocationHandle = 0;
-        let code = self.vmm_calls.create.record(size, || {
-            // SAFETY: `handle` is a valid out-pointer, `prop` a fully initialised
-            // description outliving the call, `bytes` a multiple of the granularity;
-            // flags must be 0.
-            unsafe { driver::cuMemCreate(&mut handle, bytes, &prop, 0) }
-        });
-        check("cuMemCreate", code)?;
-        self.physical.insert(handle, (size, false));
-        Ok(PhysicalHandle(handle))
-    }
-
-    fn map_physical(&mut self, handle: PhysicalHandle, addr: u64) -> Result<()> {
-        let Some(&(size, mapped)) = self.physical.get(&handle.0) else {
-            return Err(invalid_value("map_physical", "not a handle of this device"));
-        };
-        if mapped {
-            return Err(invalid_value(
-                "map_physical",
-                "the handle is mapped already",
-            ));
-        }
-        self.space.check_map(addr, size, self.granularity)?;
-        let bytes = to_usize("map_physical", size)?;
-        self.context.bind()?;
-        let code = self.vmm_calls.map.record(size, || {
-            // SAFETY: `[addr, +bytes)` lies in a reservation of ours with nothing mapped
-            // there (checked above); the handle is ours, mapped nowhere and exactly
-            // `bytes` long; offset and flags 0.
-            unsafe { driver::cuMemMap(addr, bytes, 0, handle.0, 0) }
-        });
-        check("cuMemMap", code)?;
-        self.physical.insert(handle.0, (size, true));
-        self.space.add_backing(
-            addr,
-            Backing {
-                size,
-                handle: Some(handle.0),
-                stitched: true,
-            },
-        );
-        Ok(())
-    }
-
-    fn grant_access(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.check_stitched_run("grant_access", addr, size)?;
-        let bytes = to_usize("grant_access", size)?;
-        self.context.bind()?;
-        let access = read_write_access(self.context.raw_device());
-        let code = self.vmm_calls.set_access.record(size, || {
-            // SAFETY: `[addr, +bytes)` is a run of whole mappings of ours (checked
-            // above); one descriptor, which outlives the call.
-            unsafe { driver::cuMemSetAccess(addr, bytes, &access, 1) }
-        });
-        check("cuMemSetAccess", code)
-    }
-
-    fn unmap_physical(&mut self, addr: u64, size: u64) -> Result<()> {
-        let handle = match self.space.backings().get(&addr) {
-            Some(Backing {
-                size: mapped,
-                handle: Some(handle),
-                stitched: true,
-            }) if *mapped == size => *handle,
-            _ => {
-                return Err(invalid_value(
-                    "unmap_physical",
-                    format!("[{addr:#x}, +{size}) is not one handle's mapping"),
-                ));
-            }
-        };
-        // Copies into or out of the range may still be queued.
-        self.synchronize()?;
-        let bytes = to_usize("unmap_physical", size)?;
-        let code = self.vmm_calls.unmap.record(size, || {
-            // SAFETY: `[addr, +bytes)` is exactly one mapping made by `map_physical`,
-            // and no queued work touches it any more.
-            unsafe { driver::cuMemUnmap(addr, bytes) }
-        });
-        check("cuMemUnmap", code)?;
-        self.space.remove_backing(addr);
-        self.physical.insert(handle, (size, false));
-        Ok(())
-    }
-
-    fn release_physical(&mut self, handle: PhysicalHandle) -> Result<()> {
-        match self.physical.get(&handle.0) {
-            Some(&(_, false)) => {}
-            Some(_) => {
-                return Err(invalid_value(
-                    "release_physical",
-                    "the handle is still mapped",
-                ));
-            }
-            None => {
-                return Err(invalid_value(
-                    "release_physical",
-                    "not a handle of this device",
-                ));
-            }
-        }
-        self.context.bind()?;
-        let size = self.physical[&handle.0].0;
-        let code = self.vmm_calls.release.record(size, || {
-            // SAFETY: the handle came from cuMemCreate and is mapped nowhere.
-            unsafe { driver::cuMemRelease(handle.0) }
-        });
-        check("cuMemRelease", code)?;
-        self.physical.remove(&handle.0);
+        self.reachable_peers = self.reachable_peers.union(PeerSet::of(&[peer])?);
         Ok(())
     }
 }
@@ -665,13 +506,10 @@ impl Drop for CudaDevice {
         }
         for (address, backing) in self.space.take_backings() {
             match backing.handle {
-                Some(_) if backing.stitched => {
+                Some(_) => {
                     // SAFETY: one mapping made by `map_physical`; the device is idle. Its
                     // handle is released below.
                     let _ = unsafe { driver::cuMemUnmap(address, backing.size as usize) };
-                }
-                Some(handle) => {
-                    let _ = Self::drop_mapping(&mut self.vmm_calls, address, backing.size, handle);
                 }
                 None => {
                     // SAFETY: a chunk cuMemAlloc gave us; the device is idle.

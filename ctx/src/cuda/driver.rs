@@ -6,14 +6,14 @@
 //! headers. A newer driver (580 is CUDA 13) returns codes that enum lacks
 //! (`CUDA_ERROR_DEVICE_UNAVAILABLE` = 46, `CUDA_ERROR_INVALID_CLUSTER_SIZE` = 912, ...),
 //! and a Rust enum holding an undeclared value is undefined behaviour. Declared with a
-//! plain `i32` result, any code is sound, and the driver itself names it
-//! ([`cuGetErrorName`]). Argument types (structs and enums we pass in, never read back)
+//! plain `i32` result, any code is sound; it becomes a [`DriverCode`], which code decides
+//! on and which names the codes of the driver API reference. Argument types (structs and enums we pass in, never read back)
 //! still come from `cust::sys`, and `cust_raw`'s build script still finds `libcuda`.
 //!
 //! Every symbol here is also declared by `cust_raw`, so the stub `libcuda` that
 //! `cargo xtask` builds from those declarations links these too.
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 
 use cust::sys::{
     CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction,
@@ -22,7 +22,7 @@ use cust::sys::{
     CUmemPool_attribute, CUmemoryPool, CUmodule, CUstream,
 };
 
-use crate::{Error, Result};
+use crate::{DriverCode, Error, Result};
 
 /// A `CUresult` as the driver returns it: any `i32`, 0 meaning success.
 pub(crate) type RawResult = i32;
@@ -38,7 +38,6 @@ pub(crate) const NOT_READY: RawResult = 600;
 unsafe extern "C" {
     pub(crate) fn cuInit(flags: c_uint) -> RawResult;
     pub(crate) fn cuDriverGetVersion(version: *mut c_int) -> RawResult;
-    pub(crate) fn cuGetErrorName(error: RawResult, name: *mut *const c_char) -> RawResult;
 
     pub(crate) fn cuDeviceGetCount(count: *mut c_int) -> RawResult;
     pub(crate) fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> RawResult;
@@ -67,7 +66,6 @@ unsafe extern "C" {
     pub(crate) fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> RawResult;
     pub(crate) fn cuMemAlloc_v2(address: *mut CUdeviceptr, bytes: usize) -> RawResult;
     pub(crate) fn cuMemFree_v2(address: CUdeviceptr) -> RawResult;
-    pub(crate) fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> RawResult;
     pub(crate) fn cuMemcpyDtoDAsync_v2(
         dst: CUdeviceptr,
         src: CUdeviceptr,
@@ -208,30 +206,29 @@ unsafe extern "C" {
     pub(crate) fn cuEventDestroy_v2(event: CUevent) -> RawResult;
 }
 
-/// `Ok(())` for `CUDA_SUCCESS`, else [`Error::Device`] naming `op` and the code.
+/// `Ok(())` for `CUDA_SUCCESS`, else [`Error::Driver`] naming `op` and carrying the code.
 pub(crate) fn check(op: &'static str, code: RawResult) -> Result<()> {
     if code == SUCCESS {
         Ok(())
     } else {
-        Err(Error::Device {
-            op,
-            detail: result_name(code),
-        })
+        Err(Error::driver(op, driver_code(code), ""))
     }
 }
 
-/// The driver's name for a `CUresult` (`"CUDA_ERROR_OUT_OF_MEMORY"`), or the number when
-/// the driver has no name for it (the stub library names nothing).
-pub(crate) fn result_name(code: RawResult) -> String {
-    let mut name: *const c_char = std::ptr::null();
-    // SAFETY: `name` is a valid out-pointer; the driver accepts any code and writes a
-    // pointer to a static NUL-terminated string only when it returns success.
-    let found = unsafe { cuGetErrorName(code, &mut name) };
-    if found == SUCCESS && !name.is_null() {
-        // SAFETY: on success `name` points to a static NUL-terminated string.
-        let name = unsafe { CStr::from_ptr(name) };
-        name.to_string_lossy().into_owned()
-    } else {
-        format!("CUresult {code} (the driver gave no name)")
-    }
+/// A `CUresult` other than success as a [`DriverCode`] (the driver returns no
+/// negative codes; one would keep its bits).
+pub(crate) fn driver_code(code: RawResult) -> DriverCode {
+    DriverCode(code as u32)
+}
+
+/// `bytes` as a `size_t` argument of `op`, or the invalid value the driver would call
+/// a size it cannot hold.
+pub(crate) fn size_t(op: &'static str, bytes: u64) -> Result<usize> {
+    usize::try_from(bytes).map_err(|_| {
+        Error::driver(
+            op,
+            DriverCode::INVALID_VALUE,
+            format!("{bytes} bytes do not fit in size_t"),
+        )
+    })
 }

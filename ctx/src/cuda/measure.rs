@@ -5,20 +5,14 @@
 //! measurement is a difference of free bytes around one step, taken after the device
 //! is idle. Other processes on the same GPU show up in these differences too.
 
-use std::time::Duration;
-
 use super::{
     CudaContext, Function, LaunchConfig, Limit, Module,
     driver::{self, check},
-    stream::EventTimer,
 };
 use crate::{Ledger, LedgerItemKind, Limits, MemInfo, Result};
 
-/// `CUDA_ERROR_OUT_OF_MEMORY`, the one failure a fragmentation probe expects.
-const OUT_OF_MEMORY: driver::RawResult = 2;
-
 /// The step of the fragmentation probe's search, bytes: the VMM page of current GPUs.
-const PROBE_GRANULE: u64 = 2 << 20;
+const PROBE_GRANULE: u64 = memcore::PAGE_BYTES;
 
 /// Free device memory before and after one step, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,55 +54,6 @@ impl LargestAllocation {
     /// the probe's 2 MiB rounding.
     pub fn unusable_bytes(&self) -> u64 {
         self.free_bytes.saturating_sub(self.largest_bytes)
-    }
-}
-
-/// A timed device-to-device copy.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct CopyBandwidth {
-    /// Bytes per copy.
-    pub bytes: u64,
-    /// Copies timed.
-    pub repeats: u32,
-    /// Device time of one copy (CUDA events around all of them, divided).
-    pub seconds_per_copy: f64,
-}
-
-impl CopyBandwidth {
-    /// Bytes copied per second.
-    pub fn copy_bytes_per_second(&self) -> f64 {
-        self.bytes as f64 / self.seconds_per_copy
-    }
-
-    /// Memory traffic per second, bytes: each byte copied is read once and written once,
-    /// which is how bandwidth figures are usually quoted.
-    pub fn traffic_bytes_per_second(&self) -> f64 {
-        2.0 * self.copy_bytes_per_second()
-    }
-}
-
-/// A `cuMemAlloc` buffer freed on drop, for the measurements' own scratch memory.
-struct DriverBuffer<'a> {
-    context: &'a CudaContext,
-    address: u64,
-}
-
-impl<'a> DriverBuffer<'a> {
-    fn new(context: &'a CudaContext, bytes: u64) -> Result<Self> {
-        Ok(DriverBuffer {
-            context,
-            address: context.mem_alloc(bytes)?,
-        })
-    }
-}
-
-impl Drop for DriverBuffer<'_> {
-    fn drop(&mut self) {
-        // A failure cannot be reported from drop; the context reclaims the buffer when
-        // it goes.
-        let _ = self.context.synchronize();
-        let _ = self.context.mem_free(self.address);
     }
 }
 
@@ -205,41 +150,13 @@ impl CudaContext {
         let mut address = 0;
         // SAFETY: `address` is a valid out-pointer; the context is current.
         let code = unsafe { driver::cuMemAlloc_v2(&mut address, size) };
-        if code == OUT_OF_MEMORY {
+        if driver::driver_code(code).is_out_of_memory() {
             return Ok(false);
         }
         check("cuMemAlloc", code)?;
         // SAFETY: `address` was just allocated and nothing uses it.
         check("cuMemFree", unsafe { driver::cuMemFree_v2(address) })?;
         Ok(true)
-    }
-
-    /// Times `repeats` device-to-device copies of `bytes` between two fresh buffers on
-    /// the default stream, after one untimed copy.
-    pub fn copy_bandwidth(&self, bytes: u64, repeats: u32) -> Result<CopyBandwidth> {
-        let repeats = repeats.max(1);
-        let size = usize::try_from(bytes).unwrap_or(usize::MAX);
-        let src = DriverBuffer::new(self, bytes)?;
-        let dst = DriverBuffer::new(self, bytes)?;
-        let copy = || {
-            // SAFETY: both buffers are `bytes` long, distinct allocations of ours, and
-            // stay allocated until after the final synchronization.
-            check("cuMemcpyDtoD", unsafe {
-                driver::cuMemcpyDtoD_v2(dst.address, src.address, size)
-            })
-        };
-        copy()?;
-        let timer = EventTimer::new(self)?;
-        timer.start(std::ptr::null_mut())?;
-        for _ in 0..repeats {
-            copy()?;
-        }
-        let elapsed: Duration = timer.stop(std::ptr::null_mut())?;
-        Ok(CopyBandwidth {
-            bytes,
-            repeats,
-            seconds_per_copy: elapsed.as_secs_f64() / f64::from(repeats),
-        })
     }
 
     /// Fills the measured column of `ledger` with what can be read without changing the

@@ -6,10 +6,11 @@
 //!   ([`CudaContext::load_ptx`], [`Function::launch`]).
 //! - [`CudaDevice`]: [`crate::DeviceMemory`] on the GPU, so a [`crate::Pool`] runs on it
 //!   (VMM growth when the device has it, `cuMemAlloc` chunks otherwise; a compaction's
-//!   copies queued as one batch, independent moves copied by one kernel launch), with
-//!   its driver calls counted and timed ([`crate::VmmCalls`], [`CopyCalls`]).
+//!   copies queued as one batch, independent moves copied by one kernel launch), its
+//!   copies counted and timed ([`CopyCalls`]; the pools count the VMM calls,
+//!   [`crate::DriverCalls`]).
 //! - Measurements ([`CudaContext::measure`] and friends): what a step costs in device
-//!   memory, the largest block one allocation can get, copy bandwidth.
+//!   memory, the largest block one allocation can get.
 //! - Events on streams other code made ([`Event`], [`ForeignStream`]): how an allocator
 //!   behind PyTorch tells when work queued before a free has completed.
 //! - Baselines ([`CudaContext::mem_alloc`], [`CudaContext::mem_alloc_async`]): the
@@ -47,6 +48,6 @@ pub use context::{CudaContext, Limit};
 pub use copy_queue::CopyCalls;
 pub use device::CudaDevice;
 pub use event::{Event, ForeignStream};
-pub use measure::{CopyBandwidth, LargestAllocation, MemoryDelta};
+pub use measure::{LargestAllocation, MemoryDelta};
 pub use module::{Function, FunctionAttributes, LaunchConfig, Module};
 pub use stream::Stream;

@@ -17,7 +17,7 @@ use super::{
     stream::EventTimer,
 };
 use crate::error::driver_log;
-use crate::{Error, Result};
+use crate::{DriverCode, Error, Result};
 
 /// Bytes of JIT error log kept when a module fails to load.
 const JIT_LOG_BYTES: usize = 8192;
@@ -102,12 +102,15 @@ impl CudaContext {
     /// cannot name for sm_90).
     ///
     /// `name` identifies the module in errors. A failure is
-    /// [`Error::Device`] with `op: "cuModuleLoadData"` and a detail naming the module,
-    /// the driver's error name and the JIT log.
+    /// [`Error::Driver`] with `op: "cuModuleLoadData"`, the driver's code and a detail
+    /// naming the module and holding the JIT log.
     pub fn load_ptx(&self, name: &str, ptx: &str) -> Result<Module> {
-        let image = CString::new(ptx).map_err(|_| Error::Device {
-            op: "cuModuleLoadData",
-            detail: format!("module `{name}`: the PTX text contains a NUL byte"),
+        let image = CString::new(ptx).map_err(|_| {
+            Error::driver(
+                "cuModuleLoadData",
+                DriverCode::INVALID_VALUE,
+                format!("module `{name}`: the PTX text contains a NUL byte"),
+            )
         })?;
         self.bind()?;
         let mut log = ErrorLog::new();
@@ -124,14 +127,14 @@ impl CudaContext {
                 log.values.as_mut_ptr(),
             )
         };
-        if let Err(Error::Device { op, detail }) = check("cuModuleLoadData", code) {
+        if let Err(error) = check("cuModuleLoadData", code) {
             let log = log.text();
             let detail = if log.is_empty() {
-                format!("module `{name}`: {detail}")
+                format!("module `{name}`")
             } else {
-                format!("module `{name}`: {detail}; JIT log: {log}")
+                format!("module `{name}`; JIT log: {log}")
             };
-            return Err(Error::Device { op, detail });
+            return Err(error.with_detail(detail));
         }
         Ok(Module {
             inner: Arc::new(Loaded {
@@ -164,20 +167,23 @@ impl CudaContext {
     /// carrying the linker's error log (an undefined function is named
     /// there).
     pub fn link_ptx(&self, name: &str, parts: &[(&str, &str)]) -> Result<Module> {
-        let fail = |step: &'static str, detail: String, log: &[u8]| Error::Link {
+        let fail = |step: &'static str, code: DriverCode, detail: String, log: &[u8]| Error::Link {
             module: name.to_owned(),
             step,
+            code,
             detail,
             log: driver_log(log),
         };
+        let invalid = DriverCode::INVALID_VALUE;
         if parts.is_empty() {
-            return Err(fail("cuLinkAddData", "no PTX to link".into(), &[]));
+            return Err(fail("cuLinkAddData", invalid, "no PTX to link".into(), &[]));
         }
         let mut inputs = Vec::with_capacity(parts.len());
         for &(part, ptx) in parts {
             let nul = |what: &str| {
                 fail(
                     "cuLinkAddData",
+                    invalid,
                     format!("{part}: {what} contains a NUL byte"),
                     &[],
                 )
@@ -203,7 +209,8 @@ impl CudaContext {
             )
         };
         if code != driver::SUCCESS {
-            return Err(fail("cuLinkCreate", driver::result_name(code), &log.buffer));
+            let code = driver::driver_code(code);
+            return Err(fail("cuLinkCreate", code, String::new(), &log.buffer));
         }
         let state = LinkState(raw_state);
         for (part, ptx) in &inputs {
@@ -225,8 +232,8 @@ impl CudaContext {
                 )
             };
             if code != driver::SUCCESS {
-                let detail = format!("{}: {}", part.to_string_lossy(), driver::result_name(code));
-                return Err(fail("cuLinkAddData", detail, &log.buffer));
+                let (code, part) = (driver::driver_code(code), part.to_string_lossy());
+                return Err(fail("cuLinkAddData", code, part.into_owned(), &log.buffer));
             }
         }
         let mut image: *mut c_void = std::ptr::null_mut();
@@ -235,11 +242,8 @@ impl CudaContext {
         // the state, which outlives its use below.
         let code = unsafe { driver::cuLinkComplete(state.0, &mut image, &mut image_bytes) };
         if code != driver::SUCCESS {
-            return Err(fail(
-                "cuLinkComplete",
-                driver::result_name(code),
-                &log.buffer,
-            ));
+            let code = driver::driver_code(code);
+            return Err(fail("cuLinkComplete", code, String::new(), &log.buffer));
         }
         let mut raw: CUmodule = std::ptr::null_mut();
         // SAFETY: `image` is the cubin cuLinkComplete made, alive until `state` drops
@@ -255,11 +259,8 @@ impl CudaContext {
         };
         drop(state);
         if code != driver::SUCCESS {
-            return Err(fail(
-                "cuModuleLoadData",
-                driver::result_name(code),
-                &log.buffer,
-            ));
+            let code = driver::driver_code(code);
+            return Err(fail("cuModuleLoadData", code, String::new(), &log.buffer));
         }
         Ok(Module {
             inner: Arc::new(Loaded {
@@ -280,11 +281,15 @@ impl Module {
     /// Overwrites the module's `__device__` variable `name` with `value`, which
     /// must be exactly as long as the variable (bytes).
     ///
-    /// A missing variable or a size that differs is [`Error::Device`] naming both.
+    /// A missing variable ([`DriverCode::NOT_FOUND`]) or a size that differs
+    /// ([`DriverCode::INVALID_VALUE`]) is [`Error::Driver`] naming both.
     pub fn set_global(&self, name: &str, value: &[u8]) -> Result<()> {
-        let symbol = CString::new(name).map_err(|_| Error::Device {
-            op: "cuModuleGetGlobal",
-            detail: format!("variable name {name:?} contains a NUL byte"),
+        let symbol = CString::new(name).map_err(|_| {
+            Error::driver(
+                "cuModuleGetGlobal",
+                DriverCode::INVALID_VALUE,
+                format!("variable name {name:?} contains a NUL byte"),
+            )
         })?;
         self.inner.context.bind()?;
         let mut address: CUdeviceptr = 0;
@@ -294,25 +299,19 @@ impl Module {
         let code = unsafe {
             driver::cuModuleGetGlobal_v2(&mut address, &mut bytes, self.inner.raw, symbol.as_ptr())
         };
-        check("cuModuleGetGlobal", code).map_err(|error| match error {
-            Error::Device { op, detail } => Error::Device {
-                op,
-                detail: format!(
-                    "variable `{name}` in module `{}`: {detail}",
-                    self.inner.name
-                ),
-            },
-            other => other,
+        check("cuModuleGetGlobal", code).map_err(|error| {
+            error.with_detail(format!("variable `{name}` in module `{}`", self.inner.name))
         })?;
         if bytes != value.len() {
-            return Err(Error::Device {
-                op: "cuModuleGetGlobal",
-                detail: format!(
+            return Err(Error::driver(
+                "cuModuleGetGlobal",
+                DriverCode::INVALID_VALUE,
+                format!(
                     "variable `{name}` in module `{}` is {bytes} bytes, not {}",
                     self.inner.name,
                     value.len()
                 ),
-            });
+            ));
         }
         // SAFETY: `address` is the module's variable of exactly `value.len()` bytes, and
         // `value` a live host slice of that length.
@@ -323,20 +322,19 @@ impl Module {
 
     /// The kernel called `name` (its PTX `.entry` name).
     pub fn function(&self, name: &str) -> Result<Function> {
-        let entry = CString::new(name).map_err(|_| Error::Device {
-            op: "cuModuleGetFunction",
-            detail: format!("kernel name {name:?} contains a NUL byte"),
+        let entry = CString::new(name).map_err(|_| {
+            Error::driver(
+                "cuModuleGetFunction",
+                DriverCode::INVALID_VALUE,
+                format!("kernel name {name:?} contains a NUL byte"),
+            )
         })?;
         self.inner.context.bind()?;
         let mut raw: CUfunction = std::ptr::null_mut();
         // SAFETY: the module is loaded; `entry` is NUL-terminated; `raw` a valid out-pointer.
         let code = unsafe { driver::cuModuleGetFunction(&mut raw, self.inner.raw, entry.as_ptr()) };
-        check("cuModuleGetFunction", code).map_err(|error| match error {
-            Error::Device { op, detail } => Error::Device {
-                op,
-                detail: format!("kernel `{name}` in module `{}`: {detail}", self.inner.name),
-            },
-            other => other,
+        check("cuModuleGetFunction", code).map_err(|error| {
+            error.with_detail(format!("kernel `{name}` in module `{}`", self.inner.name))
         })?;
         Ok(Function {
             module: self.clone(),
@@ -482,24 +480,26 @@ impl Function {
         stream: Option<&Stream>,
     ) -> Result<()> {
         if params.len() > PARAM_BUFFER_BYTES {
-            return Err(Error::Device {
-                op: "cuLaunchKernel",
-                detail: format!(
+            return Err(Error::driver(
+                "cuLaunchKernel",
+                DriverCode::INVALID_VALUE,
+                format!(
                     "kernel `{}`: {} parameter bytes exceed the {PARAM_BUFFER_BYTES}-byte limit",
                     self.name,
                     params.len()
                 ),
-            });
+            ));
         }
         let context = &self.module.inner.context;
         if stream.is_some_and(|stream| !stream.context().is_same(context)) {
-            return Err(Error::Device {
-                op: "cuLaunchKernel",
-                detail: format!(
+            return Err(Error::driver(
+                "cuLaunchKernel",
+                DriverCode::INVALID_VALUE,
+                format!(
                     "kernel `{}`: the stream belongs to another context",
                     self.name
                 ),
-            });
+            ));
         }
         context.bind()?;
         let mut buffer = Box::new(ParamBuffer([0; PARAM_BUFFER_BYTES]));
@@ -535,12 +535,7 @@ impl Function {
                 extra.as_mut_ptr(),
             )
         };
-        check("cuLaunchKernel", code).map_err(|error| match error {
-            Error::Device { op, detail } => Error::Device {
-                op,
-                detail: format!("kernel `{}` ({config:?}): {detail}", self.name),
-            },
-            other => other,
-        })
+        check("cuLaunchKernel", code)
+            .map_err(|error| error.with_detail(format!("kernel `{}` ({config:?})", self.name)))
     }
 }

@@ -6,10 +6,9 @@ mod state;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use memcore::{Handle, Stats};
+use memcore::{CallTally, DriverCalls, Handle, Stats};
 
 use crate::Result;
-use crate::call_tally::CallTally;
 use crate::device::{DeviceMemory, StreamId};
 use crate::peers::PeerSet;
 use state::PoolState;
@@ -71,22 +70,24 @@ pub struct PoolConfig {
     /// fewer, larger mappings, over which `cuMemcpy` runs faster
     /// (BENCHMARKS.md); it may hold up to one step more than it needs.
     ///
-    /// One rule for both kinds of growth: a step larger than what is left
+    /// One rule for both kinds of growth, memcore's
+    /// [`GrowthRule`](memcore::GrowthRule): a step larger than what is left
     /// under `max_bytes` (and, for VMM, the reservation) shrinks to what is
     /// left, and a step the device refuses shrinks to what the request
     /// needs.
     pub min_growth_bytes: u64,
     /// For [`Growth::Vmm`]: each growth maps at least the pool's mapped
     /// bytes divided by this, capped at
-    /// [`memcore::FULL_BANDWIDTH_HANDLE_BYTES`] (0: off). A growth is one
-    /// handle, and copies over handles smaller than that run below the
-    /// bandwidth of `cuMemAlloc` memory (BENCHMARKS.md); with this rule a
-    /// pool of more than `divisor` x 32 MiB maps 32 MiB handles or larger,
-    /// while a smaller one overshoots by at most 1/`divisor` of itself.
+    /// [`memcore::FULL_BANDWIDTH_HANDLE_BYTES`] (0: off; the same
+    /// [`GrowthRule`](memcore::GrowthRule)). A growth is one handle, and
+    /// copies over handles smaller than that run below the bandwidth of
+    /// `cuMemAlloc` memory (BENCHMARKS.md); with this rule a pool of more
+    /// than `divisor` x 32 MiB maps 32 MiB handles or larger, while a
+    /// smaller one overshoots by at most 1/`divisor` of itself.
     pub growth_divisor: u32,
     /// Other devices of the host, by ordinal, that may read and write the
     /// pool's memory directly: every mapping the pool makes is granted to
-    /// each of them as it is made ([`DeviceMemory::set_access`]), counted
+    /// each of them as it is made ([`DeviceMemory::grant_access`]), counted
     /// in [`PoolStats::peer_access`]. The pool's own device is left out.
     /// Needs [`Growth::Vmm`]: a chunk pool with peers is refused
     /// ([`Error::PeersNeedVmm`](crate::Error::PeersNeedVmm)). Empty, the
@@ -150,8 +151,12 @@ pub struct PoolStats {
     pub grows: u64,
     /// Calls to [`Pool::shrink`] that gave memory back.
     pub shrinks: u64,
+    /// The VMM calls the pool made, counted and timed on the host: the
+    /// reservation, then one create, map and own-access grant per growth,
+    /// one unmap and release per mapping given back (zero for chunks).
+    pub calls: DriverCalls,
     /// Grants of mappings to the pool's peers ([`PoolConfig::peers`]): one
-    /// `set_access` call per mapping, covering every peer, so each peer was
+    /// `grant_access` call per mapping, covering every peer, so each peer was
     /// granted `calls` mappings of `bytes` bytes in all; `time` is the host
     /// time in those calls. All zero for a pool without peers.
     pub peer_access: CallTally,

@@ -3,15 +3,14 @@
 
 use std::time::{Duration, Instant};
 
-use memcore::{BlockFlags, CompactionPlan, Handle, Heap, Tlsf};
+use memcore::{BlockFlags, CompactionPlan, GrowthRule, Handle, Heap, Tlsf};
 
 use super::memory::PoolMemory;
 use super::{CompactionPolicy, CompactionReport, Growth, PoolConfig, PoolStats};
 use kernels::moves::BlockMove;
 
-use crate::call_tally::CallTally;
 use crate::device::{DeviceMemory, StreamId};
-use crate::peers::PeerSet;
+use crate::mapping::Mapper;
 use crate::{Error, Result};
 
 /// A pool's state; every field is guarded by the pool's one mutex.
@@ -23,6 +22,9 @@ pub(super) struct PoolState<D: DeviceMemory> {
     memory: PoolMemory,
     /// Device page, bytes; a power of two.
     granularity: u64,
+    /// How each growth is sized: the configuration's step rule over
+    /// `granularity`-byte pages (the divisor only for VMM).
+    growth: GrowthRule,
     /// Stream of each live block that was allocated with one, indexed by
     /// handle slot; `None` for the rest.
     streams: Vec<Option<StreamId>>,
@@ -31,10 +33,9 @@ pub(super) struct PoolState<D: DeviceMemory> {
     compactions: u64,
     grows: u64,
     shrinks: u64,
-    /// The devices every mapping is granted to: the configured peers
-    /// without the pool's own device.
-    peers: PeerSet,
-    peer_access: CallTally,
+    /// Makes every mapping, granted to the device and the configured
+    /// peers, and counts the calls.
+    mapper: Mapper,
     /// Host time spent making compaction plans.
     plan_time: Duration,
     /// Host time spent in the device's copies of compactions, from handing
@@ -53,11 +54,14 @@ impl<D: DeviceMemory> PoolState<D> {
     pub(super) fn new(mut device: D, config: PoolConfig) -> Result<Self> {
         let granularity = device.granularity();
         if !granularity.is_power_of_two() {
-            return Err(Error::Device {
-                op: "granularity",
-                detail: format!("{granularity} bytes is not a power of two"),
-            });
+            return Err(Error::Unsupported(
+                "the device's page is not a power of two",
+            ));
         }
+        if config.growth == Growth::Chunks && !config.peers.without(device.ordinal()).is_empty() {
+            return Err(Error::PeersNeedVmm);
+        }
+        let mut mapper = Mapper::new(device.ordinal(), config.peers)?;
         let memory = match config.growth {
             Growth::Vmm => {
                 if !device.supports_vmm() {
@@ -68,28 +72,32 @@ impl<D: DeviceMemory> PoolState<D> {
                     .ok_or(Error::InvalidConfig(
                         "Growth::Vmm needs reserve_bytes between 1 and 2^64 - page",
                     ))?;
-                PoolMemory::reserve(&mut device, reserve)?
+                PoolMemory::reserve(&mut device, &mut mapper, reserve)?
             }
             Growth::Chunks => PoolMemory::chunks(),
         };
-        let peers = config.peers.without(device.ordinal());
-        if config.growth == Growth::Chunks && !peers.is_empty() {
-            return Err(Error::PeersNeedVmm);
-        }
+        let growth = GrowthRule {
+            page_bytes: granularity,
+            min_bytes: config.min_growth_bytes,
+            divisor: match config.growth {
+                Growth::Vmm => config.growth_divisor,
+                Growth::Chunks => 0,
+            },
+        };
         Ok(Self {
             device,
             config,
             heap: Heap::new(Tlsf::new()),
             memory,
             granularity,
+            growth,
             streams: Vec::new(),
             peak_mapped_bytes: 0,
             bytes_moved: 0,
             compactions: 0,
             grows: 0,
             shrinks: 0,
-            peers,
-            peer_access: CallTally::default(),
+            mapper,
             plan_time: Duration::ZERO,
             copy_time: Duration::ZERO,
         })
@@ -152,20 +160,24 @@ impl<D: DeviceMemory> PoolState<D> {
         }
     }
 
-    /// Grow by what the request needs (whole pages, at least
-    /// `min_growth_bytes` where there is room), then fit; `None` if growth
-    /// is capped or the device is full.
+    /// Grow as memcore's [`GrowthRule`] sizes it for what the request
+    /// needs, then fit; `None` if growth is capped or the device is full.
     fn grow_and_fit(&mut self, size: u64, align: u64) -> Result<Option<Handle>> {
-        let need = match self.memory.growth_for(&self.heap, size, align) {
-            Ok(need) => need,
+        let needed = match self.memory.growth_for(&self.heap, size, align) {
+            Ok(needed) => needed,
             // Past the address space: no growth can hold it.
             Err(memcore::Error::Overflow { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let Some(need) = memcore::align_up(need.max(1), self.granularity) else {
+        let held = self.memory.mapped_bytes();
+        let room = self.memory.headroom(self.config.max_bytes);
+        let Some(step) = self.growth.step(needed, held, room) else {
             return Ok(None);
         };
-        if !self.grow_by_step(need)? {
+        // A step the device refuses shrinks to what the request needs.
+        let grown =
+            self.try_grow(step.bytes)? || (step.bytes > step.need && self.try_grow(step.need)?);
+        if !grown {
             return Ok(None);
         }
         // The heap said how much it needs, exactly: a refusal now is a
@@ -175,29 +187,6 @@ impl<D: DeviceMemory> PoolState<D> {
             .ok_or(Error::from(memcore::Error::Corrupt(
                 "the heap refused a request after growing by what it asked for",
             )))
-    }
-
-    /// Grow by `need` bytes (whole pages) or by a whole step of
-    /// `min_growth_bytes` (or, for VMM, of the `growth_divisor` share of the
-    /// mapped bytes, if larger), for both kinds of growth alike: a step larger
-    /// than the room left under `max_bytes` (and the reservation) shrinks
-    /// to that room, and a step the device refuses shrinks to `need`.
-    /// `false` if even `need` cannot be had.
-    fn grow_by_step(&mut self, need: u64) -> Result<bool> {
-        let proportional = match (self.config.growth, self.config.growth_divisor) {
-            (Growth::Vmm, divisor) if divisor > 0 => (self.memory.mapped_bytes()
-                / u64::from(divisor))
-            .min(memcore::FULL_BANDWIDTH_HANDLE_BYTES),
-            _ => 0,
-        };
-        let step = memcore::align_up(
-            self.config.min_growth_bytes.max(proportional),
-            self.granularity,
-        );
-        let room = self.memory.headroom(self.config.max_bytes);
-        let room = room - room % self.granularity;
-        let bytes = need.max(step.unwrap_or(u64::MAX).min(room));
-        Ok(self.try_grow(bytes)? || (bytes > need && self.try_grow(need)?))
     }
 
     /// Compact just enough for the request, then fit; `None` if no plan can
@@ -248,13 +237,9 @@ impl<D: DeviceMemory> PoolState<D> {
         if bytes > self.memory.headroom(self.config.max_bytes) {
             return Ok(false);
         }
-        let grown = self.memory.grow(
-            &mut self.device,
-            &mut self.heap,
-            bytes,
-            self.peers,
-            &mut self.peer_access,
-        );
+        let grown = self
+            .memory
+            .grow(&mut self.device, &mut self.heap, &mut self.mapper, bytes);
         if let Err(refused) = grown {
             return match self.device.mem_info() {
                 // A refused grant is no shortage of memory.
@@ -408,7 +393,9 @@ impl<D: DeviceMemory> PoolState<D> {
     }
 
     pub(super) fn shrink(&mut self) -> Result<u64> {
-        let released = self.memory.shrink(&mut self.device, &mut self.heap)?;
+        let released = self
+            .memory
+            .shrink(&mut self.device, &mut self.heap, &mut self.mapper)?;
         if released > 0 {
             self.shrinks += 1;
         }
@@ -433,7 +420,8 @@ impl<D: DeviceMemory> PoolState<D> {
             compactions: self.compactions,
             grows: self.grows,
             shrinks: self.shrinks,
-            peer_access: self.peer_access,
+            calls: self.mapper.calls(),
+            peer_access: self.mapper.peer_access(),
             compaction_plan_time: self.plan_time,
             compaction_copy_time: self.copy_time,
         }
@@ -444,7 +432,7 @@ impl<D: DeviceMemory> PoolState<D> {
         let result = self
             .device
             .synchronize()
-            .and_then(|()| self.memory.release_all(&mut self.device));
+            .and_then(|()| self.memory.release_all(&mut self.device, &mut self.mapper));
         (self.device, result)
     }
 }

@@ -1,14 +1,17 @@
 //! A simulated device in host memory, for tests and trace replays.
 
+mod faults;
 mod physical;
 
 use kernels::moves::{BlockMove, MAX_MOVES, SlideBlocksParams};
 
-use crate::address_space::{self, AddressSpace};
+use crate::address_space::{self, AddressSpace, invalid_value};
 use crate::copy::{self, Batch, CopyStep};
 use crate::device::{DeviceMemory, MemInfo, PhysicalHandle};
 use crate::peers::{PeerLinks, PeerSet};
-use crate::{Error, Result};
+use crate::{DriverCode, Error, Result};
+
+pub use faults::{SimCall, SimFaults};
 
 /// Where the simulated address space starts. Nonzero and high, so simulated
 /// device pointers look like real ones and address zero is never valid.
@@ -25,21 +28,22 @@ pub struct SimConfig {
     /// What the driver and context hold before any allocation; counted
     /// against the capacity.
     pub context_reserved_bytes: u64,
-    /// Whether the VMM calls (`reserve`, `map`, ...) work.
+    /// Whether the VMM calls (`reserve`, `create_physical`, ...) work.
     pub vmm: bool,
     /// Whether memory holds data (host allocations) or only bookkeeping.
     pub backed: bool,
 }
 
 impl SimConfig {
-    /// An H200 as measured: 150,109,880,320 bytes total, 2 MiB VMM pages,
+    /// An H200 as measured: 150,109,880,320 bytes total, 2 MiB VMM pages
+    /// ([`memcore::PAGE_BYTES`]),
     /// 552,402,944 bytes taken by a fresh context (its default-stack local
     /// memory included; see [`DeviceProfile`](crate::DeviceProfile)); unbacked, for trace
     /// replays.
     pub const fn h200_like() -> Self {
         Self {
             capacity_bytes: 150_109_880_320,
-            granularity_bytes: 2 << 20,
+            granularity_bytes: memcore::PAGE_BYTES,
             context_reserved_bytes: 552_402_944,
             vmm: true,
             backed: false,
@@ -62,10 +66,16 @@ impl SimConfig {
 /// Counts of the calls a [`SimDevice`] has served, for tests and reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SimCounters {
-    /// Successful `map` calls.
+    /// Successful `create_physical` calls.
+    pub creates: u64,
+    /// Successful `map_physical` calls.
     pub maps: u64,
-    /// Successful `unmap` calls.
+    /// Successful `grant_access` calls (the device's own and peers').
+    pub grants: u64,
+    /// Successful `unmap_physical` calls.
     pub unmaps: u64,
+    /// Successful `release_physical` calls.
+    pub releases: u64,
     /// Successful `alloc_chunk` calls.
     pub chunk_allocs: u64,
     /// Successful `free_chunk` calls.
@@ -77,25 +87,11 @@ pub struct SimCounters {
     pub bytes_copied: u64,
     /// `synchronize` calls.
     pub synchronizes: u64,
-    /// Successful `set_access` calls (peer grants).
-    pub set_accesses: u64,
-    /// Successful `create_physical` calls.
-    pub physical_creates: u64,
-    /// Successful `map_physical` calls.
-    pub physical_maps: u64,
-    /// Successful `grant_access` calls.
-    pub access_grants: u64,
-    /// Successful `unmap_physical` calls.
-    pub physical_unmaps: u64,
-    /// Successful `release_physical` calls.
-    pub physical_releases: u64,
 }
 
 /// What a range of device memory is backed by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BackingKind {
-    /// Part of a reservation, made by `map`.
-    Mapping,
     /// A plain allocation, made by `alloc_chunk`.
     Chunk,
     /// A physical handle mapped by `map_physical`; its bytes live with the
@@ -103,17 +99,17 @@ enum BackingKind {
     Handle(u64),
 }
 
-/// One mapping or chunk; `data` is empty on an unbacked device and for a
-/// handle's mapping.
+/// One mapping or chunk; `data` holds a chunk's bytes on a backed device
+/// and is empty otherwise (a handle's bytes live with the handle).
 #[derive(Debug)]
 struct Backing {
     size: u64,
     kind: BackingKind,
     data: Vec<u8>,
-    /// Other devices granted access (`set_access`).
+    /// Other devices granted access (`grant_access`).
     peers: PeerSet,
-    /// Whether the device may touch it: a handle's mapping is not until
-    /// `grant_access`, as with the driver.
+    /// Whether the device itself may touch it: a chunk always, a handle's
+    /// mapping once `grant_access` named the device, as with the driver.
     accessible: bool,
 }
 
@@ -133,17 +129,21 @@ struct Piece {
 /// A device simulated in host memory, for tests and trace replays.
 ///
 /// It keeps the rules of the CUDA driver that a pool can break: mappings lie
-/// inside reservations, on granularity boundaries; only whole mappings can
-/// be unmapped; a reservation is released only when nothing in it is mapped;
-/// accesses must stay inside mapped memory or chunks; and mapped memory plus
-/// chunks plus the context's own share never exceed the capacity.
+/// inside reservations, on granularity boundaries, one whole handle each;
+/// a mapping is accessible only once granted; only whole mappings can be
+/// unmapped; a reservation is released only when nothing in it is mapped;
+/// accesses must stay inside accessible memory or chunks; and physical
+/// memory plus chunks plus the context's own share never exceed the
+/// capacity. It refuses what the driver refuses with the driver's code
+/// ([`DriverCode::INVALID_VALUE`], [`DriverCode::OUT_OF_MEMORY`], ...), and
+/// fails any call a test plans to fail ([`SimDevice::faults`]).
 ///
 /// With `backed: false` it keeps the bookkeeping only: writes are dropped and
 /// reads return zeros, so replays of multi-GB traces fit in host RAM.
 ///
 /// It is one device of a host whose devices reach each other as its
 /// [`PeerLinks`] say ([`SimDevice::on_host`]; alone by default): a grant
-/// ([`DeviceMemory::set_access`]) to a peer that cannot reach it is refused,
+/// ([`DeviceMemory::grant_access`]) to a peer that cannot reach it is refused,
 /// and [`SimDevice::read_as`] reads as a peer would, refused where the peer
 /// was granted nothing.
 #[derive(Debug)]
@@ -158,13 +158,13 @@ pub struct SimDevice {
     counters: SimCounters,
     /// Physical handles by number, with their bytes.
     handles: physical::Handles,
+    /// Calls planned to fail.
+    faults: SimFaults,
 }
 
-fn device_error(op: &'static str, detail: impl Into<String>) -> Error {
-    Error::Device {
-        op,
-        detail: detail.into(),
-    }
+/// What the driver says when it has not the memory asked for.
+fn out_of_memory(op: &'static str, detail: impl Into<String>) -> Error {
+    Error::driver(op, DriverCode::OUT_OF_MEMORY, detail)
 }
 
 impl SimDevice {
@@ -181,10 +181,12 @@ impl SimDevice {
     /// use ctx::{DeviceMemory, PeerLinks, PeerSet, SimConfig, SimDevice};
     /// let mut dev = SimDevice::on_host(SimConfig::small(1 << 20), 1, PeerLinks::all(2));
     /// let base = dev.reserve(64 << 10)?;
-    /// dev.map(base, 64 << 10)?;
+    /// let handle = dev.create_physical(64 << 10)?;
+    /// dev.map_physical(handle, base)?;
+    /// dev.grant_access(base, 64 << 10, PeerSet::of(&[1])?)?;
     /// let mut out = [0; 4];
     /// assert!(dev.read_as(0, base, &mut out).is_err(), "not granted yet");
-    /// dev.set_access(base, 64 << 10, PeerSet::of(&[0])?)?;
+    /// dev.grant_access(base, 64 << 10, PeerSet::of(&[0])?)?;
     /// dev.read_as(0, base, &mut out)?;
     /// # Ok::<(), ctx::Error>(())
     /// ```
@@ -198,6 +200,21 @@ impl SimDevice {
             used_bytes: 0,
             counters: SimCounters::default(),
             handles: physical::Handles::default(),
+            faults: SimFaults::default(),
+        }
+    }
+
+    /// The calls planned to fail on this device: a handle that stays valid
+    /// while a pool owns the device, so a test can plan failures for it.
+    pub fn faults(&self) -> SimFaults {
+        self.faults.clone()
+    }
+
+    /// `Err` if a test planned this call of `call` to fail.
+    fn injected(&self, call: SimCall, op: &'static str) -> Result<()> {
+        match self.faults.take(call) {
+            Some(code) => Err(Error::driver(op, code, "a failure the test planned")),
+            None => Ok(()),
         }
     }
 
@@ -206,7 +223,7 @@ impl SimDevice {
         &self.config
     }
 
-    /// Bytes of mapped memory, chunks and physical handles now.
+    /// Bytes of chunks and physical handles now.
     pub fn used_bytes(&self) -> u64 {
         self.used_bytes
     }
@@ -253,9 +270,9 @@ impl SimDevice {
         if g.is_power_of_two() {
             Ok(g)
         } else {
-            Err(device_error(
+            Err(invalid_value(
                 op,
-                format!("CUDA_ERROR_INVALID_VALUE: granularity {g} is not a power of two"),
+                format!("granularity {g} is not a power of two"),
             ))
         }
     }
@@ -274,28 +291,25 @@ impl SimDevice {
                 self.next_va = next;
                 Ok(base)
             }
-            _ => Err(device_error(
-                op,
-                "CUDA_ERROR_OUT_OF_MEMORY: address space exhausted",
-            )),
+            _ => Err(out_of_memory(op, "address space exhausted")),
         }
     }
 
-    /// Take `size` bytes of capacity for a new mapping or chunk.
+    /// Take `size` bytes of capacity for a new handle or chunk.
     fn charge(&mut self, op: &'static str, size: u64) -> Result<Vec<u8>> {
         let free = self.free_bytes();
         if size > free {
-            return Err(device_error(
+            return Err(out_of_memory(
                 op,
-                format!("CUDA_ERROR_OUT_OF_MEMORY: {size} bytes requested, {free} bytes free"),
+                format!("{size} bytes requested, {free} bytes free"),
             ));
         }
         let mut data = Vec::new();
         if self.config.backed {
             let len = usize::try_from(size)
-                .map_err(|_| device_error(op, "backing larger than host address space"))?;
+                .map_err(|_| out_of_memory(op, "backing larger than host address space"))?;
             data.try_reserve_exact(len).map_err(|_| {
-                device_error(op, format!("host memory for {size} bytes of backing"))
+                out_of_memory(op, format!("host memory for {size} bytes of backing"))
             })?;
             data.resize(len, 0);
         }
@@ -368,11 +382,12 @@ impl DeviceMemory for SimDevice {
         if !self.config.vmm {
             return Err(Error::Unsupported("VMM is off on this simulated device"));
         }
+        self.injected(SimCall::Reserve, "reserve")?;
         let g = self.checked_granularity("reserve")?;
         if size == 0 || size % g != 0 {
-            return Err(device_error(
+            return Err(invalid_value(
                 "reserve",
-                format!("CUDA_ERROR_INVALID_VALUE: size {size} is not a positive multiple of {g}"),
+                format!("size {size} is not a positive multiple of {g}"),
             ));
         }
         let base = self.take_address_space("reserve", size)?;
@@ -386,96 +401,30 @@ impl DeviceMemory for SimDevice {
         Ok(())
     }
 
-    fn map(&mut self, addr: u64, size: u64) -> Result<()> {
-        let g = self.checked_granularity("map")?;
-        self.space.check_map(addr, size, g)?;
-        let data = self.charge("map", size)?;
-        self.space.add_backing(
-            addr,
-            Backing {
-                size,
-                kind: BackingKind::Mapping,
-                data,
-                peers: PeerSet::NONE,
-                accessible: true,
-            },
-        );
-        self.counters.maps += 1;
-        Ok(())
+    fn create_physical(&mut self, size: u64) -> Result<PhysicalHandle> {
+        self.create_handle(size)
     }
 
-    fn set_access(&mut self, addr: u64, size: u64, peers: PeerSet) -> Result<()> {
-        let starts = self
-            .space
-            .whole_run(addr, size, |b| {
-                matches!(b.kind, BackingKind::Mapping | BackingKind::Handle(_))
-            })
-            .ok_or_else(|| {
-                device_error(
-                    "set_access",
-                    format!(
-                        "CUDA_ERROR_INVALID_VALUE: [{addr:#x}, +{size}) is not a run of whole mappings"
-                    ),
-                )
-            })?;
-        let peers = peers.without(self.ordinal);
-        for peer in peers.iter() {
-            if !self.links.can_access(peer, self.ordinal) {
-                return Err(Error::PeerAccess {
-                    device: self.ordinal,
-                    peer,
-                    why: if peer >= self.links.device_count() {
-                        "no such device on this host"
-                    } else {
-                        "the host's links do not connect them"
-                    },
-                });
-            }
-        }
-        for start in starts {
-            if let Some(b) = self.space.backing_mut(start) {
-                b.peers = b.peers.union(peers);
-            }
-        }
-        self.counters.set_accesses += 1;
-        Ok(())
+    fn map_physical(&mut self, handle: PhysicalHandle, addr: u64) -> Result<()> {
+        self.map_handle(handle, addr)
     }
 
-    fn unmap(&mut self, addr: u64, size: u64) -> Result<()> {
-        let end = addr.saturating_add(size);
-        let mut cursor = addr;
-        let mut starts = Vec::new();
-        while cursor < end {
-            match self.space.backings().get(&cursor) {
-                Some(b) if b.kind == BackingKind::Mapping && cursor + b.size <= end => {
-                    starts.push(cursor);
-                    cursor += b.size;
-                }
-                _ => break,
-            }
-        }
-        if size == 0 || cursor != end {
-            return Err(device_error(
-                "unmap",
-                format!(
-                    "CUDA_ERROR_INVALID_VALUE: [{addr:#x}, +{size}) is not a run of whole mappings"
-                ),
-            ));
-        }
-        for start in starts {
-            self.space.remove_backing(start);
-        }
-        self.used_bytes -= size;
-        self.counters.unmaps += 1;
-        Ok(())
+    fn grant_access(&mut self, addr: u64, size: u64, devices: PeerSet) -> Result<()> {
+        self.grant_handle_access(addr, size, devices)
+    }
+
+    fn unmap_physical(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.unmap_handle(addr, size)
+    }
+
+    fn release_physical(&mut self, handle: PhysicalHandle) -> Result<()> {
+        self.release_handle(handle)
     }
 
     fn alloc_chunk(&mut self, size: u64) -> Result<u64> {
+        self.injected(SimCall::AllocChunk, "alloc_chunk")?;
         if size == 0 {
-            return Err(device_error(
-                "alloc_chunk",
-                "CUDA_ERROR_INVALID_VALUE: zero bytes",
-            ));
+            return Err(invalid_value("alloc_chunk", "zero bytes"));
         }
         // Check capacity before taking address space so a refused chunk
         // leaves no trace.
@@ -502,6 +451,7 @@ impl DeviceMemory for SimDevice {
     }
 
     fn free_chunk(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.injected(SimCall::FreeChunk, "free_chunk")?;
         match self.space.backings().get(&addr) {
             Some(b) if b.kind == BackingKind::Chunk && b.size == size => {
                 self.space.remove_backing(addr);
@@ -509,9 +459,9 @@ impl DeviceMemory for SimDevice {
                 self.counters.chunk_frees += 1;
                 Ok(())
             }
-            _ => Err(device_error(
+            _ => Err(invalid_value(
                 "free_chunk",
-                format!("CUDA_ERROR_INVALID_VALUE: no chunk [{addr:#x}, +{size})"),
+                format!("no chunk [{addr:#x}, +{size})"),
             )),
         }
     }
@@ -551,10 +501,9 @@ impl DeviceMemory for SimDevice {
                     }
                     Batch::Slide(run) => {
                         if !SlideBlocksParams::is_slide(&run) {
-                            return Err(device_error(
-                                "copy_moves",
-                                format!("a batch planned as a slide is none: {run:?}"),
-                            ));
+                            return Err(Error::Inconsistent(format!(
+                                "a batch planned as a slide is none: {run:?}"
+                            )));
                         }
                         for m in &run {
                             self.move_bytes(m.src, m.dst, m.len)?;
@@ -597,26 +546,6 @@ impl DeviceMemory for SimDevice {
     fn synchronize(&mut self) -> Result<()> {
         self.counters.synchronizes += 1;
         Ok(())
-    }
-
-    fn create_physical(&mut self, size: u64) -> Result<PhysicalHandle> {
-        self.create_handle(size)
-    }
-
-    fn map_physical(&mut self, handle: PhysicalHandle, addr: u64) -> Result<()> {
-        self.map_handle(handle, addr)
-    }
-
-    fn grant_access(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.grant_handle_access(addr, size)
-    }
-
-    fn unmap_physical(&mut self, addr: u64, size: u64) -> Result<()> {
-        self.unmap_handle(addr, size)
-    }
-
-    fn release_physical(&mut self, handle: PhysicalHandle) -> Result<()> {
-        self.release_handle(handle)
     }
 }
 
@@ -663,7 +592,7 @@ impl SimDevice {
         let backing = &self.space.backings()[&start];
         match backing.kind {
             BackingKind::Handle(number) => self.handles.bytes(number),
-            BackingKind::Mapping | BackingKind::Chunk => &backing.data,
+            BackingKind::Chunk => &backing.data,
         }
     }
 
@@ -672,185 +601,10 @@ impl SimDevice {
         let backing = self.space.backing_mut(start)?;
         match backing.kind {
             BackingKind::Handle(number) => self.handles.bytes_mut(number),
-            BackingKind::Mapping | BackingKind::Chunk => Some(&mut backing.data),
+            BackingKind::Chunk => Some(&mut backing.data),
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const PAGE: u64 = 64 << 10;
-
-    #[test]
-    fn addresses_start_high_and_are_page_aligned() {
-        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
-        let base = dev.reserve(4 * PAGE).unwrap();
-        assert!(base >= SIM_BASE_ADDRESS);
-        assert_eq!(base % PAGE, 0);
-        let chunk = dev.alloc_chunk(1000).unwrap();
-        assert!(
-            chunk >= base + 4 * PAGE,
-            "chunk must not fall inside the reservation"
-        );
-    }
-
-    #[test]
-    fn capacity_counts_mappings_chunks_and_context() {
-        let mut config = SimConfig::small(8 * PAGE);
-        config.context_reserved_bytes = 2 * PAGE;
-        let mut dev = SimDevice::new(config);
-        let base = dev.reserve(8 * PAGE).unwrap();
-        dev.map(base, 4 * PAGE).unwrap();
-        assert_eq!(dev.mem_info().unwrap().free, 2 * PAGE);
-        let chunk = dev.alloc_chunk(2 * PAGE).unwrap();
-        assert_eq!(dev.mem_info().unwrap().free, 0);
-        let err = dev.map(base + 4 * PAGE, PAGE).unwrap_err();
-        assert!(
-            matches!(err, Error::Device { op: "map", ref detail } if detail.contains("OUT_OF_MEMORY"))
-        );
-        assert!(dev.alloc_chunk(1).is_err());
-        dev.free_chunk(chunk, 2 * PAGE).unwrap();
-        dev.map(base + 4 * PAGE, PAGE).unwrap();
-        assert_eq!(dev.used_bytes(), 5 * PAGE);
-    }
-
-    #[test]
-    fn unmap_takes_whole_mappings_only() {
-        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
-        let base = dev.reserve(4 * PAGE).unwrap();
-        dev.map(base, 2 * PAGE).unwrap();
-        dev.map(base + 2 * PAGE, PAGE).unwrap();
-        assert!(dev.unmap(base, PAGE).is_err(), "half a mapping");
-        assert!(dev.release(base, 4 * PAGE).is_err(), "still mapped");
-        dev.unmap(base, 3 * PAGE).unwrap();
-        assert_eq!(dev.used_bytes(), 0);
-        dev.release(base, 4 * PAGE).unwrap();
-    }
-
-    #[test]
-    fn map_rejects_ranges_outside_reservations_or_overlapping() {
-        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
-        let base = dev.reserve(2 * PAGE).unwrap();
-        assert!(dev.map(base + PAGE, 2 * PAGE).is_err());
-        assert!(dev.map(base + 1, PAGE).is_err());
-        dev.map(base, 2 * PAGE).unwrap();
-        assert!(dev.map(base + PAGE, PAGE).is_err());
-    }
-
-    #[test]
-    fn data_crosses_mapping_boundaries_and_copies_overlap() {
-        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
-        let base = dev.reserve(2 * PAGE).unwrap();
-        dev.map(base, PAGE).unwrap();
-        dev.map(base + PAGE, PAGE).unwrap();
-        let pattern: Vec<u8> = (0..200u32).map(|i| i as u8).collect();
-        let at = base + PAGE - 100;
-        dev.write(at, &pattern).unwrap();
-        dev.copy_within(at, at + 50, 200).unwrap();
-        let mut out = vec![0; 200];
-        dev.read(at + 50, &mut out).unwrap();
-        assert_eq!(out, pattern);
-        let err = dev.read(base + 2 * PAGE - 10, &mut out).unwrap_err();
-        assert!(matches!(err, Error::InvalidAddress { .. }));
-    }
-
-    #[test]
-    fn a_batch_of_moves_runs_in_order() {
-        use kernels::moves::BlockMove;
-        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
-        let base = dev.reserve(PAGE).unwrap();
-        dev.map(base, PAGE).unwrap();
-        dev.write(base, b"abcdefgh").unwrap();
-        // The second move reads what the first wrote; the third overlaps itself.
-        let moves = [
-            BlockMove {
-                src: base,
-                dst: base + 100,
-                len: 4,
-            },
-            BlockMove {
-                src: base + 100,
-                dst: base + 200,
-                len: 4,
-            },
-            BlockMove {
-                src: base + 200,
-                dst: base + 202,
-                len: 4,
-            },
-        ];
-        dev.copy_moves(&moves).unwrap();
-        let mut out = [0; 6];
-        dev.read(base + 200, &mut out).unwrap();
-        assert_eq!(&out, b"ababcd");
-        assert_eq!(dev.counters().copies, 3);
-    }
-
-    #[test]
-    fn batched_moves_copy_what_memmove_one_by_one_copies() {
-        let mut dev = SimDevice::new(SimConfig::small(1 << 20));
-        let base = dev.reserve(PAGE).unwrap();
-        dev.map(base, PAGE).unwrap();
-        let original: Vec<u8> = (0..PAGE)
-            .map(|i| (i as u8).wrapping_mul(37) ^ 0x5a)
-            .collect();
-        dev.write(base, &original).unwrap();
-        let mv = |src: u64, dst: u64, len: u64| BlockMove {
-            src: base + src,
-            dst: base + dst,
-            len,
-        };
-        // A slide of aligned blocks, relocations into far holes (independent),
-        // an unaligned chain and a move over itself.
-        let mut moves: Vec<BlockMove> = (1..20).map(|k| mv(512 * k, 512 * k - 256, 480)).collect();
-        moves.extend((0..10).map(|k| mv(20_000 + 300 * k, 40_000 + 300 * k, 200)));
-        moves.extend((1..5).map(|k| mv(50_000 + 100 * k, 50_000 + 100 * (k - 1), 100)));
-        moves.push(mv(60_000, 60_003, 1000));
-        let mut expected = original.clone();
-        for m in &moves {
-            let (s, d) = ((m.src - base) as usize, (m.dst - base) as usize);
-            expected.copy_within(s..s + m.len as usize, d);
-        }
-        dev.copy_moves(&moves).unwrap();
-        let mut out = vec![0; PAGE as usize];
-        dev.read(base, &mut out).unwrap();
-        assert!(
-            out == expected,
-            "batched copies differ from memmove one by one"
-        );
-        assert_eq!(dev.counters().copies, moves.len() as u64);
-        // A bad range anywhere in the list is refused before any byte moves.
-        let before = out.clone();
-        let err = dev
-            .copy_moves(&[mv(0, 256, 16), mv(PAGE - 8, 0, 16)])
-            .unwrap_err();
-        assert!(matches!(err, Error::InvalidAddress { .. }), "{err:?}");
-        dev.read(base, &mut out).unwrap();
-        assert!(out == before, "a refused batch changed memory");
-    }
-
-    #[test]
-    fn unbacked_device_keeps_bookkeeping_only() {
-        let mut dev = SimDevice::new(SimConfig::h200_like());
-        let info = dev.mem_info().unwrap();
-        assert_eq!(info.total - info.free, 552_402_944);
-        let base = dev.reserve(64 << 30).unwrap();
-        dev.map(base, 64 << 30).unwrap();
-        dev.write(base, &[1, 2, 3]).unwrap();
-        let mut out = [9; 3];
-        dev.read(base, &mut out).unwrap();
-        assert_eq!(out, [0; 3]);
-        assert!(dev.read(base + (64 << 30), &mut out).is_err());
-    }
-
-    #[test]
-    fn vmm_off_refuses_reservations() {
-        let mut config = SimConfig::small(1 << 20);
-        config.vmm = false;
-        let mut dev = SimDevice::new(config);
-        assert!(matches!(dev.reserve(PAGE), Err(Error::Unsupported(_))));
-        assert!(dev.alloc_chunk(PAGE).is_ok());
-    }
-}
+mod tests;

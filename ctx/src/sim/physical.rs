@@ -5,9 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{Backing, BackingKind, SimDevice};
+use super::{Backing, BackingKind, SimCall, SimDevice};
 use crate::address_space::invalid_value;
 use crate::device::PhysicalHandle;
+use crate::peers::PeerSet;
 use crate::{Error, Result};
 
 /// One physical handle; `data` is empty on an unbacked device.
@@ -46,6 +47,7 @@ impl SimDevice {
         if !self.config.vmm {
             return Err(Error::Unsupported("VMM is off on this simulated device"));
         }
+        self.injected(SimCall::Create, OP)?;
         let g = self.checked_granularity(OP)?;
         if size == 0 || size % g != 0 {
             return Err(invalid_value(
@@ -64,7 +66,7 @@ impl SimDevice {
                 mapped_at: None,
             },
         );
-        self.counters.physical_creates += 1;
+        self.counters.creates += 1;
         Ok(PhysicalHandle(number))
     }
 
@@ -72,6 +74,7 @@ impl SimDevice {
     /// stitched pool never asks for it, so a second mapping is a bug here.
     pub(super) fn map_handle(&mut self, handle: PhysicalHandle, addr: u64) -> Result<()> {
         const OP: &str = "map_physical";
+        self.injected(SimCall::Map, OP)?;
         let g = self.checked_granularity(OP)?;
         let held = self
             .handles
@@ -85,57 +88,78 @@ impl SimDevice {
             ));
         }
         let size = held.size;
-        self.space.check_map(addr, size, g)?;
+        self.space.check_map(OP, addr, size, g)?;
         self.space.add_backing(
             addr,
             Backing {
                 size,
                 kind: BackingKind::Handle(handle.0),
                 data: Vec::new(),
-                peers: crate::PeerSet::NONE,
+                peers: PeerSet::NONE,
                 accessible: false,
             },
         );
         if let Some(held) = self.handles.by_number.get_mut(&handle.0) {
             held.mapped_at = Some(addr);
         }
-        self.counters.physical_maps += 1;
+        self.counters.maps += 1;
         Ok(())
     }
 
-    pub(super) fn grant_handle_access(&mut self, addr: u64, size: u64) -> Result<()> {
-        let end = addr.saturating_add(size);
-        let mut cursor = addr;
-        let mut starts = Vec::new();
-        while cursor < end {
-            match self.space.backings().get(&cursor) {
-                Some(b) if matches!(b.kind, BackingKind::Handle(_)) && cursor + b.size <= end => {
-                    starts.push(cursor);
-                    cursor += b.size;
-                }
-                _ => break,
-            }
+    /// Grants `devices` access to a run of whole handle mappings: the
+    /// device itself where its ordinal is in the set, peers as its links
+    /// allow (checked before anything changes).
+    pub(super) fn grant_handle_access(
+        &mut self,
+        addr: u64,
+        size: u64,
+        devices: PeerSet,
+    ) -> Result<()> {
+        const OP: &str = "grant_access";
+        self.injected(SimCall::Grant, OP)?;
+        if devices.is_empty() {
+            return Err(invalid_value(OP, "no device to grant access to"));
         }
-        if size == 0 || cursor != end {
-            return Err(invalid_value(
-                "grant_access",
-                format!("[{addr:#x}, +{size}) is not a run of whole handle mappings"),
-            ));
+        let starts = self
+            .space
+            .whole_run(addr, size, |b| matches!(b.kind, BackingKind::Handle(_)))
+            .ok_or_else(|| {
+                invalid_value(
+                    OP,
+                    format!("[{addr:#x}, +{size}) is not a run of whole handle mappings"),
+                )
+            })?;
+        let own = devices.contains(self.ordinal);
+        let peers = devices.without(self.ordinal);
+        for peer in peers.iter() {
+            if !self.links.can_access(peer, self.ordinal) {
+                return Err(Error::PeerAccess {
+                    device: self.ordinal,
+                    peer,
+                    why: if peer >= self.links.device_count() {
+                        "no such device on this host"
+                    } else {
+                        "the host's links do not connect them"
+                    },
+                });
+            }
         }
         for start in starts {
             if let Some(b) = self.space.backing_mut(start) {
-                b.accessible = true;
+                b.accessible |= own;
+                b.peers = b.peers.union(peers);
             }
         }
-        self.counters.access_grants += 1;
+        self.counters.grants += 1;
         Ok(())
     }
 
     pub(super) fn unmap_handle(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.injected(SimCall::Unmap, "unmap_physical")?;
         let number = match self.space.backings().get(&addr) {
             Some(b) if b.size == size => match b.kind {
                 BackingKind::Handle(number) => Some(number),
-                BackingKind::Mapping | BackingKind::Chunk => None,
+                BackingKind::Chunk => None,
             },
             _ => None,
         };
@@ -149,7 +173,7 @@ impl SimDevice {
         if let Some(held) = self.handles.by_number.get_mut(&number) {
             held.mapped_at = None;
         }
-        self.counters.physical_unmaps += 1;
+        self.counters.unmaps += 1;
         Ok(())
     }
 
@@ -158,6 +182,7 @@ impl SimDevice {
     /// so a mapped handle here is a bug to report.
     pub(super) fn release_handle(&mut self, handle: PhysicalHandle) -> Result<()> {
         const OP: &str = "release_physical";
+        self.injected(SimCall::Release, OP)?;
         match self.handles.by_number.get(&handle.0) {
             None => Err(invalid_value(OP, format!("no handle {}", handle.0))),
             Some(Handle {
@@ -170,7 +195,7 @@ impl SimDevice {
             Some(held) => {
                 self.used_bytes -= held.size;
                 self.handles.by_number.remove(&handle.0);
-                self.counters.physical_releases += 1;
+                self.counters.releases += 1;
                 Ok(())
             }
         }
@@ -179,7 +204,7 @@ impl SimDevice {
 
 #[cfg(test)]
 mod tests {
-    use crate::{DeviceMemory, Error, SimConfig, SimDevice};
+    use crate::{DeviceMemory, DriverCode, Error, PeerSet, SimConfig, SimDevice};
 
     const PAGE: u64 = 64 << 10;
 
@@ -189,18 +214,26 @@ mod tests {
         let base = dev.reserve(8 * PAGE).unwrap();
         let handle = dev.create_physical(2 * PAGE).unwrap();
         assert_eq!(dev.used_bytes(), 2 * PAGE);
+        let own = PeerSet::of(&[0]).unwrap();
         dev.map_physical(handle, base).unwrap();
         let err = dev.write(base, b"x").unwrap_err();
-        assert!(matches!(err, Error::InvalidAddress { why, .. } if why.contains("access")));
-        dev.grant_access(base, 2 * PAGE).unwrap();
+        assert_eq!(
+            err,
+            Error::InvalidAddress {
+                addr: base,
+                len: 1,
+                why: "mapped without access"
+            }
+        );
+        dev.grant_access(base, 2 * PAGE, own).unwrap();
         dev.write(base + PAGE + 7, b"stitched").unwrap();
         assert!(dev.release_physical(handle).is_err(), "still mapped");
-        assert!(dev.unmap(base, 2 * PAGE).is_err(), "not a map() mapping");
+        assert!(dev.free_chunk(base, 2 * PAGE).is_err(), "not a chunk");
         assert!(dev.unmap_physical(base, PAGE).is_err(), "half a handle");
         dev.unmap_physical(base, 2 * PAGE).unwrap();
         assert!(dev.read(base, &mut [0; 1]).is_err());
         dev.map_physical(handle, base + 4 * PAGE).unwrap();
-        dev.grant_access(base + 4 * PAGE, 2 * PAGE).unwrap();
+        dev.grant_access(base + 4 * PAGE, 2 * PAGE, own).unwrap();
         let mut out = [0; 8];
         dev.read(base + 5 * PAGE + 7, &mut out).unwrap();
         assert_eq!(&out, b"stitched");
@@ -219,9 +252,7 @@ mod tests {
         assert!(dev.create_physical(PAGE + 1).is_err(), "not whole pages");
         let a = dev.create_physical(3 * PAGE).unwrap();
         let err = dev.create_physical(2 * PAGE).unwrap_err();
-        assert!(
-            matches!(err, Error::Device { ref detail, .. } if detail.contains("OUT_OF_MEMORY"))
-        );
+        assert_eq!(err.driver_code(), Some(DriverCode::OUT_OF_MEMORY));
         assert!(
             dev.map_physical(a, base + 2 * PAGE).is_err(),
             "past the reservation"
@@ -231,8 +262,9 @@ mod tests {
         let b = dev.create_physical(PAGE).unwrap();
         assert!(dev.map_physical(b, base + PAGE).is_err(), "over a");
         dev.map_physical(b, base + 3 * PAGE).unwrap();
-        dev.grant_access(base, 4 * PAGE).unwrap();
+        dev.grant_access(base, 4 * PAGE, PeerSet::of(&[0]).unwrap())
+            .unwrap();
         assert!(dev.release(base, 4 * PAGE).is_err(), "still mapped");
-        assert_eq!(dev.counters().physical_maps, 2);
+        assert_eq!(dev.counters().maps, 2);
     }
 }

@@ -1,28 +1,21 @@
 //! The device side of a stitch model: which physical handle stands for each
 //! of the model's handle numbers and where the device has it mapped. It
-//! carries out the model's [`DriverOp`]s on a device, times every call, and
+//! carries out the model's [`DriverOp`]s on a device through the pool's
+//! [`Mapper`] (which counts and times every call, grants each mapping to
+//! the device and the peers, and undoes a mapping whose grant failed), and
 //! keeps to what the device really did, so a failed call never leaves the
 //! pool believing in memory that is not there.
 
-use memcore::{DriverOp, HandleInfo};
+use memcore::{DriverCalls, DriverOp, HandleInfo};
 
-use crate::peers;
-use crate::{CallTally, DeviceMemory, Error, PeerSet, PhysicalHandle, Result, VmmCalls};
-
-/// A handle the device holds for one of the model's numbers.
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    handle: PhysicalHandle,
-    bytes: u64,
-    /// Arena offset the device has it mapped at (and access granted or
-    /// tried), if mapped.
-    mapped_at: Option<u64>,
-}
+use crate::mapping::{Mapper, Physical, Refused};
+use crate::{CallTally, DeviceMemory, Error, Result};
 
 /// Why a list of operations did not all succeed (the first failure).
 #[derive(Debug)]
 pub(super) enum Failure {
-    /// `cuMemCreate` said the device is out of memory.
+    /// `cuMemCreate` said the device is out of memory
+    /// ([`DriverCode::OUT_OF_MEMORY`](crate::DriverCode::OUT_OF_MEMORY)).
     CreateRefused(Error),
     /// A mapping would end past the reservation, at this arena offset.
     OutsideReservation { end: u64 },
@@ -37,30 +30,38 @@ pub(super) struct Mirror {
     pub(super) base: u64,
     /// Reservation size, bytes.
     pub(super) reserved: u64,
-    /// By the model's handle number; `None` where the device holds none.
-    slots: Vec<Option<Held>>,
+    /// By the model's handle number; `None` where the device holds none. A
+    /// held handle is mapped (if at all) inside the reservation.
+    slots: Vec<Option<Physical>>,
     /// Handles the device still holds although the model released their
     /// number (their release failed); given back with the rest at the end.
-    stranded: Vec<Held>,
-    /// Every driver call, counted and timed on the host.
-    pub(super) calls: VmmCalls,
-    /// Devices every mapped handle is granted to, besides this one.
-    peers: PeerSet,
-    /// Those grants, counted and timed on the host.
-    pub(super) peer_access: CallTally,
+    stranded: Vec<Physical>,
+    /// Makes every call, granting each mapping to the device and the
+    /// peers, and counts them.
+    mapper: Mapper,
 }
 
 impl Mirror {
-    pub(super) fn new(base: u64, reserved: u64, calls: VmmCalls, peers: PeerSet) -> Self {
+    /// The mirror of a pool reserved at `[base, base + reserved)` whose
+    /// calls `mapper` made so far (the reservation).
+    pub(super) fn new(base: u64, reserved: u64, mapper: Mapper) -> Self {
         Self {
             base,
             reserved,
             slots: Vec::new(),
             stranded: Vec::new(),
-            calls,
-            peers,
-            peer_access: CallTally::default(),
+            mapper,
         }
+    }
+
+    /// Every VMM call made, counted and timed on the host.
+    pub(super) fn calls(&self) -> DriverCalls {
+        self.mapper.calls()
+    }
+
+    /// The grants of mappings to the peers.
+    pub(super) fn peer_access(&self) -> CallTally {
+        self.mapper.peer_access()
     }
 
     /// Carries out `ops` in order and returns the first failure. After a
@@ -86,94 +87,65 @@ impl Mirror {
     fn apply<D: DeviceMemory>(&mut self, device: &mut D, op: DriverOp) -> Result<(), Failure> {
         match op {
             DriverOp::Create { handle, bytes } => {
-                let slot = self.slot(handle);
-                if let Some(old) = slot.take() {
+                if let Some(old) = self.slot(handle).take() {
                     self.stranded.push(old);
                 }
-                let made = self
-                    .calls
-                    .create
-                    .record(bytes, || device.create_physical(bytes));
-                match made {
+                match self.mapper.create(device, bytes) {
                     Ok(made) => {
-                        *self.slot(handle) = Some(Held {
-                            handle: made,
-                            bytes,
-                            mapped_at: None,
-                        });
+                        *self.slot(handle) = Some(made);
                         Ok(())
                     }
-                    Err(error) if out_of_memory(&error) => Err(Failure::CreateRefused(error)),
+                    Err(error) if error.driver_code().is_some_and(|c| c.is_out_of_memory()) => {
+                        Err(Failure::CreateRefused(error))
+                    }
                     Err(error) => Err(Failure::Driver(error)),
                 }
             }
             DriverOp::Map { handle, at, bytes } => {
-                let Some(held) = self.held(handle) else {
+                let Some(mut physical) = self.held(handle) else {
                     return Ok(());
                 };
                 let end = at.saturating_add(bytes);
                 if end > self.reserved {
                     return Err(Failure::OutsideReservation { end });
                 }
-                let addr = self.base + at;
-                self.calls
-                    .map
-                    .record(bytes, || device.map_physical(held.handle, addr))
-                    .map_err(Failure::Driver)?;
-                if let Some(Some(held)) = self.slots.get_mut(handle as usize) {
-                    held.mapped_at = Some(at);
-                }
-                self.grant_access(device, addr, bytes)
-                    .map_err(Failure::Driver)
+                let mapped = self.mapper.map(device, &mut physical, self.base + at);
+                *self.slot(handle) = Some(physical);
+                mapped.map_err(Failure::Driver)
             }
-            DriverOp::Unmap { handle, at, bytes } => {
-                match self.held(handle) {
-                    Some(held) if held.mapped_at == Some(at) => {}
+            DriverOp::Unmap { handle, at, .. } => {
+                let mut physical = match self.held(handle) {
+                    Some(held) if held.mapped_at() == Some(self.base + at) => held,
                     _ => return Ok(()),
-                }
-                let addr = self.base + at;
-                self.calls
-                    .unmap
-                    .record(bytes, || device.unmap_physical(addr, bytes))
-                    .map_err(Failure::Driver)?;
-                if let Some(Some(held)) = self.slots.get_mut(handle as usize) {
-                    held.mapped_at = None;
-                }
-                Ok(())
+                };
+                let unmapped = self.mapper.unmap(device, &mut physical);
+                *self.slot(handle) = Some(physical);
+                unmapped.map_err(Failure::Driver)
             }
-            DriverOp::Release { handle, bytes } => {
+            DriverOp::Release { handle, .. } => {
                 let Some(held) = self.held(handle) else {
                     return Ok(());
                 };
-                self.calls
-                    .release
-                    .record(bytes, || device.release_physical(held.handle))
-                    .map_err(Failure::Driver)?;
-                *self.slot(handle) = None;
-                Ok(())
+                let released = self.mapper.release(device, held);
+                match released {
+                    Ok(()) => {
+                        *self.slot(handle) = None;
+                        Ok(())
+                    }
+                    Err(Refused { error, left }) => {
+                        *self.slot(handle) = left;
+                        Err(Failure::Driver(*error))
+                    }
+                }
             }
         }
     }
 
-    /// Makes a freshly mapped range readable and writable: the one place
-    /// the pool grants access, so access for more devices goes here too.
-    fn grant_access<D: DeviceMemory>(
-        &mut self,
-        device: &mut D,
-        addr: u64,
-        bytes: u64,
-    ) -> Result<()> {
-        self.calls
-            .set_access
-            .record(bytes, || device.grant_access(addr, bytes))?;
-        peers::grant(device, addr, bytes, self.peers, &mut self.peer_access)
-    }
-
-    fn held(&self, handle: u32) -> Option<Held> {
+    fn held(&self, handle: u32) -> Option<Physical> {
         self.slots.get(handle as usize).copied().flatten()
     }
 
-    fn slot(&mut self, handle: u32) -> &mut Option<Held> {
+    fn slot(&mut self, handle: u32) -> &mut Option<Physical> {
         let index = handle as usize;
         if self.slots.len() <= index {
             self.slots.resize(index + 1, None);
@@ -182,11 +154,13 @@ impl Mirror {
     }
 
     /// `Ok` if the device holds exactly the model's handles, each of the
-    /// model's size and mapped where the model maps it.
+    /// model's size and mapped where the model maps it; else
+    /// [`Error::Inconsistent`].
     pub(super) fn check(&self, model: impl Iterator<Item = HandleInfo>) -> Result<()> {
-        let apart = |what: String| Error::Device {
-            op: "stitched pool check",
-            detail: format!("the device and the model are apart: {what}"),
+        let apart = |what: String| {
+            Error::Inconsistent(format!(
+                "a stitched pool's device and model are apart: {what}"
+            ))
         };
         let mut seen = 0usize;
         for info in model {
@@ -197,11 +171,14 @@ impl Mirror {
                     info.handle
                 )));
             };
-            let model_at = info.mapped_at.map(|extent| extent.offset);
-            if held.bytes != info.bytes || held.mapped_at != model_at {
+            let model_at = info.mapped_at.map(|extent| self.base + extent.offset);
+            if held.bytes() != info.bytes || held.mapped_at() != model_at {
                 return Err(apart(format!(
-                    "handle {}: model {} bytes at {model_at:?}, device {} bytes at {:?}",
-                    info.handle, info.bytes, held.bytes, held.mapped_at
+                    "handle {}: model {} bytes at {model_at:x?}, device {} bytes at {:x?}",
+                    info.handle,
+                    info.bytes,
+                    held.bytes(),
+                    held.mapped_at()
                 )));
             }
         }
@@ -219,35 +196,18 @@ impl Mirror {
     /// reservation; the first error is returned, the rest still attempted.
     pub(super) fn clear<D: DeviceMemory>(&mut self, device: &mut D) -> Result<()> {
         let mut first = Ok(());
-        let held: Vec<Held> = self
+        let held: Vec<Physical> = self
             .slots
             .drain(..)
             .flatten()
             .chain(self.stranded.drain(..))
             .collect();
-        for h in held {
-            if let Some(at) = h.mapped_at {
-                let addr = self.base + at;
-                let unmapped = self
-                    .calls
-                    .unmap
-                    .record(h.bytes, || device.unmap_physical(addr, h.bytes));
-                if unmapped.is_err() {
-                    first = first.and(unmapped);
-                    continue;
-                }
+        for physical in held {
+            if let Err(Refused { error, left }) = self.mapper.release(device, physical) {
+                self.stranded.extend(left);
+                first = first.and(Err(*error));
             }
-            let released = self
-                .calls
-                .release
-                .record(h.bytes, || device.release_physical(h.handle));
-            first = first.and(released);
         }
         first.and(device.release(self.base, self.reserved))
     }
-}
-
-/// Whether a failed call said the device is out of memory.
-fn out_of_memory(error: &Error) -> bool {
-    matches!(error, Error::Device { detail, .. } if detail.contains("OUT_OF_MEMORY"))
 }

@@ -8,9 +8,10 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use memcore::{PAGE_BYTES, Stitch, StitchBlock, StitchConfig, StitchStats};
+use memcore::{DriverCalls, PAGE_BYTES, Stitch, StitchBlock, StitchConfig, StitchStats};
 
-use crate::{CallTally, DeviceMemory, Error, PeerSet, Result, VmmCalls};
+use crate::mapping::Mapper;
+use crate::{CallTally, DeviceMemory, Error, PeerSet, Result};
 use mirror::{Failure, Mirror};
 
 /// How many times the device's memory a [`StitchedPool`] reserves by
@@ -23,7 +24,8 @@ pub const STITCHED_RESERVATION_PER_DEVICE: u64 = 4;
 /// the policy's defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StitchedConfig {
-    /// Virtual bytes to reserve, rounded up to whole 2 MiB pages; 0:
+    /// Virtual bytes to reserve, rounded up to whole
+    /// [`PAGE_BYTES`](memcore::PAGE_BYTES) pages; 0:
     /// [`STITCHED_RESERVATION_PER_DEVICE`] times the device's memory.
     pub reservation_bytes: u64,
     /// The policy; its `log_ops` is turned on, as the pool needs the ops.
@@ -42,8 +44,10 @@ pub struct StitchedStats {
     /// counted and modeled.
     pub model: StitchStats,
     /// The device calls the pool made, with the host time measured in
-    /// them (`map` is `cuMemMap`, `set_access` its `cuMemSetAccess`).
-    pub calls: VmmCalls,
+    /// them (`map` is `cuMemMap`, `set_access` the device's own
+    /// `cuMemSetAccess` after it), counted as the model counts its own
+    /// ([`StitchStats::calls`]).
+    pub calls: DriverCalls,
     /// Virtual bytes reserved.
     pub reservation_bytes: u64,
     /// Allocations whose backing failed and were rolled back.
@@ -114,7 +118,7 @@ struct State<D: DeviceMemory> {
 impl<D: DeviceMemory> StitchedPool<D> {
     /// A pool on `device`: reserves the virtual range now, creates no
     /// physical memory yet. The device needs VMM with a page that divides
-    /// 2 MiB.
+    /// [`PAGE_BYTES`](memcore::PAGE_BYTES).
     pub fn new(mut device: D, config: StitchedConfig) -> Result<Self> {
         if !device.supports_vmm() {
             return Err(Error::Unsupported(
@@ -138,10 +142,8 @@ impl<D: DeviceMemory> StitchedPool<D> {
         let reserved = memcore::align_up(wanted.max(1), PAGE_BYTES).ok_or(Error::InvalidConfig(
             "the stitched pool's reservation overflows",
         ))?;
-        let mut calls = VmmCalls::default();
-        let base = calls
-            .reserve
-            .record(reserved, || device.reserve(reserved))?;
+        let mut mapper = Mapper::new(device.ordinal(), config.peers)?;
+        let base = mapper.reserve(&mut device, reserved)?;
         let stitch = Stitch::new(StitchConfig {
             log_ops: true,
             ..config.stitch
@@ -150,7 +152,7 @@ impl<D: DeviceMemory> StitchedPool<D> {
             state: Mutex::new(State {
                 device,
                 stitch,
-                mirror: Mirror::new(base, reserved, calls, config.peers),
+                mirror: Mirror::new(base, reserved, mapper),
                 live: HashMap::default(),
                 rollbacks: 0,
             }),
@@ -185,8 +187,8 @@ impl<D: DeviceMemory> StitchedPool<D> {
         let state = self.lock();
         StitchedStats {
             model: state.stitch.stats(),
-            calls: state.mirror.calls,
-            peer_access: state.mirror.peer_access,
+            calls: state.mirror.calls(),
+            peer_access: state.mirror.peer_access(),
             reservation_bytes: state.mirror.reserved,
             rollbacks: state.rollbacks,
         }
@@ -269,11 +271,17 @@ impl<D: DeviceMemory> State<D> {
 
     fn out_of_memory(&self, requested: u64, failure: Failure) -> Error {
         let stats = self.stitch.stats();
-        let why = match failure {
-            Failure::CreateRefused(error) => format!("after releasing idle handles, {error}"),
-            Failure::OutsideReservation { end } => format!(
-                "the virtual reservation of {} bytes is full (the block would need {end})",
-                self.mirror.reserved
+        let (driver_code, why) = match failure {
+            Failure::CreateRefused(error) => (
+                error.driver_code(),
+                format!("after releasing idle handles, {error}"),
+            ),
+            Failure::OutsideReservation { end } => (
+                None,
+                format!(
+                    "the virtual reservation of {} bytes is full (the block would need {end})",
+                    self.mirror.reserved
+                ),
             ),
             Failure::Driver(error) => return error,
         };
@@ -281,6 +289,7 @@ impl<D: DeviceMemory> State<D> {
             requested,
             physical_bytes: stats.physical_bytes,
             live_bytes: stats.live_bytes,
+            driver_code,
             why,
         }
     }

@@ -9,8 +9,6 @@ pub fn parse(text: &str) -> Result<u64, String> {
     memcore::bytes::parse(text).map_err(|error| format!("{} is {error}", quote(text)))
 }
 
-pub use memcore::bytes::human;
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 //! Predicted from a built-in device profile, or measured on a GPU (feature
 //! `cuda`).
 
-use std::io::Write as _;
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow};
@@ -13,8 +13,9 @@ use ctx::{DeviceProfile, Ledger, LedgerItemKind, Limits, Workload};
 use plotters::prelude::*;
 use serde_json::{Map, Value, json};
 
-use crate::cli::byte_size::{self, human};
+use crate::cli::byte_size;
 use crate::report::{Swatch, escape, legend, page};
+use memcore::bytes::human;
 
 /// Arguments of `cudamem explain`.
 #[derive(Debug, clap::Args)]
@@ -85,10 +86,10 @@ pub(crate) struct Explained {
     measured_extra: Vec<(&'static str, u64)>,
 }
 
-/// Run `cudamem explain`.
-pub fn run(args: ExplainArgs) -> Result<()> {
+/// Run `cudamem explain`, writing the ledger to `out`.
+pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
     if let Some(snapshot) = &args.snapshot {
-        return crate::cli::explain_snapshot::run(snapshot, args.json, args.report.as_deref());
+        return crate::cli::explain_snapshot::run(snapshot, args.json, args.report.as_deref(), out);
     }
     let most = kernels::cm_heap::region_bytes(kernels::cm_heap::MAX_CHUNKS);
     if let Some(bytes) = args.cm_heap.filter(|&b| b > most) {
@@ -103,7 +104,7 @@ pub fn run(args: ExplainArgs) -> Result<()> {
                 "--report draws one ledger; with --device all, name one device (--device N)"
             ));
         }
-        return crate::cli::explain_devices::run(&args);
+        return crate::cli::explain_devices::run(&args, out);
     }
     let defaults = Limits::cuda_default();
     let limits = Limits {
@@ -136,7 +137,6 @@ pub fn run(args: ExplainArgs) -> Result<()> {
         .ledger
         .check_fits()
         .with_context(|| format!("the {} ledger", explained.profile.full_name))?;
-    let mut out = crate::cli::output::stdout();
     if args.json {
         writeln!(
             out,
@@ -216,26 +216,26 @@ pub(crate) fn to_json(explained: &Explained, kernel_local_bytes: &[u64]) -> Valu
     } = explained;
     let mut object = Map::new();
     let fields = json!({
-        "device": ledger.device,
+        "device": ledger.device(),
         "full_name": profile.full_name,
-        "sm_count": ledger.sm_count,
-        "max_threads_per_sm": ledger.max_threads_per_sm,
+        "sm_count": ledger.sm_count(),
+        "max_threads_per_sm": ledger.max_threads_per_sm(),
         "total_bytes": profile.total_bytes,
-        "stack_size_bytes": ledger.limits.stack_bytes,
+        "stack_size_bytes": ledger.limits().stack_bytes,
         "kernel_local_bytes": kernel_local_bytes,
-        "per_thread_local_bytes": ledger.per_thread_local_bytes,
-        "local_memory_per_sm_bytes": ledger.local_memory_per_sm_bytes,
-        "local_memory_reservation_bytes": ledger.local_memory_reservation_bytes,
-        "malloc_heap_bytes": ledger.limits.malloc_heap_bytes,
+        "per_thread_local_bytes": ledger.per_thread_local_bytes(),
+        "local_memory_per_sm_bytes": ledger.local_memory_per_sm_bytes(),
+        "local_memory_reservation_bytes": ledger.local_memory_reservation_bytes(),
+        "malloc_heap_bytes": ledger.limits().malloc_heap_bytes,
         "cm_heap_bytes": ledger.item(LedgerItemKind::CmHeap).map_or(0, |item| item.predicted),
-        "printf_fifo_bytes": ledger.limits.printf_fifo_bytes,
-        "items": ledger.items,
+        "printf_fifo_bytes": ledger.limits().printf_fifo_bytes,
+        "items": ledger.items(),
     });
     if let Value::Object(fields) = fields {
         object.extend(fields);
     }
     let mut measured = false;
-    for item in &ledger.items {
+    for item in ledger.items() {
         if let Some(bytes) = item.measured {
             measured = true;
             object.insert(
@@ -305,7 +305,7 @@ impl Column {
 fn ledger_page(explained: &Explained) -> Result<String> {
     let ledger = &explained.ledger;
     let parts: Vec<_> = ledger
-        .items
+        .items()
         .iter()
         .filter(|item| !matches!(item.kind, LedgerItemKind::Total | LedgerItemKind::Free))
         .collect();
@@ -367,7 +367,7 @@ fn ledger_page(explained: &Explained) -> Result<String> {
             }
             chart.draw_series(bars)?;
             entries.push((
-                format!("{} ({})", item.name, human(item.predicted)),
+                format!("{} ({})", item.name(), human(item.predicted)),
                 color,
                 Swatch::Box,
             ));
@@ -377,10 +377,10 @@ fn ledger_page(explained: &Explained) -> Result<String> {
     let mut body = svg;
     body += &legend(&entries);
     body += "<table><tr><th>item</th><th>predicted</th><th>measured</th><th>why</th></tr>\n";
-    for item in &ledger.items {
+    for item in ledger.items() {
         body += &format!(
             "<tr><td>{}</td><td>{} ({} B)</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>\n",
-            escape(item.name),
+            escape(item.name()),
             human(item.predicted),
             item.predicted,
             item.measured.map_or_else(

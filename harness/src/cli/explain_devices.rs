@@ -25,18 +25,16 @@ pub struct Grant {
 
 /// Run `cudamem explain --device all`.
 #[cfg(not(feature = "cuda"))]
-pub fn run(_args: &ExplainArgs) -> Result<()> {
+pub fn run(_args: &ExplainArgs, _out: &mut dyn std::io::Write) -> Result<()> {
     Err(anyhow::anyhow!(
         "--device all: cudamem was built without the cuda feature; rebuild with \
          `--features cuda` to measure the GPUs, or use --profile"
     ))
 }
 
-/// Run `cudamem explain --device all`.
+/// Run `cudamem explain --device all`, writing the ledgers to `out`.
 #[cfg(feature = "cuda")]
-pub fn run(args: &ExplainArgs) -> Result<()> {
-    use std::io::Write as _;
-
+pub fn run(args: &ExplainArgs, out: &mut dyn std::io::Write) -> Result<()> {
     use anyhow::{Context, bail};
     use ctx::CudaContext;
 
@@ -67,7 +65,6 @@ pub fn run(args: &ExplainArgs) -> Result<()> {
             });
         }
     }
-    let mut out = crate::cli::output::stdout();
     if args.json {
         let devices: Vec<Value> = ledgers
             .iter()
@@ -103,9 +100,12 @@ fn grant_one_page(owner: u32, peer: u32) -> ctx::Result<()> {
     let mut device = CudaDevice::new(&context)?;
     let page = device.granularity();
     let base = device.reserve(page)?;
-    device.map(base, page)?;
-    let granted = device.set_access(base, page, PeerSet::of(&[peer])?);
-    device.unmap(base, page)?;
+    let handle = device.create_physical(page)?;
+    device.map_physical(handle, base)?;
+    device.grant_access(base, page, PeerSet::of(&[owner])?)?;
+    let granted = device.grant_access(base, page, PeerSet::of(&[peer])?);
+    device.unmap_physical(base, page)?;
+    device.release_physical(handle)?;
     device.release(base, page)?;
     granted
 }

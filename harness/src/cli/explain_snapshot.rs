@@ -6,15 +6,16 @@
 //! user's code that allocated each.
 
 use std::fmt::Write as _;
+use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use crate::cli::byte_size::human;
 use crate::report::{escape, page};
 use crate::trace;
 use crate::trace::display_name;
 use crate::trace::snapshot::state::{self, Segment, State};
+use memcore::bytes::human;
 
 /// Pinned segments the text lists before it says how many more there are.
 const LISTED_SEGMENTS: usize = 10;
@@ -26,8 +27,8 @@ pub const FRAGMENTATION_RULE: &str = "Fragmented bytes: free bytes PyTorch holds
 largest free block; a request larger than that block can use none of them. Pinned free bytes: free \
 bytes of segments that hold a live block; empty_cache() returns only segments with no live block.";
 
-/// Run `cudamem explain --snapshot FILE`.
-pub fn run(path: &Path, json: bool, report: Option<&Path>) -> Result<()> {
+/// Run `cudamem explain --snapshot FILE`, writing what it found to `out`.
+pub fn run(path: &Path, json: bool, report: Option<&Path>, out: &mut dyn Write) -> Result<()> {
     let pickle = trace::file::load_pickle(path)?;
     let state = state::read(path, &pickle)?;
     drop(pickle);
@@ -38,15 +39,15 @@ pub fn run(path: &Path, json: bool, report: Option<&Path>) -> Result<()> {
             object.insert("snapshot".into(), name.clone().into());
             object.insert("fragmentation_rule".into(), FRAGMENTATION_RULE.into());
         }
-        println!("{}", serde_json::to_string(&value)?);
+        writeln!(out, "{}", serde_json::to_string(&value)?)?;
     } else {
-        print!("{}", text(&name, &state));
+        write!(out, "{}", text(&name, &state))?;
     }
     if let Some(report) = report {
         std::fs::write(report, html(&name, &state))
             .with_context(|| format!("writing the report to {}", report.display()))?;
         if !json {
-            println!("report: {}", report.display());
+            writeln!(out, "report: {}", report.display())?;
         }
     }
     Ok(())

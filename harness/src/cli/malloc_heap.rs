@@ -10,12 +10,13 @@
 //! feature it measures instead: it runs the pattern with the heap set to a
 //! size, and searches for the smallest size with no NULL.
 
-use std::io::Write as _;
+use std::io::Write;
 
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::cli::byte_size::{self, human};
+use crate::cli::byte_size;
+use memcore::bytes::human;
 
 /// Assumed header of every device-heap block, bytes.
 pub const BLOCK_HEADER_BYTES: u64 = 16;
@@ -95,8 +96,8 @@ pub fn predict(sizes: &[u64], threads: u32) -> Result<HeapPrediction> {
     })
 }
 
-/// Run `cudamem heap`.
-pub fn run(args: HeapArgs) -> Result<()> {
+/// Run `cudamem heap`, writing the prediction (and measurement) to `out`.
+pub fn run(args: HeapArgs, out: &mut dyn Write) -> Result<()> {
     if args.sizes.contains(&0) {
         anyhow::bail!("--size 0: malloc(0) holds no block; give sizes of at least one byte");
     }
@@ -118,7 +119,6 @@ pub fn run(args: HeapArgs) -> Result<()> {
         )?),
         None => None,
     };
-    let mut out = crate::cli::output::stdout();
     if args.json {
         let value = serde_json::json!({
             "sizes": args.sizes,

@@ -1,5 +1,7 @@
-//! The `cudamem` subcommands: their arguments, how they read and print, and
-//! the byte counts they accept.
+//! The `cudamem` command in process: its arguments ([`Cli`]), each
+//! subcommand writing to any output ([`run`]), and how a run ends
+//! ([`Exit`]). The binary parses, calls [`run`] with standard output, and
+//! exits with [`Exit::code`].
 
 pub mod byte_size;
 pub mod explain;
@@ -8,5 +10,109 @@ pub mod explain_snapshot;
 pub mod malloc_heap;
 pub mod output;
 pub mod replay_command;
-#[cfg(feature = "cuda")]
-pub mod replay_gpu;
+
+use std::io::Write;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// What `cudamem --help` opens with: what the command is for, and what a
+/// bare `cudamem` does.
+const ABOUT: &str = "Where did my GPU memory go? cudamem replays recorded allocation traces \
+(RMM logs, PyTorch memory snapshots) through allocation policies to compare their footprint \
+and compaction cost, and explains what a CUDA context takes before the first allocation.
+
+With no command, cudamem replays its built-in ResNet-50 training trace, prints the table and \
+writes the HTML report cudamem-report.html in the current directory.";
+
+/// The command line of `cudamem`.
+#[derive(Debug, Parser)]
+#[command(name = "cudamem", version, about = ABOUT, long_about = None)]
+pub struct Cli {
+    /// The subcommand; none: `replay` of the built-in trace.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Replay allocation traces through allocation policies (with no trace:
+    /// the built-in ResNet-50 trace, and an HTML report).
+    Replay(replay_command::ReplayArgs),
+    /// What a CUDA context costs before the first allocation, item by item.
+    Explain(explain::ExplainArgs),
+    /// The malloc heap (cudaLimitMallocHeapSize) an in-kernel malloc pattern needs.
+    Heap(malloc_heap::HeapArgs),
+}
+
+/// Run the command `cli` names, writing what it prints to `out` (files it
+/// writes, such as reports, go where its arguments say).
+pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
+    match cli.command {
+        None => replay_command::run(replay_command::ReplayArgs::defaults()?, out),
+        Some(Command::Replay(args)) => replay_command::run(args, out),
+        Some(Command::Explain(args)) => explain::run(args, out),
+        Some(Command::Heap(args)) => malloc_heap::run(args, out),
+    }?;
+    // What is still buffered must reach the reader, or the failure be told.
+    Ok(out.flush()?)
+}
+
+/// How a run of the command ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit {
+    /// It did what was asked.
+    Done,
+    /// The reader closed the pipe (`cudamem explain | head -1`): it has all
+    /// it wanted, so this is no failure.
+    ReaderGone,
+    /// It failed; the message for standard error, causes included.
+    Failed(String),
+}
+
+impl Exit {
+    /// How `result`, a run's, ends.
+    pub fn of(result: &Result<()>) -> Self {
+        match result {
+            Ok(()) => Exit::Done,
+            Err(err) if output::is_closed_pipe(err) => Exit::ReaderGone,
+            Err(err) => Exit::Failed(format!("{err:#}")),
+        }
+    }
+
+    /// The process's exit status: 0, or 1 for a failure (clap exits with 2
+    /// on arguments it cannot parse, before any run).
+    pub fn code(&self) -> u8 {
+        match self {
+            Exit::Done | Exit::ReaderGone => 0,
+            Exit::Failed(_) => 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_pipe_is_success_and_other_failures_are_one() {
+        let pipe: Result<()> = Err(anyhow::Error::new(std::io::Error::from(
+            std::io::ErrorKind::BrokenPipe,
+        ))
+        .context("writing the table"));
+        assert_eq!(Exit::of(&pipe), Exit::ReaderGone);
+        assert_eq!(Exit::of(&pipe).code(), 0);
+        assert_eq!(Exit::of(&Ok(())).code(), 0);
+        let full: Result<()> = Err(anyhow::Error::new(std::io::Error::from(
+            std::io::ErrorKind::StorageFull,
+        ))
+        .context("writing to standard output"));
+        let exit = Exit::of(&full);
+        assert_eq!(exit.code(), 1);
+        assert!(
+            matches!(&exit, Exit::Failed(message) if message.starts_with("writing to standard output: ")),
+            "{exit:?}"
+        );
+    }
+}

@@ -4,12 +4,15 @@
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
 use anyhow::{Context, Result, bail};
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::byte_size;
-use crate::replay::policy::{Arena, ArenaRefused, PolicyName};
+use crate::replay::policy::{Arena, ArenaRefused};
+use crate::replay::spec::{self, PolicyParser, PolicySpec, Settings};
 use crate::replay::{self, Outcome, Placement};
 use crate::report::summary::{SkippedPolicy, TraceSummary};
 use crate::report::{self, TraceReport};
@@ -17,7 +20,19 @@ use crate::trace;
 use crate::trace::Trace;
 
 /// Where the report goes when `cudamem` runs on the built-in trace.
-const DEFAULT_REPORT: &str = "cudamem-report.html";
+pub const DEFAULT_REPORT: &str = "cudamem-report.html";
+
+/// `--stitch-large`'s default: memcore's large handle (`human` reads back
+/// exactly for it, which a test holds).
+static DEFAULT_STITCH_LARGE: LazyLock<String> = LazyLock::new(|| {
+    memcore::bytes::human(
+        u64::from(memcore::StitchConfig::default().large_pages) * memcore::PAGE_BYTES,
+    )
+});
+
+/// `--stitch-keep-idle`'s default: memcore's.
+static DEFAULT_STITCH_KEEP_IDLE: LazyLock<String> =
+    LazyLock::new(|| memcore::bytes::human(memcore::StitchConfig::default().keep_idle_bytes));
 
 /// A trace kept for the report, with what each policy did to it.
 struct Replayed {
@@ -26,158 +41,160 @@ struct Replayed {
     runs: Vec<(Outcome, Placement)>,
 }
 
-/// Arguments of `cudamem replay`.
-#[derive(Debug, Default, clap::Args)]
+/// Arguments of `cudamem replay`. Their defaults are clap's, the one source
+/// of them: a bare `cudamem` runs [`ReplayArgs::defaults`].
+#[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
     /// Trace files: RMM logging_resource_adaptor CSV logs (gzip or plain) or
     /// PyTorch memory snapshots (torch.cuda.memory._dump_snapshot). None: the
     /// built-in ResNet-50 trace, with an HTML report.
-    traces: Vec<PathBuf>,
-    /// Replay through this policy only (repeatable); default: all of them.
-    #[arg(long = "policy", value_enum)]
-    policies: Vec<PolicyName>,
+    pub traces: Vec<PathBuf>,
+    /// Replay through this policy only (repeatable); default: all of them
+    /// but stitched-pool (with --gpu: stitched-pool).
+    #[arg(long = "policy", value_parser = PolicyParser)]
+    pub policies: Vec<&'static PolicySpec>,
     /// A fixed arena of this many bytes (e.g. 8GiB) instead of a growing one:
     /// report where each policy first fails.
     #[arg(long, value_parser = byte_size::parse)]
-    capacity: Option<u64>,
+    pub capacity: Option<u64>,
     /// One JSON object per trace per line, instead of tables.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
     /// Write an HTML report (memory maps, footprint curves) to this file.
     #[arg(long)]
-    report: Option<PathBuf>,
+    pub report: Option<PathBuf>,
     /// Of a multi-device PyTorch snapshot, replay only CUDA device N.
     #[arg(long)]
-    device: Option<usize>,
-    /// Replay through the stitched pool on CUDA device N, on the real
-    /// driver (a cudamem built with the `cuda` feature): footprint by
-    /// cuMemGetInfo, time per allocate and free, copy bandwidth at the peak
-    /// against cuMemAlloc memory. (`--device` picks a snapshot's device.)
+    pub device: Option<usize>,
+    /// Run the stitched-pool policy on CUDA device N, on the real driver (a
+    /// cudamem built with the `cuda` feature): footprint by cuMemGetInfo,
+    /// time per allocate and free, copy bandwidth at the peak against
+    /// cuMemAlloc memory. Alone it replays through stitched-pool only.
+    /// (`--device` picks a snapshot's device.)
     #[arg(long, value_name = "N")]
-    gpu: Option<u32>,
-    /// The stitch policy's large handles, in bytes (a multiple of 2 MiB;
+    pub gpu: Option<u32>,
+    /// The stitch policies' large handles, in bytes (a multiple of 2 MiB;
     /// 0 or 2MiB: 2 MiB handles only).
-    #[arg(long, value_parser = byte_size::parse, default_value = "32MiB")]
-    stitch_large: u64,
-    /// Idle bytes the stitch policy keeps mapped even past its budget
+    #[arg(long, value_parser = byte_size::parse, default_value = DEFAULT_STITCH_LARGE.as_str())]
+    pub stitch_large: u64,
+    /// Idle bytes the stitch policies keep mapped even past their budget
     /// (0: recycle whenever the budget says so, least memory).
-    #[arg(long, value_parser = byte_size::parse, default_value = "0")]
-    stitch_keep_idle: u64,
-    /// The stitch policy's footprint budget over the most bytes live so
+    #[arg(long, value_parser = byte_size::parse, default_value = DEFAULT_STITCH_KEEP_IDLE.as_str())]
+    pub stitch_keep_idle: u64,
+    /// The stitch policies' footprint budget over the most bytes live so
     /// far, in parts per thousand: within it idle handles stay cached
     /// (fewer driver calls), past it they are recycled (less memory).
     #[arg(long, default_value_t = memcore::StitchConfig::default().slack_permille)]
-    stitch_slack: u32,
-    /// How far a new large handle of the stitch policy may take its
+    pub stitch_slack: u32,
+    /// How far a new large handle of the stitch policies may take their
     /// footprint past the budget, in thousandths of the handle (1000: grow
     /// by whole large handles; 0: stitch the frontier from 2 MiB handles).
     #[arg(long, default_value_t = memcore::StitchConfig::default().overshoot_permille)]
-    stitch_overshoot: u32,
-    /// With nothing idle, let the stitch policy stitch growth past its
+    pub stitch_overshoot: u32,
+    /// With nothing idle, let the stitch policies stitch growth past their
     /// budget from 2 MiB pages rather than take a whole large handle.
     #[arg(long)]
-    stitch_grow_pages: bool,
-    /// Place the stitch policy's requests of at least a large handle at a
+    pub stitch_grow_pages: bool,
+    /// Place the stitch policies' requests of at least a large handle at a
     /// multiple of it rather than at any 512-byte address.
     #[arg(long)]
-    stitch_align_large: bool,
+    pub stitch_align_large: bool,
 }
 
-/// Run `cudamem replay`.
-pub fn run(args: ReplayArgs) -> Result<()> {
-    let arena = match args.capacity {
-        Some(bytes) => Arena::fixed(bytes)?,
-        None => Arena::Growable,
-    };
-    let page = memcore::PAGE_BYTES;
-    if args.stitch_large % page != 0 || args.stitch_large / page > u64::from(u32::MAX) {
-        bail!(
-            "--stitch-large {} is not a multiple of {page} bytes (2 MiB) below 2^32 pages",
-            args.stitch_large
-        );
+impl ReplayArgs {
+    /// The arguments of `cudamem replay` with nothing given: what a bare
+    /// `cudamem` runs.
+    pub fn defaults() -> Result<Self> {
+        #[derive(Parser)]
+        struct Bare {
+            #[command(flatten)]
+            args: ReplayArgs,
+        }
+        Ok(Bare::try_parse_from(["replay"])?.args)
     }
-    let stitch = memcore::StitchConfig {
-        large_pages: (args.stitch_large / page) as u32,
-        align_large: args.stitch_align_large,
-        overshoot_permille: args.stitch_overshoot,
-        grow_in_large: !args.stitch_grow_pages,
-        keep_idle_bytes: args.stitch_keep_idle,
-        slack_permille: args.stitch_slack,
-        ..memcore::StitchConfig::default()
-    };
-    let policies = if args.policies.is_empty() {
-        PolicyName::ALL.to_vec()
-    } else {
-        let mut chosen = Vec::new();
-        for name in args.policies {
-            if !chosen.contains(&name) {
-                chosen.push(name);
+
+    /// What the policies are built from.
+    pub fn settings(&self) -> Result<Settings> {
+        let arena = match self.capacity {
+            Some(bytes) => Arena::fixed(bytes)?,
+            None => Arena::Growable,
+        };
+        let page = memcore::PAGE_BYTES;
+        if self.stitch_large % page != 0 || self.stitch_large / page > u64::from(u32::MAX) {
+            bail!(
+                "--stitch-large {} is not a multiple of {page} bytes (2 MiB) below 2^32 pages",
+                self.stitch_large
+            );
+        }
+        let stitch = memcore::StitchConfig {
+            large_pages: (self.stitch_large / page) as u32,
+            align_large: self.stitch_align_large,
+            overshoot_permille: self.stitch_overshoot,
+            grow_in_large: !self.stitch_grow_pages,
+            keep_idle_bytes: self.stitch_keep_idle,
+            slack_permille: self.stitch_slack,
+            ..memcore::StitchConfig::default()
+        };
+        Ok(Settings {
+            arena,
+            stitch,
+            gpu: self.gpu,
+        })
+    }
+
+    /// The policies to run, each once, in the order given.
+    fn chosen_policies(&self) -> Vec<&'static PolicySpec> {
+        if self.policies.is_empty() {
+            return spec::defaults(self.gpu.is_some());
+        }
+        let mut chosen: Vec<&'static PolicySpec> = Vec::new();
+        for &spec in &self.policies {
+            if !chosen.contains(&spec) {
+                chosen.push(spec);
             }
         }
         chosen
-    };
+    }
+}
+
+/// Run `cudamem replay`, writing the tables (or JSON lines) to `out`.
+pub fn run(args: ReplayArgs, out: &mut dyn Write) -> Result<()> {
+    let settings = args.settings()?;
+    let policies = args.chosen_policies();
     let report_path = if args.traces.is_empty() {
-        Some(args.report.unwrap_or_else(|| PathBuf::from(DEFAULT_REPORT)))
+        Some(
+            args.report
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_REPORT)),
+        )
     } else {
-        args.report
+        args.report.clone()
     };
     // Before any replay: a report that cannot be written fails now, not
     // after minutes of work.
     let report_file = report_path
         .map(|path| ReportFile::open(path, &args.traces))
         .transpose()?;
-    let traces = if args.traces.is_empty() {
-        trace::file::load_embedded()?
-    } else {
-        let mut traces = Vec::new();
-        for path in &args.traces {
-            let mut loaded = trace::file::load(path)?;
-            if let Some(device) = args.device {
-                let present: Vec<String> = loaded
-                    .iter()
-                    .filter_map(|trace| trace.device.map(|device| device.to_string()))
-                    .collect();
-                loaded.retain(|trace| trace.device == Some(device));
-                if loaded.is_empty() {
-                    bail!(
-                        "{}: no events for device {device} (devices with events: {})",
-                        path.display(),
-                        if present.is_empty() {
-                            "none; not a snapshot".to_string()
-                        } else {
-                            present.join(", ")
-                        }
-                    );
-                }
-            }
-            traces.extend(loaded);
-        }
-        traces
-    };
-
-    if let Some(gpu) = args.gpu {
-        return on_gpu(&traces, gpu, stitch, args.json);
-    }
+    let traces = load_traces(&args)?;
 
     let record = report_file.is_some();
     let mut replayed: Vec<Replayed> = Vec::new();
-    let mut out = crate::cli::output::stdout();
     for trace in traces {
         let progress = progress_bar(&trace, policies.len());
         let mut outcomes = Vec::new();
         let mut placements = Vec::new();
         let mut skipped = Vec::new();
-        for &name in &policies {
-            progress.set_message(name.as_str());
-            match replay::run(name, &trace, arena, stitch, &progress, record) {
+        for &spec in &policies {
+            progress.set_message(spec.name);
+            match replay::run(spec, &trace, &settings, &progress, record) {
                 Ok((outcome, placement)) => {
                     outcomes.push(outcome);
                     placements.extend(placement);
                 }
                 Err(err) => match err.downcast_ref::<ArenaRefused>() {
                     Some(refused) => skipped.push(SkippedPolicy {
-                        name: name.as_str(),
-                        reason: refused.to_string(),
+                        name: spec.name,
+                        reason: format!("{} {refused}", spec.name),
                     }),
                     None => return Err(err),
                 },
@@ -232,27 +249,45 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                     .collect(),
             })
             .collect();
-        let html = report::replay_page(&reports)?;
+        let html = report::replay_page(&reports, &settings)?;
         let path = file.write(html.as_bytes())?;
         if !args.json {
-            writeln!(crate::cli::output::stdout(), "report: {}", path.display())?;
+            writeln!(out, "report: {}", path.display())?;
         }
     }
     Ok(())
 }
 
-#[cfg(feature = "cuda")]
-fn on_gpu(traces: &[Trace], gpu: u32, stitch: memcore::StitchConfig, json: bool) -> Result<()> {
-    crate::cli::replay_gpu::run(traces, gpu, stitch, json)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn on_gpu(_: &[Trace], gpu: u32, _: memcore::StitchConfig, _: bool) -> Result<()> {
-    bail!(
-        "--gpu {gpu} replays on the CUDA driver, and this cudamem was built without the \
-         `cuda` feature: build it with `cargo build --release -p harness --features cuda`, \
-         or use the GPU bundle's bin/cudamem (cargo xtask gpu-bundle DIR)"
-    )
+/// The traces `args` names (the built-in one if none), of the snapshot
+/// device it picks.
+fn load_traces(args: &ReplayArgs) -> Result<Vec<Trace>> {
+    if args.traces.is_empty() {
+        return Ok(trace::file::load_embedded()?);
+    }
+    let mut traces = Vec::new();
+    for path in &args.traces {
+        let mut loaded = trace::file::load(path)?;
+        if let Some(device) = args.device {
+            let present: Vec<String> = loaded
+                .iter()
+                .filter_map(|trace| trace.device.map(|device| device.to_string()))
+                .collect();
+            loaded.retain(|trace| trace.device == Some(device));
+            if loaded.is_empty() {
+                bail!(
+                    "{}: no events for device {device} (devices with events: {})",
+                    path.display(),
+                    if present.is_empty() {
+                        "none; not a snapshot".to_string()
+                    } else {
+                        present.join(", ")
+                    }
+                );
+            }
+        }
+        traces.extend(loaded);
+    }
+    Ok(traces)
 }
 
 /// The report file, opened before the replay. Dropped unwritten (the
@@ -335,4 +370,44 @@ fn progress_bar(trace: &Trace, policies: usize) -> ProgressBar {
     bar.set_style(style);
     bar.set_prefix(trace.name.clone());
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_defaults_are_the_librarys() {
+        let defaults = ReplayArgs::defaults().unwrap();
+        assert_eq!(defaults.settings().unwrap(), Settings::default());
+        assert!(defaults.traces.is_empty() && defaults.policies.is_empty());
+        assert_eq!(defaults.chosen_policies(), spec::defaults(false));
+    }
+
+    #[test]
+    fn policies_are_named_once_in_the_order_given() {
+        #[derive(Debug, Parser)]
+        struct Replay {
+            #[command(flatten)]
+            args: ReplayArgs,
+        }
+        let args = Replay::try_parse_from([
+            "replay", "--policy", "stitch", "--policy", "tlsf", "--policy", "stitch",
+        ])
+        .unwrap()
+        .args;
+        let names: Vec<&str> = args.chosen_policies().iter().map(|s| s.name).collect();
+        assert_eq!(names, ["stitch", "tlsf"]);
+        let err = Replay::try_parse_from(["replay", "--policy", "fastest"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+        let said = err.to_string();
+        assert!(
+            said.contains("fastest") && said.contains("pytorch-expandable"),
+            "{said}"
+        );
+        let gpu = Replay::try_parse_from(["replay", "--gpu", "0"])
+            .unwrap()
+            .args;
+        assert_eq!(gpu.chosen_policies(), spec::defaults(true));
+    }
 }

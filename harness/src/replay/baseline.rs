@@ -8,7 +8,7 @@ use memcore::{DEFAULT_ALIGN, DriverCalls, H200_DRIVER_COSTS};
 use range_alloc::RangeAllocator;
 
 use crate::replay::policy::{
-    ARENA_BYTES, Arena, ArenaRefused, ArenaState, GRANULE, Policy, PolicyName, granules, growth,
+    ARENA_BYTES, Arena, ArenaRefused, ArenaState, GRANULE, Policy, granules, growth,
 };
 
 /// offset-allocator counts in units; one unit is the alignment every request
@@ -41,7 +41,6 @@ impl OffsetAllocatorPolicy {
                 Ok(units) if units < u32::MAX => (units, false),
                 _ => {
                     return Err(ArenaRefused {
-                        policy: PolicyName::OffsetAllocator,
                         arena_bytes: bytes,
                         max_bytes: u64::from(u32::MAX - 1) * UNIT,
                     }

@@ -1,26 +1,28 @@
 //! Replaying a parsed trace through one policy: the timed loop, and a
 //! second, recording pass that keeps where every block lay for the report.
+//! [`spec`] is the table of policies; each builds its policy and runs a
+//! [`Pass`] through it, so the loops are compiled for each policy's type.
 
 pub mod baseline;
-#[cfg(any(feature = "cuda", test))]
-pub mod on_device;
+#[cfg(feature = "cuda")]
+pub mod cuda_device;
+pub mod device;
 pub mod policy;
 pub mod pool_policy;
+pub mod spec;
 pub mod stitch_policy;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::replay::baseline::{OffsetAllocatorPolicy, RangeAllocPolicy};
-use crate::replay::policy::{Arena, ArenaState, Policy, PolicyName};
-use crate::replay::pool_policy::PoolPolicy;
-use crate::replay::stitch_policy::{ExpandablePolicy, StitchPolicy};
+use crate::replay::device::DeviceFigures;
+use crate::replay::policy::{ArenaState, Policy};
 use crate::trace::{Event, Location, Trace};
-use ctx::CompactionPolicy;
-use memcore::StitchConfig;
+
+pub use spec::{POLICIES, PolicySpec, Settings};
 
 /// Events between two progress-bar updates: rare enough to cost nothing in
 /// the timed loop.
@@ -51,7 +53,7 @@ fn location_text<S: serde::Serializer>(
 #[derive(Debug, Clone)]
 pub struct Outcome {
     /// The policy.
-    pub policy: PolicyName,
+    pub policy: &'static PolicySpec,
     /// Most bytes mapped at once (see [`crate::replay::policy`] for the rule).
     pub peak_footprint_bytes: u64,
     /// Bytes copied by compaction.
@@ -69,6 +71,8 @@ pub struct Outcome {
     /// Of the live bytes at their first peak, those in handles of at least
     /// 32 MiB, where the policy models handles.
     pub peak_live_in_full_bandwidth_handles: Option<u64>,
+    /// What a policy that runs on a device measured there.
+    pub device: Option<DeviceFigures>,
 }
 
 impl Outcome {
@@ -95,82 +99,94 @@ pub struct Placement {
     pub mapped: Vec<(usize, u64)>,
 }
 
-/// Replay `trace` through `name` over `arena` (the stitch policy set up by
-/// `stitch`); with `record`, also keep the placement of every block (a
-/// second pass, so timing stays clean).
+/// Replay `trace` through `spec`'s policy built for `settings`; with
+/// `record`, also keep the placement of every block (a second pass, so
+/// timing stays clean).
 pub fn run(
-    name: PolicyName,
+    spec: &'static PolicySpec,
     trace: &Trace,
-    arena: Arena,
-    stitch: StitchConfig,
+    settings: &Settings,
     progress: &ProgressBar,
     record: bool,
 ) -> Result<(Outcome, Option<Placement>)> {
-    let context = || format!("replaying {} through {}", trace.name, name.as_str());
-    let outcome = with_policy(
-        name,
-        arena,
-        stitch,
-        MeasuredPass {
-            name,
-            trace,
-            progress,
-        },
-    )
-    .with_context(context)?;
+    let context = || format!("replaying {} through {}", trace.name, spec.name);
+    let measured = Pass::Measured(MeasuredPass {
+        spec,
+        trace,
+        progress,
+    });
+    let outcome = match spec.run(settings, measured).with_context(context)? {
+        Done::Measured(outcome) => *outcome,
+        Done::Recorded(_) => return Err(wrong_pass(spec)),
+    };
     let placement = if record {
-        Some(with_policy(name, arena, stitch, RecordingPass { trace }).with_context(context)?)
+        match spec
+            .run(settings, Pass::Recording(RecordingPass { trace }))
+            .with_context(context)?
+        {
+            Done::Recorded(placement) => Some(placement),
+            Done::Measured(_) => return Err(wrong_pass(spec)),
+        }
     } else {
         None
     };
     Ok((outcome, placement))
 }
 
-/// Work to do with a freshly built policy, whatever its concrete type.
-trait ReplayPass<T> {
-    fn run<P: Policy>(self, policy: &mut P) -> Result<T>;
+/// A spec whose builder answered a pass with another pass's result.
+fn wrong_pass(spec: &PolicySpec) -> anyhow::Error {
+    anyhow!(
+        "the {} policy's builder did not run the pass it was given",
+        spec.name
+    )
 }
 
-/// Build the policy `name` names, so the loops below are monomorphized for it.
-fn with_policy<T>(
-    name: PolicyName,
-    arena: Arena,
-    stitch: StitchConfig,
-    body: impl ReplayPass<T>,
-) -> Result<T> {
-    match name {
-        PolicyName::FirstFit => body.run(&mut policy::free_list(memcore::Fit::First, arena)?),
-        PolicyName::BestFit => body.run(&mut policy::free_list(memcore::Fit::Best, arena)?),
-        PolicyName::Tlsf => body.run(&mut policy::tlsf(arena)?),
-        PolicyName::TlsfCompact => {
-            let pool = pool_policy::pool(arena, CompactionPolicy::SlideBeforeGrow)?;
-            body.run(&mut PoolPolicy::new(&pool, arena))
+/// Work to do with a freshly built policy, whatever its concrete type: a
+/// spec's builder makes the policy and hands it to [`Pass::run`].
+pub enum Pass<'a> {
+    /// The timed replay.
+    Measured(MeasuredPass<'a>),
+    /// The replay that records where every block lay.
+    Recording(RecordingPass<'a>),
+}
+
+/// What a [`Pass`] produced.
+pub enum Done {
+    /// The timed replay's figures (boxed: they are most of a `Done`).
+    Measured(Box<Outcome>),
+    /// Where every block lay.
+    Recorded(Placement),
+}
+
+impl Pass<'_> {
+    /// Run the pass through `policy`; compiled for each policy's type.
+    pub fn run<P: Policy>(self, policy: &mut P) -> Result<Done> {
+        match self {
+            Pass::Measured(pass) => pass
+                .run(policy)
+                .map(|outcome| Done::Measured(Box::new(outcome))),
+            Pass::Recording(pass) => pass.run(policy).map(Done::Recorded),
         }
-        PolicyName::PoolVmm => {
-            let pool = pool_policy::pool(arena, CompactionPolicy::BeforeGrow)?;
-            body.run(&mut PoolPolicy::new(&pool, arena))
-        }
-        PolicyName::OffsetAllocator => body.run(&mut OffsetAllocatorPolicy::new(arena)?),
-        PolicyName::RangeAlloc => body.run(&mut RangeAllocPolicy::new(arena)),
-        PolicyName::Stitch => body.run(&mut StitchPolicy::new(stitch, arena)),
-        PolicyName::PytorchExpandable => body.run(&mut ExpandablePolicy::new(arena)),
     }
 }
 
 /// The measured replay: nothing in the loop allocates (block slots are
 /// preallocated by dense id) and nothing but the policy's calls is timed.
-struct MeasuredPass<'a> {
-    name: PolicyName,
+pub struct MeasuredPass<'a> {
+    spec: &'static PolicySpec,
     trace: &'a Trace,
     progress: &'a ProgressBar,
 }
 
-impl ReplayPass<Outcome> for MeasuredPass<'_> {
+impl MeasuredPass<'_> {
     fn run<P: Policy>(self, policy: &mut P) -> Result<Outcome> {
         let trace = self.trace;
         let mut slots: Vec<Option<P::Block>> = vec![None; trace.allocations as usize];
         let mut failed = 0u64;
         let mut first_failure = None;
+        // What the policy does at the peak is not the replay's time.
+        let mut untimed = Duration::ZERO;
+        let at_event = |index: usize| format!("event {index} ({})", trace.locations[index]);
         let started = Instant::now();
         for (index, event) in trace.events.iter().enumerate() {
             match *event {
@@ -178,7 +194,7 @@ impl ReplayPass<Outcome> for MeasuredPass<'_> {
                 // a large block through memory on every call.
                 Event::Alloc { id, size } => match policy.allocate(size) {
                     Ok(Some(block)) => slots[id as usize] = Some(block),
-                    Err(err) => return Err(err),
+                    Err(err) => return Err(err.context(at_event(index))),
                     Ok(None) => {
                         failed += 1;
                         if first_failure.is_none() {
@@ -193,20 +209,27 @@ impl ReplayPass<Outcome> for MeasuredPass<'_> {
                 },
                 // A block the arena refused has nothing to free.
                 Event::Free { id } => {
-                    if let Some(block) = slots[id as usize].take() {
-                        policy.free(block)?;
+                    if let Some(block) = slots[id as usize].take()
+                        && let Err(err) = policy.free(block)
+                    {
+                        return Err(err.context(at_event(index)));
                     }
                 }
+            }
+            if index == trace.peak_live_event {
+                let paused = Instant::now();
+                policy.at_peak()?;
+                untimed += paused.elapsed();
             }
             if index % PROGRESS_STRIDE == PROGRESS_STRIDE - 1 {
                 self.progress.inc(PROGRESS_STRIDE as u64);
             }
         }
-        let elapsed = started.elapsed();
+        let elapsed = started.elapsed().saturating_sub(untimed);
         self.progress
             .inc((trace.events.len() % PROGRESS_STRIDE) as u64);
-        Ok(Outcome {
-            policy: self.name,
+        let mut outcome = Outcome {
+            policy: self.spec,
             peak_footprint_bytes: policy.peak_mapped_bytes()?,
             bytes_moved: policy.bytes_moved()?,
             failed_allocations: failed,
@@ -215,17 +238,21 @@ impl ReplayPass<Outcome> for MeasuredPass<'_> {
             events: trace.events.len(),
             driver_calls: policy.driver_calls()?,
             peak_live_in_full_bandwidth_handles: policy.peak_live_in_full_bandwidth_handles()?,
-        })
+            device: None,
+        };
+        // Last: measuring on the device may change what the policy holds.
+        outcome.device = policy.device_figures()?;
+        Ok(outcome)
     }
 }
 
 /// The recording replay: the same calls, then where the block landed, what
 /// compaction moved and how much is mapped.
-struct RecordingPass<'a> {
+pub struct RecordingPass<'a> {
     trace: &'a Trace,
 }
 
-impl ReplayPass<Placement> for RecordingPass<'_> {
+impl RecordingPass<'_> {
     fn run<P: Policy>(self, policy: &mut P) -> Result<Placement> {
         let trace = self.trace;
         let count = trace.allocations as usize;
@@ -293,6 +320,7 @@ impl ReplayPass<Placement> for RecordingPass<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replay::policy::Arena;
     use crate::trace::TraceBuilder;
 
     fn sawtooth() -> Trace {
@@ -312,7 +340,8 @@ mod tests {
 
     /// Check a placement is sound: blocks aligned, never overlapping, and
     /// inside what the policy had mapped, at every event.
-    fn assert_sound(name: PolicyName, trace: &Trace, placement: &Placement) {
+    fn assert_sound(spec: &PolicySpec, trace: &Trace, placement: &Placement) {
+        let name = spec.name;
         use std::collections::BTreeMap;
         let sizes: Vec<u64> = {
             let mut sizes = vec![0; trace.allocations as usize];
@@ -381,7 +410,7 @@ mod tests {
                     );
                 }
             }
-            if let Some((&offset, &id)) = live.last_key_value().filter(|_| name.contiguous()) {
+            if let Some((&offset, &id)) = live.last_key_value().filter(|_| spec.contiguous) {
                 assert!(
                     offset + sizes[id as usize] <= mapped_now,
                     "{name:?}: event {index} beyond mapped"
@@ -393,17 +422,17 @@ mod tests {
     #[test]
     fn every_policy_places_the_embedded_trace_soundly() {
         let trace = &crate::trace::file::load_embedded().unwrap()[0];
-        for name in PolicyName::ALL {
+        for spec in POLICIES {
+            let name = spec.name;
             let (outcome, placement) = run(
-                name,
+                spec,
                 trace,
-                Arena::Growable,
-                StitchConfig::default(),
+                &Settings::default(),
                 &ProgressBar::hidden(),
                 true,
             )
             .unwrap();
-            assert_sound(name, trace, placement.as_ref().unwrap());
+            assert_sound(spec, trace, placement.as_ref().unwrap());
             assert_eq!(outcome.failed_allocations, 0);
             assert!(outcome.peak_footprint_bytes >= trace.peak_live_bytes);
             assert_eq!(
@@ -422,12 +451,12 @@ mod tests {
     #[test]
     fn every_policy_replays_and_maps_at_least_the_peak() {
         let trace = sawtooth();
-        for name in PolicyName::ALL {
+        for spec in POLICIES {
+            let name = spec.name;
             let (outcome, placement) = run(
-                name,
+                spec,
                 &trace,
-                Arena::Growable,
-                StitchConfig::default(),
+                &Settings::default(),
                 &ProgressBar::hidden(),
                 true,
             )
@@ -453,18 +482,14 @@ mod tests {
     #[test]
     fn a_fixed_arena_reports_the_first_refusal() {
         let trace = sawtooth();
-        for name in PolicyName::ALL {
-            let (outcome, _) = run(
-                name,
-                &trace,
-                Arena::Fixed(4 << 20),
-                StitchConfig::default(),
-                &ProgressBar::hidden(),
-                false,
-            )
-            .unwrap();
-            let compacts = matches!(name, PolicyName::TlsfCompact | PolicyName::PoolVmm);
-            if compacts {
+        let settings = Settings {
+            arena: Arena::Fixed(4 << 20),
+            ..Settings::default()
+        };
+        for spec in POLICIES {
+            let name = spec.name;
+            let (outcome, _) = run(spec, &trace, &settings, &ProgressBar::hidden(), false).unwrap();
+            if spec.moves_blocks {
                 assert_eq!(outcome.failed_allocations, 0, "{name:?}");
                 assert!(outcome.bytes_moved > 0, "{name:?}");
             } else {

@@ -12,16 +12,17 @@
 //! grows, and a request that does not fit is a failed allocation.
 
 use anyhow::Result;
-use clap::ValueEnum;
 use memcore::{
     Allocation, Allocator, DEFAULT_ALIGN, DriverCalls, Error, FreeList, H200_DRIVER_COSTS,
     NewRegion, Tlsf,
 };
 use serde::Serialize;
 
-/// The step in which address space is mapped, in bytes: the H200's VMM
-/// granularity (2 MiB).
-pub const GRANULE: u64 = 2 << 20;
+use crate::replay::device::DeviceFigures;
+
+/// The step in which address space is mapped, in bytes: the VMM page
+/// (2 MiB).
+pub const GRANULE: u64 = memcore::PAGE_BYTES;
 
 /// The address space, in bytes (512 GiB), of a policy that must take it all
 /// at once: offset-allocator's one arena (its u32 units of 256 B reach just
@@ -39,102 +40,6 @@ footprint is the most it ever had mapped. offset-allocator cannot grow, so it ge
 and counts as mapped everything up to the granule above the highest byte it ever placed; pool-vmm \
 reserves 512 GiB and counts the pages it mapped; stitch and pytorch-expandable count physical pages. \
 Every request is aligned to 256 bytes.";
-
-/// The policies `cudamem replay` knows, in report order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
-pub enum PolicyName {
-    /// memcore::FreeList, first fit.
-    FirstFit,
-    /// memcore::FreeList, best fit.
-    BestFit,
-    /// memcore::Tlsf.
-    Tlsf,
-    /// ctx::Pool over an unbacked SimDevice with VMM growth and
-    /// `CompactionPolicy::SlideBeforeGrow`.
-    TlsfCompact,
-    /// ctx::Pool over an unbacked SimDevice with VMM growth and
-    /// `CompactionPolicy::BeforeGrow`.
-    PoolVmm,
-    /// The offset-allocator crate (Sebastian Aaltonen's OffsetAllocator).
-    OffsetAllocator,
-    /// The range-alloc crate (wgpu's range allocator, best fit).
-    RangeAlloc,
-    /// memcore::Stitch: virtual best fit, 32 MiB handles per chunk, pages
-    /// stitched from 2 MiB handles past its budget.
-    Stitch,
-    /// A model of PyTorch's expandable segments.
-    PytorchExpandable,
-}
-
-impl PolicyName {
-    /// Every policy, in report order.
-    pub const ALL: [PolicyName; 9] = [
-        PolicyName::FirstFit,
-        PolicyName::BestFit,
-        PolicyName::Tlsf,
-        PolicyName::TlsfCompact,
-        PolicyName::PoolVmm,
-        PolicyName::OffsetAllocator,
-        PolicyName::RangeAlloc,
-        PolicyName::Stitch,
-        PolicyName::PytorchExpandable,
-    ];
-
-    /// What the policy does, in one line, for the report.
-    pub fn summary(self) -> &'static str {
-        match self {
-            PolicyName::FirstFit => {
-                "memcore's reference free list: each request takes the lowest free range that fits; never moves a block."
-            }
-            PolicyName::BestFit => {
-                "the same free list, taking the smallest free range that fits; never moves a block."
-            }
-            PolicyName::Tlsf => {
-                "memcore's two-level segregated fit: constant-time allocate and free over size classes; never moves a block."
-            }
-            PolicyName::TlsfCompact => {
-                "ctx's Pool (TLSF behind relocatable handles) on a simulated device, set to grow the least: when a request does not fit, it first moves the fewest blocks that make room; when no move can, it slides every block down and grows by what is still missing."
-            }
-            PolicyName::PoolVmm => {
-                "ctx's Pool on a simulated device, as it runs on a GPU: compacts before it grows, and grows by mapping 2 MiB VMM pages."
-            }
-            PolicyName::OffsetAllocator => {
-                "the offset-allocator crate (Sebastian Aaltonen's OffsetAllocator): constant-time, in one fixed arena; never moves a block."
-            }
-            PolicyName::RangeAlloc => {
-                "the range-alloc crate (wgpu's range allocator): best fit, grown at its end; never moves a block."
-            }
-            PolicyName::Stitch => {
-                "memcore's Stitch: best fit in a huge virtual range; each 32 MiB chunk a live block touches gets one 32 MiB handle while a footprint budget (2% over the most bytes live so far) allows, else its pages are stitched from 2 MiB handles; idle handles stay mapped within the budget and move past it; never moves a block, footprint is physical bytes."
-            }
-            PolicyName::PytorchExpandable => {
-                "a model of PyTorch's expandable segments: 2 MiB pages for requests up to 1 MiB, 20 MiB pages above, mapped at the end and kept; for comparison."
-            }
-        }
-    }
-
-    /// The name used on the command line and in reports.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyName::FirstFit => "first-fit",
-            PolicyName::BestFit => "best-fit",
-            PolicyName::Tlsf => "tlsf",
-            PolicyName::TlsfCompact => "tlsf-compact",
-            PolicyName::PoolVmm => "pool-vmm",
-            PolicyName::OffsetAllocator => "offset-allocator",
-            PolicyName::RangeAlloc => "range-alloc",
-            PolicyName::Stitch => "stitch",
-            PolicyName::PytorchExpandable => "pytorch-expandable",
-        }
-    }
-
-    #[cfg(test)]
-    /// Whether blocks lie in the mapped bytes `[0, mapped)`; stitched
-    /// policies place them at virtual addresses backed page by page.
-    pub fn contiguous(self) -> bool {
-        !matches!(self, PolicyName::Stitch | PolicyName::PytorchExpandable)
-    }
-}
 
 /// The address space a policy starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,15 +68,10 @@ impl Arena {
 }
 
 /// A policy that cannot manage an arena as large as the one asked for: the
-/// replay skips it and says why.
+/// replay skips it and says why. Its message follows the policy's name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{} manages at most {max_bytes} bytes, less than the {arena_bytes}-byte arena",
-    policy.as_str()
-)]
+#[error("manages at most {max_bytes} bytes, less than the {arena_bytes}-byte arena")]
 pub struct ArenaRefused {
-    /// The policy.
-    pub policy: PolicyName,
     /// The arena asked for, bytes.
     pub arena_bytes: u64,
     /// The most it can manage, bytes.
@@ -233,6 +133,17 @@ pub trait Policy {
     }
     /// The arena now, for reports of a failed request.
     fn state(&self) -> Result<ArenaState>;
+    /// Called once, right after the event at which the trace's live bytes
+    /// first peak, outside the timed replay: a policy on a device measures
+    /// what only the peak shows.
+    fn at_peak(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// What a policy on a device measured there, after the replay (and
+    /// after the other figures were read); `None` for a model.
+    fn device_figures(&mut self) -> Result<Option<DeviceFigures>> {
+        Ok(None)
+    }
 }
 
 /// Round `bytes` up to whole granules, at least one.

@@ -6,7 +6,7 @@
 use anyhow::Result;
 use memcore::{
     Allocation, Allocator, DriverCalls, Fit, FreeList, H200_DRIVER_COSTS, NewRegion, Stitch,
-    StitchBlock, StitchConfig,
+    StitchBlock, StitchConfig, pytorch,
 };
 
 use crate::replay::policy::{Arena, ArenaState, Policy};
@@ -92,14 +92,6 @@ impl Policy for StitchPolicy {
     }
 }
 
-/// PyTorch's small pool: requests of at most this many bytes (1 MiB).
-const PYTORCH_SMALL_REQUEST: u64 = 1 << 20;
-/// PyTorch rounds every request up to a multiple of this, bytes (512).
-const PYTORCH_ROUND: u64 = 512;
-/// Page of the small pool's expandable segment, bytes (2 MiB).
-const PYTORCH_SMALL_PAGE: u64 = 2 << 20;
-/// Page of the large pool's expandable segment, bytes (20 MiB).
-const PYTORCH_LARGE_PAGE: u64 = 20 << 20;
 /// Where the large pool's segment starts in reported offsets, bytes
 /// (1 TiB): each segment has its own reservation.
 const LARGE_SEGMENT_BASE: u64 = 1 << 40;
@@ -123,19 +115,21 @@ impl Segment {
     }
 
     fn allocate(&mut self, size: u64, calls: &mut DriverCalls) -> Result<Allocation> {
-        if let Ok(block) = self.free_list.allocate(size, PYTORCH_ROUND) {
+        if let Ok(block) = self.free_list.allocate(size, pytorch::MIN_BLOCK_BYTES) {
             return Ok(block);
         }
-        let need = self
-            .free_list
-            .growth_needed(size, PYTORCH_ROUND, NewRegion::At(self.mapped))?;
+        let need = self.free_list.growth_needed(
+            size,
+            pytorch::MIN_BLOCK_BYTES,
+            NewRegion::At(self.mapped),
+        )?;
         let grow = need.max(1).div_ceil(self.page) * self.page;
         self.free_list.add_region(self.mapped, grow)?;
         self.mapped += grow;
         for _ in 0..grow / self.page {
             calls.grow(self.page, &H200_DRIVER_COSTS);
         }
-        Ok(self.free_list.allocate(size, PYTORCH_ROUND)?)
+        Ok(self.free_list.allocate(size, pytorch::MIN_BLOCK_BYTES)?)
     }
 }
 
@@ -143,12 +137,13 @@ impl Segment {
 /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (c10/cuda's
 /// CUDACachingAllocator.cpp), for one stream, which is all a trace names:
 ///
-/// - requests are rounded up to 512 bytes; those of at most 1 MiB go to the
-///   small pool, the rest to the large pool, one expandable segment each
-///   (per stream), with 2 MiB and 20 MiB pages;
+/// - requests are rounded up to whole blocks; small ones go to the small
+///   pool, the rest to the large pool, one expandable segment each (per
+///   stream), whose pages are the small and the large segment sizes
+///   ([`memcore::pytorch`] holds the sizes);
 /// - a request takes the smallest free mapped block that holds it, the
 ///   lowest-addressed among equals, and splits off the rest (with
-///   expandable segments PyTorch splits whenever 512 bytes remain);
+///   expandable segments PyTorch splits whenever a block remains);
 /// - failing that, the segment maps whole pages after its mapped end, the
 ///   free block there joining them, each page one handle (create, map,
 ///   grant access);
@@ -182,8 +177,8 @@ impl ExpandablePolicy {
     /// Both segments empty; with a fixed `arena`, growth past it fails.
     pub fn new(arena: Arena) -> Self {
         Self {
-            small: Segment::new(PYTORCH_SMALL_PAGE),
-            large: Segment::new(PYTORCH_LARGE_PAGE),
+            small: Segment::new(pytorch::SMALL_BUFFER_BYTES),
+            large: Segment::new(pytorch::LARGE_BUFFER_BYTES),
             capacity: match arena {
                 Arena::Growable => None,
                 Arena::Fixed(bytes) => Some(bytes),
@@ -202,8 +197,8 @@ impl Policy for ExpandablePolicy {
     type Block = ExpandableBlock;
 
     fn allocate(&mut self, size: u64) -> Result<Option<ExpandableBlock>> {
-        let rounded = size.next_multiple_of(PYTORCH_ROUND);
-        let is_large = size > PYTORCH_SMALL_REQUEST;
+        let rounded = pytorch::round_size(size);
+        let is_large = !pytorch::is_small(size);
         let segment = if is_large {
             &mut self.large
         } else {

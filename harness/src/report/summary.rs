@@ -4,10 +4,11 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::cli::byte_size::human;
+use crate::replay::device::DeviceFigures;
 use crate::replay::policy::FOOTPRINT_RULE;
 use crate::replay::{Failure, Outcome};
 use crate::trace::{Skipped, Trace};
+use memcore::bytes::human;
 
 /// One policy's figures for one trace.
 #[derive(Debug, Clone, Serialize)]
@@ -38,6 +39,9 @@ pub struct PolicySummary {
     /// least 32 MiB, where the policy models handles.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub full_bandwidth_share: Option<f64>,
+    /// What a policy that runs on a device measured there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceFigures>,
 }
 
 /// A policy's driver calls, by kind, each on one handle.
@@ -60,11 +64,11 @@ pub struct DriverSummary {
 impl From<memcore::DriverCalls> for DriverSummary {
     fn from(calls: memcore::DriverCalls) -> Self {
         Self {
-            creates: calls.creates,
-            releases: calls.releases,
-            maps: calls.maps,
-            unmaps: calls.unmaps,
-            set_access: calls.set_access,
+            creates: calls.create.calls,
+            releases: calls.release.calls,
+            maps: calls.map.calls,
+            unmaps: calls.unmap.calls,
+            set_access: calls.set_access.calls,
             modeled_ns: calls.modeled_ns,
         }
     }
@@ -144,7 +148,7 @@ impl TraceSummary {
             .map(|outcome| {
                 let ns_per_op = outcome.ns_per_op();
                 PolicySummary {
-                    name: outcome.policy.as_str(),
+                    name: outcome.policy.name,
                     peak_footprint_bytes: outcome.peak_footprint_bytes,
                     footprint_ratio: ratio(outcome.peak_footprint_bytes, trace.peak_live_bytes),
                     compaction_bytes_moved: outcome.bytes_moved,
@@ -165,6 +169,7 @@ impl TraceSummary {
                         .peak_live_in_full_bandwidth_handles
                         .filter(|_| trace.peak_live_bytes > 0)
                         .map(|bytes| bytes as f64 / trace.peak_live_bytes as f64),
+                    device: outcome.device.clone(),
                 }
             })
             .collect();
@@ -272,6 +277,13 @@ impl TraceSummary {
                     human(state.free_bytes),
                     human(state.largest_free_bytes)
                 );
+            }
+        }
+        for policy in &self.policies {
+            if let Some(device) = &policy.device {
+                for line in device.lines(policy.name, self.peak_live_bytes) {
+                    let _ = writeln!(out, "{line}");
+                }
             }
         }
         for policy in &self.skipped_policies {

@@ -1,15 +1,19 @@
-//! What the harness's integration tests share: fresh files, gzip, the built
-//! `cudamem` and its JSON output; `pickle` writes PyTorch snapshots.
+//! What the harness's integration tests share: commands run in process
+//! (their output, JSON or error, as the binary would print them), fresh
+//! files, gzip; `pickle` writes PyTorch snapshots, `alloc_count` counts
+//! what a call allocates.
 
 #![allow(dead_code)]
 
+pub mod alloc_count;
 pub mod pickle;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use clap::Parser;
+use cudamem::cli::{self, Cli};
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
@@ -28,16 +32,57 @@ pub fn write_file(name: &str, bytes: &[u8]) -> PathBuf {
     path
 }
 
-/// The built `cudamem` with `args`.
-pub fn cudamem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cudamem"))
-        .args(args)
-        .output()
-        .unwrap()
+/// `cudamem ARGS...` in process: what it printed before it ended, and how
+/// it ended (arguments clap refuses included).
+pub fn attempt(args: &[&str]) -> (String, anyhow::Result<()>) {
+    let mut out = Vec::new();
+    let result = Cli::try_parse_from(std::iter::once("cudamem").chain(args.iter().copied()))
+        .map_err(anyhow::Error::new)
+        .and_then(|cli| cli::run(cli, &mut out));
+    (String::from_utf8(out).unwrap(), result)
 }
 
-/// `cudamem replay PATH --json --policy tlsf EXTRA...`.
-pub fn replay_json(path: &Path, extra: &[&str]) -> Output {
+/// `cudamem ARGS...` in process: what it printed, or why it failed.
+pub fn run(args: &[&str]) -> anyhow::Result<String> {
+    let (out, result) = attempt(args);
+    result.map(|()| out)
+}
+
+/// What `cudamem ARGS...` printed; the test fails if it failed.
+pub fn output(args: &[&str]) -> String {
+    run(args).unwrap_or_else(|err| panic!("cudamem {args:?}: {err:#}"))
+}
+
+/// Why `cudamem ARGS...` failed; the test fails if it did not.
+pub fn failure(args: &[&str]) -> anyhow::Error {
+    match run(args) {
+        Ok(out) => panic!("cudamem {args:?} succeeded:\n{out}"),
+        Err(err) => err,
+    }
+}
+
+/// Why `cudamem ARGS...` failed, as the binary prints it after `cudamem: `.
+pub fn message(args: &[&str]) -> String {
+    format!("{:#}", failure(args))
+}
+
+/// The one JSON line `cudamem ARGS...` printed.
+pub fn json(args: &[&str]) -> serde_json::Value {
+    let lines = json_lines(args);
+    assert_eq!(lines.len(), 1, "cudamem {args:?}: {lines:?}");
+    lines.into_iter().next().unwrap()
+}
+
+/// The JSON lines `cudamem ARGS...` printed.
+pub fn json_lines(args: &[&str]) -> Vec<serde_json::Value> {
+    output(args)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// The arguments of `cudamem replay PATH --json --policy tlsf EXTRA...`.
+pub fn replay_json_args<'a>(path: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "replay",
         path.to_str().unwrap(),
@@ -46,23 +91,26 @@ pub fn replay_json(path: &Path, extra: &[&str]) -> Output {
         "tlsf",
     ];
     args.extend_from_slice(extra);
-    cudamem(&args)
+    args
 }
 
-/// The JSON line of a successful run.
-pub fn json_of(output: &Output) -> serde_json::Value {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+/// The JSON line of `cudamem replay PATH --json --policy tlsf EXTRA...`.
+pub fn replay_json(path: &Path, extra: &[&str]) -> serde_json::Value {
+    json(&replay_json_args(path, extra))
 }
 
-/// The stderr of a failed run (exit code 1).
-pub fn failure_of(output: &Output) -> String {
-    assert_eq!(output.status.code(), Some(1), "{output:?}");
-    String::from_utf8_lossy(&output.stderr).into_owned()
+/// Why `cudamem replay PATH --json --policy tlsf EXTRA...` failed, as the
+/// binary prints it.
+pub fn replay_message(path: &Path, extra: &[&str]) -> String {
+    message(&replay_json_args(path, extra))
+}
+
+/// The trace error that `cudamem replay PATH --json --policy tlsf` failed with.
+pub fn replay_trace_error(path: &Path) -> cudamem::trace::TraceError {
+    let err = failure(&replay_json_args(path, &[]));
+    err.downcast_ref::<cudamem::trace::TraceError>()
+        .unwrap_or_else(|| panic!("not a trace error: {err:#}"))
+        .clone()
 }
 
 /// `bytes`, gzip-compressed.

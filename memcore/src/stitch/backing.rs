@@ -6,8 +6,8 @@ use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 
 use super::{HandleInfo, PAGE_BYTES, StitchConfig};
-use crate::stitch::driver::{DriverCall, DriverCalls, DriverOp};
-use crate::{Error, Extent, Result};
+use crate::stitch::driver::DriverOp;
+use crate::{DriverCall, DriverCalls, Error, Extent, Result};
 
 /// No handle.
 const NONE: u32 = u32::MAX;

@@ -9,12 +9,13 @@
 //!   low end and so on few pages. Virtual
 //!   space costs nothing, so the arena never grows; a hole is only
 //!   physical memory where a page of it is still mapped.
-//! - **Pages**: a [`PAGE_BYTES`] page is backed while any live block
+//! - **Pages**: a [`PAGE_BYTES`](crate::PAGE_BYTES) page is backed while any live block
 //!   touches it. The page holding the tail of one block and the head of the
 //!   next is one physical page (a shared boundary page), so blocks waste no
 //!   physical bytes beyond the pages they touch.
 //! - **Handles**: the arena is cut into aligned chunks of `large_pages`
-//!   pages (32 MiB). The first live block to touch an unbacked chunk gets
+//!   pages ([`FULL_BANDWIDTH_HANDLE_BYTES`](crate::FULL_BANDWIDTH_HANDLE_BYTES)
+//!   by default). The first live block to touch an unbacked chunk gets
 //!   one large handle over the whole chunk, so the growth frontier and
 //!   every densely used chunk sit in handles that copy at full bandwidth.
 //!   Page-sized handles back a chunk's pages only where a large one may
@@ -41,33 +42,27 @@
 mod backing;
 pub mod driver;
 
-use crate::{Allocation, Allocator, Error, Extent, Result, Tlsf, align_up};
+use crate::vmm::{FULL_BANDWIDTH_HANDLE_BYTES, FULL_BANDWIDTH_HANDLE_PAGES, PAGE_BYTES};
+use crate::{Allocation, Allocator, DriverCalls, Error, Extent, Result, Tlsf, align_up};
 use alloc::vec::Vec;
 use backing::Backing;
-use driver::{DriverCalls, DriverCosts, DriverOp, H200_DRIVER_COSTS};
-
-/// The VMM granule: the smallest handle and the unit pages are backed in,
-/// bytes (2 MiB).
-pub const PAGE_BYTES: u64 = 2 << 20;
+use driver::{DriverCosts, DriverOp, H200_DRIVER_COSTS};
 
 /// Every block starts at a multiple of this and spans a multiple of it,
-/// bytes (512, PyTorch's rounding).
-pub const STITCH_ALIGN: u64 = 512;
+/// bytes: PyTorch's block size ([`crate::pytorch::MIN_BLOCK_BYTES`]), so a
+/// PyTorch request takes the bytes PyTorch counts for it.
+pub const STITCH_ALIGN: u64 = crate::pytorch::MIN_BLOCK_BYTES;
 
 /// Bytes of the virtual arena (2^47 = 128 TiB).
 pub const VIRTUAL_BYTES: u64 = 1 << 47;
 
-/// Handles of at least this many bytes (32 MiB) copy at (nearly) the
-/// bandwidth of `cuMemAlloc` memory, as measured on the project's GPU (the
-/// shared FACTS.md, "VMM stitching"); smaller ones are slower. Reports count the
-/// live bytes in such handles.
-pub const FULL_BANDWIDTH_HANDLE_BYTES: u64 = 32 << 20;
-
 /// How a [`Stitch`] backs and recycles physical memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StitchConfig {
-    /// Pages in a large handle (16 = 32 MiB); 0 or 1: page-sized handles
-    /// only.
+    /// Pages in a large handle (by default
+    /// [`FULL_BANDWIDTH_HANDLE_PAGES`](crate::FULL_BANDWIDTH_HANDLE_PAGES):
+    /// [`FULL_BANDWIDTH_HANDLE_BYTES`](crate::FULL_BANDWIDTH_HANDLE_BYTES));
+    /// 0 or 1: page-sized handles only.
     pub large_pages: u32,
     /// Place requests of at least a large handle's bytes at a virtual
     /// address that is a multiple of them (when that is a power of two), so
@@ -110,13 +105,14 @@ pub struct StitchConfig {
 }
 
 impl Default for StitchConfig {
-    /// 32 MiB large handles, every request at any 512-byte address (the
+    /// Large handles of [`FULL_BANDWIDTH_HANDLE_BYTES`](crate::FULL_BANDWIDTH_HANDLE_BYTES),
+    /// every request at any 512-byte address (the
     /// densest packing), a 2% budget that a whole large handle may
     /// overshoot, growth in large handles when nothing is idle, nothing
     /// released until [`Stitch::trim`], the H200's costs.
     fn default() -> Self {
         Self {
-            large_pages: 16,
+            large_pages: FULL_BANDWIDTH_HANDLE_PAGES,
             align_large: false,
             slack_permille: 20,
             overshoot_permille: 1000,
@@ -192,7 +188,7 @@ pub struct StitchStats {
 /// pool.free(a)?;
 /// let again = pool.allocate(3 << 20)?; // a's place, still mapped: no driver call
 /// let calls = pool.stats().calls;
-/// assert_eq!((calls.creates, calls.maps), (1, 1));
+/// assert_eq!((calls.create.calls, calls.map.calls), (1, 1));
 /// pool.free(again)?;
 /// pool.free(b)?;
 /// pool.trim();
@@ -399,11 +395,14 @@ mod tests {
         assert_eq!((stats.large_handles, stats.small_handles), (3, 0));
         assert_eq!(stats.physical_bytes, 96 * MIB);
         assert_eq!(stats.peak_live_in_full_bandwidth_handles, 70 * MIB);
-        assert_eq!((stats.calls.creates, stats.calls.set_access), (3, 3));
+        assert_eq!(
+            (stats.calls.create.calls, stats.calls.set_access.calls),
+            (3, 3)
+        );
         // The rest of the last chunk serves the next request for free.
         let next = pool.allocate(20 * MIB).unwrap();
         assert_eq!(next.offset, block.offset + 70 * MIB);
-        assert_eq!(pool.stats().calls.creates, 3);
+        assert_eq!(pool.stats().calls.create.calls, 3);
         pool.check().unwrap();
     }
 
@@ -460,8 +459,8 @@ mod tests {
             pool.free(b).unwrap();
         }
         let stats = pool.stats();
-        assert_eq!((stats.calls.creates, stats.calls.maps), (1, 1));
-        assert_eq!(stats.calls.unmaps, 0);
+        assert_eq!((stats.calls.create.calls, stats.calls.map.calls), (1, 1));
+        assert_eq!(stats.calls.unmap.calls, 0);
         assert_eq!(stats.peak_physical_bytes, 32 * MIB);
         pool.trim();
         assert_eq!(pool.stats().physical_bytes, 0);
@@ -485,7 +484,7 @@ mod tests {
         let c = pool.allocate(64 * MIB).unwrap();
         assert_eq!(c.offset, 64 * MIB);
         let stats = pool.stats();
-        assert_eq!((stats.calls.creates, stats.calls.unmaps), (3, 1));
+        assert_eq!((stats.calls.create.calls, stats.calls.unmap.calls), (3, 1));
         assert_eq!(stats.peak_physical_bytes, 96 * MIB);
         assert_eq!(stats.idle_bytes, 0);
         assert_eq!(pool.physical(0), None);
@@ -510,7 +509,7 @@ mod tests {
         pool.trim();
         let stats = pool.stats();
         assert_eq!((stats.physical_bytes, stats.idle_bytes), (32 * MIB, 0));
-        assert_eq!(pool.stats().calls.releases, 1);
+        assert_eq!(pool.stats().calls.release.calls, 1);
         assert!(pool.physical(0).is_some());
         pool.check().unwrap();
         // Idle again, it is cached again and the next trim releases it.
@@ -575,7 +574,7 @@ mod tests {
         }
         let stats = pool.stats();
         assert_eq!(stats.idle_bytes, 4 * MIB);
-        assert_eq!(stats.calls.releases, 4);
+        assert_eq!(stats.calls.release.calls, 4);
         pool.check().unwrap();
     }
 }

@@ -37,9 +37,9 @@ use crate::explain::Explanation;
 use crate::facts::DeviceFacts;
 use crate::history::{NO_CONTEXT, TraceAction};
 use crate::pool_id::PoolId;
-use crate::pytorch;
 use figures::verdict;
 use graphs::Checkpoint;
+use memcore::pytorch;
 use order::StreamOrder;
 use private::PrivatePools;
 
@@ -279,7 +279,7 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
         request: &Request<E::Stream>,
         quiet: bool,
     ) -> Result<(Origin<B::Token>, u64, u64)> {
-        let bytes = pytorch::block_bytes(request.size);
+        let bytes = pytorch::round_size(request.size);
         if let Some(block) = state.order.take_own(request.stream, bytes) {
             state.retire(&block, NO_CONTEXT);
             return Ok((block.origin, block.ptr, block.bytes));
@@ -296,7 +296,7 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
         quiet: bool,
     ) -> Result<(Origin<B::Token>, u64, u64)> {
         let pool = request.pool;
-        let bytes = pytorch::block_bytes(request.size);
+        let bytes = pytorch::round_size(request.size);
         let placed = |state: &mut State<B::Token, E>| {
             state.pools.try_place(pool, request.stream, bytes).map(|a| {
                 a.map(|allocation| {

@@ -16,11 +16,11 @@ use memcore::{Allocation, Allocator, Extent, Tlsf};
 
 use crate::error::{Error, Result};
 use crate::pool_id::PoolId;
-use crate::pytorch::BLOCK_ALIGN;
+use memcore::pytorch::MIN_BLOCK_BYTES;
 
 /// A private pool takes device memory in multiples of this, bytes (one VMM page: the
 /// smallest unit a device maps).
-pub const SEGMENT_BYTES: u64 = 2 << 20;
+pub const SEGMENT_BYTES: u64 = memcore::PAGE_BYTES;
 
 /// The bytes of the segment that a block of `bytes` needs; `None` on overflow.
 pub(super) fn segment_bytes(bytes: u64) -> Option<u64> {
@@ -195,7 +195,7 @@ impl<T: Copy, S: Copy + Eq + Hash> PrivatePools<T, S> {
         let Some(heap) = p.heaps.get_mut(&stream) else {
             return Ok(None);
         };
-        let allocation = match heap.allocate(bytes, BLOCK_ALIGN) {
+        let allocation = match heap.allocate(bytes, MIN_BLOCK_BYTES) {
             Ok(allocation) => allocation,
             Err(memcore::Error::OutOfMemory { .. }) => return Ok(None),
             Err(error) => return Err(ctx::Error::from(error).into()),

@@ -14,7 +14,8 @@ use kernels::heap::{self, HeapCounters, HeapParams};
 use kernels::{Kernel, LaunchShape};
 
 use crate::gpu::Gpu;
-use crate::report::{Checks, mib};
+use crate::report::Checks;
+use memcore::bytes::mib;
 
 /// CUDA's heap limit here and in section e, and our first region.
 const HEAP_BYTES: u64 = 256 << 20;

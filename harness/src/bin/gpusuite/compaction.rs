@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, ensure};
 use ctx::BlockMove;
 use ctx::Handle;
-use ctx::{CompactionPolicy, DeviceMemory as _, Pool, PoolConfig};
+use ctx::{CompactionPolicy, DeviceMemory as _, PeerSet, PhysicalHandle, Pool, PoolConfig};
 use ctx::{CopyCalls, CudaDevice};
 
 use crate::gpu::{Gpu, Rng};
-use crate::report::{Checks, mib};
+use crate::report::Checks;
+use memcore::bytes::mib;
 
 const RESERVE_BYTES: u64 = 64 << 30;
 /// (i): blocks allocated; sizes uniform in [1, 3) MiB, about 4 GiB in all.
@@ -501,6 +502,15 @@ fn first_and_best(device: &mut CudaDevice, moves: &[BlockMove]) -> Result<(CopyT
     Ok((first, best))
 }
 
+/// `bytes` of fresh physical memory mapped at `addr` and readable and
+/// writable by the device, as a pool's growth maps them.
+fn map(device: &mut CudaDevice, addr: u64, bytes: u64) -> Result<(u64, u64, PhysicalHandle)> {
+    let handle = device.create_physical(bytes)?;
+    device.map_physical(handle, addr)?;
+    device.grant_access(addr, bytes, PeerSet::of(&[device.ordinal()])?)?;
+    Ok((addr, bytes, handle))
+}
+
 /// Where the compaction copies lose against one memcpy: the same 256
 /// independent 2 MiB moves (one kernel batch) and one memcpy of the same
 /// bytes, in VMM memory mapped 1 GiB at a time, in VMM memory mapped 2 MiB at
@@ -510,11 +520,17 @@ fn memory_kinds(out: &mut Checks, gpu: &Gpu) -> Result<()> {
     let mut device = CudaDevice::new(&gpu.context)?;
     device.load_move_kernel()?;
     let base = device.reserve(4 * HALF)?;
-    device.map(base, HALF)?;
-    device.map(base + HALF, HALF)?;
     let small = base + 2 * HALF;
+    let mut mapped = vec![
+        map(&mut device, base, HALF)?,
+        map(&mut device, base + HALF, HALF)?,
+    ];
     for page in 0..2 * HALF / UNIFORM_BLOCK {
-        device.map(small + page * UNIFORM_BLOCK, UNIFORM_BLOCK)?;
+        mapped.push(map(
+            &mut device,
+            small + page * UNIFORM_BLOCK,
+            UNIFORM_BLOCK,
+        )?);
     }
     let chunk_a = device.alloc_chunk(HALF)?;
     let chunk_b = device.alloc_chunk(HALF)?;
@@ -573,11 +589,10 @@ fn memory_kinds(out: &mut Checks, gpu: &Gpu) -> Result<()> {
     }
     device.free_chunk(chunk_b, HALF)?;
     device.free_chunk(chunk_a, HALF)?;
-    for page in 0..2 * HALF / UNIFORM_BLOCK {
-        device.unmap(small + page * UNIFORM_BLOCK, UNIFORM_BLOCK)?;
+    for (addr, bytes, handle) in mapped {
+        device.unmap_physical(addr, bytes)?;
+        device.release_physical(handle)?;
     }
-    device.unmap(base + HALF, HALF)?;
-    device.unmap(base, HALF)?;
     device.release(base, 4 * HALF)?;
     out.note(&format!(
         "copy path by memory kind (first run and best of {PLAIN_REPEATS}): {line}"

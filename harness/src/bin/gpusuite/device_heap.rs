@@ -11,7 +11,8 @@ use kernels::Kernel;
 use kernels::heap::{self, HeapCounters, HeapParams};
 
 use crate::gpu::{Gpu, launch};
-use crate::report::{Checks, mib};
+use crate::report::Checks;
+use memcore::bytes::mib;
 
 const HEAP_BYTES: u64 = 256 << 20;
 const THROUGHPUT_THREADS: u32 = 1 << 20;
@@ -124,7 +125,7 @@ pub fn run(out: &mut Checks) -> Result<()> {
         .set_limit(Limit::MallocHeapBytes, 2 * HEAP_BYTES);
     let named_invalid_value = matches!(
         &refused,
-        Err(ctx::Error::Device { detail, .. }) if detail.contains("CUDA_ERROR_INVALID_VALUE")
+        Err(error) if error.driver_code() == Some(ctx::DriverCode::INVALID_VALUE)
     );
     out.check(
         "heap limit set after a malloc launch is refused",

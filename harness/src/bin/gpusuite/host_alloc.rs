@@ -5,14 +5,14 @@
 //!
 //! Growth is timed on one pool (the first growth of a fresh reservation,
 //! then several warm ones, alternating with as many cuMemAllocs) and split
-//! into the driver calls the device made (`CudaDevice::vmm_calls`): one cuMemCreate, cuMemMap and
+//! into the driver calls the pool made (`PoolStats::calls`): one cuMemCreate, cuMemMap and
 //! cuMemSetAccess per growth, the reservation once when the pool is made.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use ctx::DriverCalls;
 use ctx::Handle;
-use ctx::VmmCalls;
 use ctx::{CudaContext, CudaDevice, Stream};
 use ctx::{Pool, PoolConfig};
 
@@ -147,8 +147,9 @@ fn fill_by_steps(out: &mut Checks, context: &CudaContext) -> Result<()> {
     Ok(())
 }
 
+/// `bytes` in GiB, for rates per GiB.
 fn gib(bytes: u64) -> f64 {
-    bytes as f64 / f64::from(1 << 30)
+    bytes as f64 / memcore::bytes::GIB as f64
 }
 
 fn us(time: Duration) -> f64 {
@@ -158,7 +159,7 @@ fn us(time: Duration) -> f64 {
 /// One pool growth by `bytes`: host time in all, and in the VMM calls.
 struct Growth {
     total: Duration,
-    calls: VmmCalls,
+    calls: DriverCalls,
 }
 
 impl Growth {
@@ -182,11 +183,11 @@ impl Growth {
 
 /// Allocates `bytes` from `pool`, which has to grow by them.
 fn grow(pool: &Pool<CudaDevice>, bytes: u64) -> Result<(Handle, Growth)> {
-    let before = pool.lock().device().vmm_calls();
+    let before = pool.stats().calls;
     let start = Instant::now();
     let handle = pool.allocate(bytes, 256, None)?;
     let total = start.elapsed();
-    let calls = pool.lock().device().vmm_calls().since(&before);
+    let calls = pool.stats().calls.since(&before);
     Ok((handle, Growth { total, calls }))
 }
 
@@ -203,7 +204,7 @@ fn median(mut values: Vec<Duration>) -> Duration {
 /// alternating, and their medians compared.
 fn growth(out: &mut Checks, context: &CudaContext, bytes: u64) -> Result<()> {
     let pool = Pool::new(CudaDevice::new(context)?, PoolConfig::vmm(RESERVE_BYTES))?;
-    let reserve = pool.lock().device().vmm_calls().reserve;
+    let reserve = pool.stats().calls.reserve;
     let mut handles = Vec::with_capacity(GROWTH_ROUNDS + 1);
     let mut addresses = Vec::with_capacity(GROWTH_ROUNDS + 1);
     let start = Instant::now();

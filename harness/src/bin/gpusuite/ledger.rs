@@ -10,7 +10,8 @@ use ctx::{local_memory_reservation_bytes, per_thread_local_bytes};
 use kernels::LaunchShape;
 use kernels::local::{self, LocalParams};
 
-use crate::report::{Checks, mib, mib_signed};
+use crate::report::{Checks, mib_signed};
+use memcore::bytes::mib;
 
 const STACK_LIMITS: [u64; 5] = [1 << 10, 2 << 10, 4 << 10, 16 << 10, 64 << 10];
 /// How far a measured delta may be from the prediction.

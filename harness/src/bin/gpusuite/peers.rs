@@ -13,7 +13,8 @@ use kernels::moves::{BlockMove, MOVE_BLOCKS, MoveBlocksParams};
 use kernels::pattern;
 
 use crate::gpu::Gpu;
-use crate::report::{Checks, mib};
+use crate::report::Checks;
+use memcore::bytes::mib;
 
 /// Address space the pool reserves, bytes.
 const RESERVE_BYTES: u64 = 8 << 30;

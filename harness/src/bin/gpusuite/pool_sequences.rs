@@ -8,7 +8,8 @@ use ctx::Handle;
 use ctx::{Pool, PoolConfig};
 
 use crate::gpu::{Gpu, Rng};
-use crate::report::{Checks, mib};
+use crate::report::Checks;
+use memcore::bytes::mib;
 
 const OPS: usize = 3000;
 /// Largest request, bytes.

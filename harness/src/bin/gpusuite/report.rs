@@ -90,14 +90,12 @@ impl Section {
     }
 }
 
-/// Bytes as MiB with one decimal, for numbers columns.
-pub fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
-}
-
-/// A signed difference of byte counts as MiB.
+/// A signed difference of byte counts as MiB with its sign
+/// ([`memcore::bytes::mib`] with `+` or `-`).
 pub fn mib_signed(bytes: i128) -> String {
-    format!("{:+.1} MiB", bytes as f64 / f64::from(1 << 20))
+    let size = u64::try_from(bytes.unsigned_abs()).unwrap_or(u64::MAX);
+    let sign = if bytes < 0 { '-' } else { '+' };
+    format!("{sign}{}", memcore::bytes::mib(size))
 }
 
 /// The markdown summary: one row per check, one per section error.

@@ -7,23 +7,24 @@
 
 use std::time::Instant;
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 use ctx::{
-    CudaContext, CudaDevice, DeviceMemory, Pool, PoolConfig, StitchConfig, StitchedConfig,
-    StitchedPool, Stream,
+    CudaContext, CudaDevice, DeviceMemory, StitchConfig, StitchedConfig, StitchedPool, Stream,
 };
 use kernels::pattern;
 
-use crate::gpu::Gpu;
-use crate::report::Checks;
+use cudamem::replay::device::{warm_moving_pair_ns, warm_stitched_pair_ns};
+use memcore::bytes::{MIB, mib};
 
-const MIB: u64 = 1 << 20;
+use crate::gpu::Gpu;
+use crate::report::{Checks, mib_signed};
+
 /// Steps of the random sequence.
 const STEPS: u64 = 400;
 /// Warm pairs timed per pool, and per driver call pair.
 const PAIRS: u32 = 100_000;
 const DRIVER_PAIRS: u32 = 2_000;
-/// The host cost per warm pair the issue asks for, ns.
+/// The host cost per warm pair aimed for, ns.
 const PAIR_GOAL_NS: f64 = 100.0;
 
 /// A small xorshift generator, so every run is the same.
@@ -134,9 +135,9 @@ fn contents_and_footprint(out: &mut Checks, context: &CudaContext) -> Result<()>
         "stitched pool footprint: cuMemGetInfo against the model",
         worst_gap.abs() <= allowed,
         format!(
-            "largest gap (device used above the start - model physical) {:.1} MiB over {STEPS} steps; model peak {:.1} MiB",
-            worst_gap as f64 / MIB as f64,
-            stats.model.peak_physical_bytes as f64 / MIB as f64
+            "largest gap (device used above the start - model physical) {} over {STEPS} steps; model peak {}",
+            mib_signed(i128::from(worst_gap)),
+            mib(stats.model.peak_physical_bytes)
         ),
     );
     for (ptr, _, _) in live {
@@ -147,10 +148,7 @@ fn contents_and_footprint(out: &mut Checks, context: &CudaContext) -> Result<()>
     out.check(
         "stitched pool gives its memory back on trim",
         pool.stats().model.physical_bytes == 0 && left <= 64 * MIB,
-        format!(
-            "{:.1} MiB used above the start after trim",
-            left as f64 / MIB as f64
-        ),
+        format!("{} used above the start after trim", mib(left)),
     );
     Ok(())
 }
@@ -160,28 +158,8 @@ fn host_pairs(out: &mut Checks, context: &CudaContext) -> Result<()> {
     context.keep_default_pool_warm()?;
     for size in [256, MIB] {
         let stitched = StitchedPool::new(CudaDevice::new(context)?, StitchedConfig::default())?;
-        stitched.free(stitched.allocate(size)?)?;
-        let before = stitched.stats().calls;
-        let start = Instant::now();
-        for _ in 0..PAIRS {
-            let ptr = stitched.allocate(std::hint::black_box(size))?;
-            stitched.free(std::hint::black_box(ptr))?;
-        }
-        let stitched_ns = start.elapsed().as_nanos() as f64 / f64::from(PAIRS);
-        let calls = stitched.stats().calls.since(&before);
-        ensure!(
-            calls.create.calls + calls.map.calls == 0,
-            "warm stitched pairs called the driver: {calls:?}"
-        );
-
-        let moving = Pool::new(CudaDevice::new(context)?, PoolConfig::vmm(64 << 30))?;
-        moving.free(moving.allocate(size, 512, None)?)?;
-        let start = Instant::now();
-        for _ in 0..PAIRS {
-            let handle = moving.allocate(std::hint::black_box(size), 512, None)?;
-            moving.free(handle)?;
-        }
-        let moving_ns = start.elapsed().as_nanos() as f64 / f64::from(PAIRS);
+        let stitched_ns = warm_stitched_pair_ns(&stitched, size, PAIRS)?;
+        let moving_ns = warm_moving_pair_ns(CudaDevice::new(context)?, size, PAIRS)?;
 
         let start = Instant::now();
         for _ in 0..DRIVER_PAIRS {

@@ -9,7 +9,8 @@ use ctx::DeviceMemory as _;
 use ctx::{CudaContext, CudaDevice};
 use ctx::{Pool, PoolConfig};
 
-use crate::report::{Checks, mib, mib_signed};
+use crate::report::{Checks, mib_signed};
+use memcore::bytes::mib;
 
 /// The argument that makes this binary print free memory and exit.
 pub const PROBE_ARG: &str = "probe-free";

@@ -6,7 +6,8 @@ use ctx::CudaDevice;
 use ctx::{Pool, PoolConfig};
 
 use crate::gpu::Gpu;
-use crate::report::{Checks, mib, mib_signed};
+use crate::report::{Checks, mib_signed};
+use memcore::bytes::mib;
 
 const BLOCKS: u64 = 16;
 const BLOCK_BYTES: u64 = 256 << 20;

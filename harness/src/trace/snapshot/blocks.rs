@@ -1,29 +1,17 @@
 //! PyTorch's own count of allocated bytes (`torch.cuda.max_memory_allocated`),
 //! rebuilt from a history: the caching allocator counts the block it hands
-//! out, not the request. Every request is rounded up to 512 bytes; with
-//! the default allocator a block in the large pool (segments over 2 MiB) is
-//! split only when more than 1 MiB would remain, so a request can take a
-//! whole free block up to 1 MiB larger than itself. With expandable segments
-//! every block is split when 512 bytes or more remain, so the rounded
-//! request is the block. The bytes count from the allocation to the free
-//! request; the block returns to its segment (merging with free neighbours)
-//! at the free's completion.
+//! out, not the request. Every request is rounded up to whole blocks, and a
+//! free block that serves it is split only as PyTorch's rule says
+//! ([`memcore::pytorch`] holds the sizes and the rule): a large-pool block
+//! can be taken whole by a request somewhat smaller than itself. With
+//! expandable segments every block is split, so the rounded request is the
+//! block. The bytes count from the allocation to the free request; the block
+//! returns to its segment (merging with free neighbours) at the free's
+//! completion.
 
 use std::collections::{BTreeMap, HashMap};
 
-/// Bytes every block is a multiple of (`kMinBlockSize`).
-pub const ROUNDING_BYTES: u64 = 512;
-/// Segments of the small pool (`kSmallBuffer`): requests up to 1 MiB.
-const SMALL_SEGMENT_BYTES: u64 = 2 << 20;
-/// A large-pool block is split only when more than this remains (`kSmallSize`).
-const LARGE_SPLIT_REMAINDER_BYTES: u64 = 1 << 20;
-
-/// A request of `size` bytes rounded as the caching allocator rounds it.
-pub fn rounded(size: u64) -> u64 {
-    size.div_ceil(ROUNDING_BYTES)
-        .max(1)
-        .saturating_mul(ROUNDING_BYTES)
-}
+use memcore::pytorch;
 
 #[derive(Debug, Clone, Copy)]
 struct Block {
@@ -59,7 +47,7 @@ impl BlockModel {
             Block {
                 bytes,
                 segment: address,
-                small: bytes == SMALL_SEGMENT_BYTES,
+                small: bytes == pytorch::SMALL_BUFFER_BYTES,
                 free: true,
             },
         );
@@ -81,7 +69,7 @@ impl BlockModel {
 
     /// `alloc` of `size` bytes at `address`.
     pub fn alloc(&mut self, address: u64, size: u64) {
-        let request = rounded(size);
+        let request = pytorch::round_size(size);
         let mut counted = request;
         let found = self
             .blocks
@@ -90,13 +78,8 @@ impl BlockModel {
             .filter(|block| !self.expandable && block.free && block.bytes >= request);
         if let Some(mut block) = found {
             let remaining = block.bytes - request;
-            let split = if block.small {
-                remaining >= ROUNDING_BYTES
-            } else {
-                remaining > LARGE_SPLIT_REMAINDER_BYTES
-            };
             block.free = false;
-            if split {
+            if pytorch::should_split(block.bytes, request, block.small) {
                 block.bytes = request;
                 let rest = Block {
                     bytes: remaining,

@@ -1,9 +1,13 @@
-//! The context ledger ([`Ledger`]) and the local-memory rule it is built on.
+//! The context ledger ([`Ledger`]) and the local-memory rule it is built on;
+//! table.rs writes it (and any rows like its own) as text.
+
+mod table;
 
 use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::profile::DeviceProfile;
+pub use table::{LedgerRow, render_rows};
 
 /// Context limits that cost device memory (`cuCtxGetLimit`), bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +78,22 @@ impl LedgerItemKind {
         Self::Free,
     ];
 
+    /// Whether the line is one of the context's own terms: what creating
+    /// the context and running kernels in it take, before and besides any
+    /// allocation (the driver and context, local memory, module code, the
+    /// malloc heap, the printf FIFO). A `cm_malloc` heap, the program's
+    /// allocations, fragmentation, the total and what is free are not.
+    pub const fn is_context(self) -> bool {
+        matches!(
+            self,
+            Self::ContextBaseline
+                | Self::LocalMemory
+                | Self::ModuleCode
+                | Self::MallocHeap
+                | Self::PrintfFifo
+        )
+    }
+
     /// The short name shown in tables.
     pub const fn name(self) -> &'static str {
         match self {
@@ -93,18 +113,47 @@ impl LedgerItemKind {
 
 /// One line of the ledger. Sizes in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LedgerItem {
     /// Which line.
     pub kind: LedgerItemKind,
-    /// Its short name.
-    pub name: &'static str,
     /// What the model predicts.
     pub predicted: u64,
     /// What a real device showed, where someone measured it.
     pub measured: Option<u64>,
     /// Where the prediction comes from, one line.
     pub explanation: String,
+}
+
+impl LedgerItem {
+    /// Its short name ([`LedgerItemKind::name`]).
+    pub const fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// The line as a row of a ledger table.
+    pub fn row(&self) -> LedgerRow {
+        LedgerRow {
+            item: self.name().into(),
+            predicted: Some(self.predicted),
+            measured: self.measured,
+            why: self.explanation.clone(),
+        }
+    }
+}
+
+/// As a JSON object: `kind`, `name`, `predicted`, `measured`, `explanation`.
+#[cfg(feature = "serde")]
+impl serde::Serialize for LedgerItem {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut item = serializer.serialize_struct("LedgerItem", 5)?;
+        item.serialize_field("kind", &self.kind)?;
+        item.serialize_field("name", self.name())?;
+        item.serialize_field("predicted", &self.predicted)?;
+        item.serialize_field("measured", &self.measured)?;
+        item.serialize_field("explanation", &self.explanation)?;
+        item.end()
+    }
 }
 
 /// The context ledger: where a GPU's memory goes before and besides the
@@ -123,30 +172,57 @@ pub struct LedgerItem {
 /// let h200 = DeviceProfile::builtin("h200").unwrap();
 /// // One kernel with a 16 KiB local frame: 16 KiB for each of 270,336 threads.
 /// let ledger = Ledger::predict(&h200, &Limits::cuda_default(), &[16 << 10], 0);
-/// assert_eq!(ledger.local_memory_reservation_bytes, 4_429_185_024);
+/// assert_eq!(ledger.local_memory_reservation_bytes(), 4_429_185_024);
 /// assert_eq!(ledger.item(LedgerItemKind::LocalMemory).unwrap().predicted, 4_429_185_024);
 /// println!("{ledger}");
 /// ```
+///
+/// The figures a ledger derives (the local memory per SM and in all, the
+/// context's share) are computed from its inputs and items on each call,
+/// never stored beside them, and the items are read-only outside this
+/// crate but for their measured column ([`Ledger::set_measured`]), so no
+/// figure can disagree with another.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Ledger {
     /// The profile's short name.
-    pub device: &'static str,
+    device: &'static str,
     /// The limits the prediction assumed.
-    pub limits: Limits,
+    limits: Limits,
     /// Streaming multiprocessors.
-    pub sm_count: u32,
+    sm_count: u32,
     /// Resident threads per multiprocessor.
-    pub max_threads_per_sm: u32,
+    max_threads_per_sm: u32,
     /// Local memory per thread: the larger of the stack limit and the
-    /// largest kernel frame, rounded up to the profile's granule.
-    pub per_thread_local_bytes: u64,
-    /// `max_threads_per_sm * per_thread_local_bytes`.
-    pub local_memory_per_sm_bytes: u64,
-    /// `sm_count * local_memory_per_sm_bytes`.
-    pub local_memory_reservation_bytes: u64,
-    /// The lines, in [`LedgerItemKind::ALL`] order.
-    pub items: Vec<LedgerItem>,
+    /// largest kernel frame, rounded up to the profile's granule. The
+    /// `LocalMemory` item predicts `sm_count * max_threads_per_sm *` this.
+    per_thread_local_bytes: u64,
+    /// The lines, one per kind, in [`LedgerItemKind::ALL`] order.
+    items: Vec<LedgerItem>,
+}
+
+/// As a JSON object: the inputs, the derived local-memory figures and the
+/// items.
+#[cfg(feature = "serde")]
+impl serde::Serialize for Ledger {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut ledger = serializer.serialize_struct("Ledger", 8)?;
+        ledger.serialize_field("device", self.device)?;
+        ledger.serialize_field("limits", &self.limits)?;
+        ledger.serialize_field("sm_count", &self.sm_count)?;
+        ledger.serialize_field("max_threads_per_sm", &self.max_threads_per_sm)?;
+        ledger.serialize_field("per_thread_local_bytes", &self.per_thread_local_bytes)?;
+        ledger.serialize_field(
+            "local_memory_per_sm_bytes",
+            &self.local_memory_per_sm_bytes(),
+        )?;
+        ledger.serialize_field(
+            "local_memory_reservation_bytes",
+            &self.local_memory_reservation_bytes(),
+        )?;
+        ledger.serialize_field("items", &self.items)?;
+        ledger.end()
+    }
 }
 
 /// Local memory per thread, bytes: the larger of the stack limit and the
@@ -233,8 +309,8 @@ impl Ledger {
             .max()
             .unwrap_or(0);
         let per_thread = per_thread_local_bytes(profile, limits.stack_bytes, largest_frame);
-        let per_sm = u64::from(profile.max_threads_per_sm).saturating_mul(per_thread);
-        let reservation = u64::from(profile.sm_count).saturating_mul(per_sm);
+        let reservation = per_sm(profile.max_threads_per_sm, per_thread)
+            .saturating_mul(u64::from(profile.sm_count));
         let frame_source = if largest_frame > limits.stack_bytes {
             format!("largest kernel frame {largest_frame} B")
         } else {
@@ -319,13 +395,10 @@ impl Ledger {
             sm_count: profile.sm_count,
             max_threads_per_sm: profile.max_threads_per_sm,
             per_thread_local_bytes: per_thread,
-            local_memory_per_sm_bytes: per_sm,
-            local_memory_reservation_bytes: reservation,
             items: lines
                 .into_iter()
                 .map(|(kind, predicted, explanation)| LedgerItem {
                     kind,
-                    name: kind.name(),
                     predicted,
                     measured: None,
                     explanation,
@@ -334,9 +407,80 @@ impl Ledger {
         }
     }
 
+    /// The profile's short name.
+    pub fn device(&self) -> &'static str {
+        self.device
+    }
+
+    /// The limits the prediction assumed.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Streaming multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// Resident threads per multiprocessor.
+    pub fn max_threads_per_sm(&self) -> u32 {
+        self.max_threads_per_sm
+    }
+
+    /// Local memory per thread, bytes: the larger of the stack limit and
+    /// the largest kernel frame, rounded up to the profile's granule.
+    pub fn per_thread_local_bytes(&self) -> u64 {
+        self.per_thread_local_bytes
+    }
+
+    /// Local memory per multiprocessor, bytes: `max_threads_per_sm *
+    /// per_thread_local_bytes`.
+    pub fn local_memory_per_sm_bytes(&self) -> u64 {
+        per_sm(self.max_threads_per_sm, self.per_thread_local_bytes)
+    }
+
+    /// The device-wide local-memory reservation, bytes: what the
+    /// `LocalMemory` item predicts, `sm_count * local_memory_per_sm_bytes`.
+    pub fn local_memory_reservation_bytes(&self) -> u64 {
+        self.item(LedgerItemKind::LocalMemory)
+            .map_or(0, |item| item.predicted)
+    }
+
+    /// The lines, in [`LedgerItemKind::ALL`] order.
+    pub fn items(&self) -> &[LedgerItem] {
+        &self.items
+    }
+
     /// The line of `kind`.
     pub fn item(&self, kind: LedgerItemKind) -> Option<&LedgerItem> {
         self.items.iter().find(|item| item.kind == kind)
+    }
+
+    /// The context's own terms ([`LedgerItemKind::is_context`]), in order.
+    pub fn context_items(&self) -> impl Iterator<Item = &LedgerItem> {
+        self.items.iter().filter(|item| item.kind.is_context())
+    }
+
+    /// What the context's own terms take together, predicted, bytes
+    /// (saturating).
+    ///
+    /// ```
+    /// use ctx::{DeviceProfile, Ledger, Limits};
+    ///
+    /// let h200 = DeviceProfile::builtin("h200").unwrap();
+    /// let ledger = Ledger::predict(&h200, &Limits::cuda_default(), &[], 1 << 30);
+    /// // A fresh context: its baseline and the default stack's local memory;
+    /// // the program's own gigabyte is not the context's.
+    /// assert_eq!(ledger.context_bytes(), 552_402_944);
+    /// ```
+    pub fn context_bytes(&self) -> u64 {
+        self.context_items()
+            .fold(0u64, |sum, item| sum.saturating_add(item.predicted))
+    }
+
+    /// Every line as a row of a ledger table ([`render_rows`]).
+    pub fn rows(&self) -> Vec<LedgerRow> {
+        self.items.iter().map(LedgerItem::row).collect()
     }
 
     /// Check the prediction could happen: fails with
@@ -367,7 +511,7 @@ impl Ledger {
         for item in taken {
             if item.predicted > total {
                 return Err(Error::ExceedsDevice {
-                    what: item.name,
+                    what: item.name(),
                     bytes: item.predicted,
                     total_bytes: total,
                 });
@@ -441,11 +585,18 @@ fn fifo_line(profile: &DeviceProfile, limits: &Limits, workload: &Workload<'_>) 
     }
 }
 
-/// `bytes` with its size in MiB, for tables.
-fn with_mib(bytes: u64) -> String {
-    format!("{bytes} ({:.1} MiB)", bytes as f64 / f64::from(1 << 20))
+/// Local memory per multiprocessor for `per_thread` bytes per thread.
+fn per_sm(max_threads_per_sm: u32, per_thread: u64) -> u64 {
+    u64::from(max_threads_per_sm).saturating_mul(per_thread)
 }
 
+/// `bytes` with its size in MiB, for the summary line.
+fn with_mib(bytes: u64) -> String {
+    format!("{bytes} ({})", memcore::bytes::mib(bytes))
+}
+
+/// The limits, the table of every line ([`render_rows`]), and how local
+/// memory adds up.
 impl fmt::Display for Ledger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
@@ -456,237 +607,18 @@ impl fmt::Display for Ledger {
             self.limits.malloc_heap_bytes,
             self.limits.printf_fifo_bytes
         )?;
-        writeln!(
-            f,
-            "{:<18} {:>30} {:>30}  why",
-            "item", "predicted", "measured"
-        )?;
-        for item in &self.items {
-            let measured = item.measured.map_or_else(|| "-".to_string(), with_mib);
-            writeln!(
-                f,
-                "{:<18} {:>30} {:>30}  {}",
-                item.name,
-                with_mib(item.predicted),
-                measured,
-                item.explanation
-            )?;
-        }
+        render_rows(f, &self.rows())?;
         writeln!(
             f,
             "local memory: {} B/thread x {} threads = {} per SM; x {} SMs = {}",
             self.per_thread_local_bytes,
             self.max_threads_per_sm,
-            with_mib(self.local_memory_per_sm_bytes),
+            with_mib(self.local_memory_per_sm_bytes()),
             self.sm_count,
-            with_mib(self.local_memory_reservation_bytes)
+            with_mib(self.local_memory_reservation_bytes())
         )
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn profile(name: &str) -> DeviceProfile {
-        DeviceProfile::builtin(name).unwrap()
-    }
-
-    fn predicted(ledger: &Ledger, kind: LedgerItemKind) -> u64 {
-        ledger.item(kind).unwrap().predicted
-    }
-
-    #[test]
-    fn h200_default_stack_reserves_264_mib() {
-        let ledger = Ledger::predict(&profile("h200"), &Limits::cuda_default(), &[], 0);
-        assert_eq!(ledger.per_thread_local_bytes, 1024);
-        assert_eq!(ledger.local_memory_per_sm_bytes, 2048 * 1024);
-        assert_eq!(ledger.local_memory_reservation_bytes, 132 * 2048 * 1024);
-        assert_eq!(ledger.local_memory_reservation_bytes, 276_824_064);
-        assert_eq!(predicted(&ledger, LedgerItemKind::ModuleCode), 0);
-    }
-
-    #[test]
-    fn a_16_kib_frame_raises_the_h200_reservation_to_4_gb() {
-        let ledger = Ledger::predict(
-            &profile("h200"),
-            &Limits::cuda_default(),
-            &[512, 16384, 0],
-            0,
-        );
-        assert_eq!(ledger.per_thread_local_bytes, 16384);
-        assert_eq!(ledger.local_memory_reservation_bytes, 4_429_185_024);
-        // A module without printf or malloc costs nothing visible (measured).
-        assert_eq!(predicted(&ledger, LedgerItemKind::ModuleCode), 0);
-    }
-
-    #[test]
-    fn gtx280_with_one_kib_per_thread() {
-        let ledger = Ledger::predict(&profile("gtx280"), &Limits::cuda_default(), &[1024], 0);
-        assert_eq!(ledger.local_memory_reservation_bytes, 30 * 1024 * 1024);
-        assert_eq!(predicted(&ledger, LedgerItemKind::ContextBaseline), 0);
-    }
-
-    #[test]
-    fn frames_round_up_to_the_granule() {
-        let p = profile("h200");
-        assert_eq!(per_thread_local_bytes(&p, 1024, 1025), 1040);
-        assert_eq!(per_thread_local_bytes(&p, 0, 1), 16);
-        assert_eq!(per_thread_local_bytes(&p, 0, 0), 0);
-        let mut coarse = p;
-        coarse.local_memory_granule_bytes = 512;
-        assert_eq!(per_thread_local_bytes(&coarse, 1024, 1025), 1536);
-    }
-
-    #[test]
-    fn free_is_total_minus_every_item() {
-        let p = profile("h200");
-        let limits = Limits::cuda_default();
-        let ledger = Ledger::predict(&p, &limits, &[2048], 1 << 30);
-        let expected = 150_109_880_320 - 275_578_880 - 132 * 2048 * 2048 - (1 << 30);
-        assert_eq!(predicted(&ledger, LedgerItemKind::Free), expected);
-        let order: Vec<_> = ledger.items.iter().map(|i| i.kind).collect();
-        assert_eq!(order, LedgerItemKind::ALL);
-    }
-
-    #[test]
-    fn a_cm_heap_is_a_line_of_its_own_and_comes_out_of_free() {
-        let p = profile("h200");
-        let limits = Limits::cuda_default();
-        let heap = crate::device_heap_bytes(256 << 20);
-        let with = |cm_heap_bytes| {
-            Ledger::predict_workload(
-                &p,
-                &limits,
-                &Workload {
-                    kernels_local_bytes: &[],
-                    calls_printf: false,
-                    calls_malloc: false,
-                    user_bytes: 0,
-                    cm_heap_bytes,
-                },
-            )
-        };
-        let (none, some) = (with(0), with(heap));
-        assert_eq!(predicted(&none, LedgerItemKind::CmHeap), 0);
-        assert_eq!(predicted(&some, LedgerItemKind::CmHeap), heap);
-        assert_eq!(
-            predicted(&none, LedgerItemKind::Free) - predicted(&some, LedgerItemKind::Free),
-            heap
-        );
-        assert_eq!(
-            predicted(&some, LedgerItemKind::MallocHeap),
-            predicted(&none, LedgerItemKind::MallocHeap)
-        );
-    }
-
-    #[test]
-    fn a_fresh_h200_context_matches_the_measurement() {
-        // Measured: total - free = 552,402,944 bytes right after creation.
-        let ledger = Ledger::predict(&profile("h200"), &Limits::cuda_default(), &[], 0);
-        let used = 150_109_880_320 - predicted(&ledger, LedgerItemKind::Free);
-        assert_eq!(used, 552_402_944);
-    }
-
-    #[test]
-    fn printf_and_malloc_bring_their_module_and_heap_costs() {
-        let p = profile("h200");
-        let limits = Limits::cuda_default();
-        let workload = |calls_printf, calls_malloc| Workload {
-            kernels_local_bytes: &[64],
-            calls_printf,
-            calls_malloc,
-            user_bytes: 0,
-            cm_heap_bytes: 0,
-        };
-        let malloc = Ledger::predict_workload(&p, &limits, &workload(false, true));
-        assert_eq!(predicted(&malloc, LedgerItemKind::ModuleCode), 144_703_488);
-        assert_eq!(predicted(&malloc, LedgerItemKind::MallocHeap), 8_388_608);
-        assert_eq!(predicted(&malloc, LedgerItemKind::PrintfFifo), 0);
-        let printf = Ledger::predict_workload(&p, &limits, &workload(true, false));
-        assert_eq!(predicted(&printf, LedgerItemKind::ModuleCode), 67_108_864);
-        assert_eq!(predicted(&printf, LedgerItemKind::MallocHeap), 0);
-        // Unmeasured devices count the FIFO at its limit.
-        let a100 = Ledger::predict_workload(&profile("a100-80gb"), &limits, &workload(true, true));
-        assert_eq!(predicted(&a100, LedgerItemKind::PrintfFifo), 8_650_752);
-        assert_eq!(predicted(&a100, LedgerItemKind::ModuleCode), 0);
-        assert!(
-            a100.item(LedgerItemKind::ModuleCode)
-                .unwrap()
-                .explanation
-                .contains("not known")
-        );
-    }
-
-    #[test]
-    fn a_tiny_device_saturates_free_at_zero() {
-        let ledger = Ledger::predict(&profile("gtx280"), &Limits::cuda_default(), &[1 << 20], 0);
-        assert_eq!(predicted(&ledger, LedgerItemKind::Free), 0);
-        // ... and the check says the reservation cannot happen.
-        assert_eq!(
-            ledger.check_fits(),
-            Err(Error::ExceedsDevice {
-                what: "local memory",
-                bytes: 30 * 1024 * (1 << 20),
-                total_bytes: profile("gtx280").total_bytes,
-            })
-        );
-    }
-
-    #[test]
-    fn reservations_larger_than_the_device_fail_the_check() {
-        let h200 = profile("h200");
-        let stack = |bytes| Limits {
-            stack_bytes: bytes,
-            ..Limits::cuda_default()
-        };
-        assert_eq!(
-            Ledger::predict(&h200, &stack(1024), &[], 0).check_fits(),
-            Ok(())
-        );
-        // A saturated reservation (a u64::MAX stack) is caught, not printed.
-        let err = Ledger::predict(&h200, &stack(u64::MAX), &[], 0)
-            .check_fits()
-            .unwrap_err();
-        assert!(
-            matches!(err, Error::ExceedsDevice { what: "local memory", bytes: u64::MAX, total_bytes }
-                if total_bytes == h200.total_bytes),
-            "{err}"
-        );
-        // Items that fit one by one but not together: the context's own
-        // 552,402,944 bytes beside user allocations of all but 100 MiB.
-        let user = |bytes: u64| h200.total_bytes - bytes;
-        let err = Ledger::predict(&h200, &Limits::cuda_default(), &[], user(100 << 20))
-            .check_fits()
-            .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::ExceedsDevice {
-                    what: "the items together",
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert!(
-            Ledger::predict(&h200, &Limits::cuda_default(), &[], user(1 << 30))
-                .check_fits()
-                .is_ok()
-        );
-    }
-
-    #[test]
-    fn measurements_are_recorded_and_shown() {
-        let mut ledger = Ledger::predict(&profile("h200"), &Limits::cuda_default(), &[], 0);
-        ledger.set_measured(LedgerItemKind::LocalMemory, 276_824_064);
-        assert_eq!(
-            ledger.item(LedgerItemKind::LocalMemory).unwrap().measured,
-            Some(276_824_064)
-        );
-        let table = ledger.to_string();
-        assert!(table.contains("local memory"));
-        assert!(table.contains("276824064 (264.0 MiB)"), "{table}");
-        assert!(table.contains("x 132 SMs"));
-    }
-}
+mod tests;
