@@ -24,7 +24,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use cli::{explain, malloc_heap, output, replay_command};
+use cli::{explain, malloc_heap, output, replay_command, run};
 
 /// What `cudamem --help` opens with: what the command is for, and what a
 /// bare `cudamem` does.
@@ -51,6 +51,9 @@ enum Command {
     Explain(explain::ExplainArgs),
     /// The malloc heap (cudaLimitMallocHeapSize) an in-kernel malloc pattern needs.
     Heap(malloc_heap::HeapArgs),
+    /// Run a CUDA program with its driver calls recorded, and explain its
+    /// memory (and any out-of-memory) item by item; exits with its status.
+    Run(run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Some(Command::Replay(args)) => replay_command::run(args),
         Some(Command::Explain(args)) => explain::run(args),
         Some(Command::Heap(args)) => malloc_heap::run(args),
+        Some(Command::Run(args)) => return run::run(args),
     };
     // What is still buffered must reach the reader, or the failure be told.
     let result = result.and_then(|()| Ok(output::stdout().flush()?));
