@@ -1,8 +1,9 @@
 //! `cudamem run` end to end, without a GPU: a fake driver (`libcuda.so.1`,
 //! hook/fixtures/fake_cuda.c) and test programs that reach it each way a
 //! CUDA program does (linked, dlopen + dlsym, cuGetProcAddress_v2 of base
-//! names, eight threads, fork, exec, out of memory, a crash, a kill), built
-//! here with the C compiler, run under the real `cudamem run` binary with
+//! names, a runtime that does so, eight threads, fork, exec, out of memory,
+//! a crash, a kill), built here with the C compiler
+//! (hook/fixtures/build.sh), run under the real `cudamem run` binary with
 //! the real interposer. Each test checks the program's own result (it checks
 //! the driver's answers itself and exits non-zero on a change), the exit
 //! status, the event log, the RMM log and that `cudamem replay` reads it.
@@ -21,78 +22,22 @@ struct Fixtures {
     dir: PathBuf,
 }
 
-fn cc() -> String {
-    std::env::var("CC").unwrap_or_else(|_| "cc".into())
-}
-
-fn compile(args: &[&str]) {
-    let output = Command::new(cc()).args(args).output().unwrap_or_else(|err| {
-        panic!(
-            "running the C compiler {:?} (set CC to another): {err}",
-            cc()
-        )
-    });
-    assert!(
-        output.status.success(),
-        "{} {args:?}: {}",
-        cc(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 fn fixtures() -> &'static Fixtures {
     static BUILT: OnceLock<Fixtures> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hook/fixtures");
-        let src = |name: &str| src.join(name).to_str().unwrap().to_string();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hook/fixtures/build.sh");
         let dir = temp_path("fixtures");
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = |name: &str| dir.join(name).to_str().unwrap().to_string();
-        let rpath = format!("-Wl,-rpath,{}", dir.display());
-        let libdir = format!("-L{}", dir.display());
-        compile(&[
-            "-O2",
-            "-shared",
-            "-fPIC",
-            "-o",
-            &out("libcuda.so.1"),
-            &src("fake_cuda.c"),
-            "-Wl,-soname,libcuda.so.1",
-            "-lpthread",
-        ]);
-        std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).unwrap();
-        compile(&[
-            "-O2",
-            "-o",
-            &out("cuda_linked"),
-            &src("cuda_linked.c"),
-            &libdir,
-            "-lcuda",
-            "-lpthread",
-            &rpath,
-        ]);
-        for probe in ["probe_a", "probe_b"] {
-            compile(&[
-                "-O2",
-                "-shared",
-                "-fPIC",
-                "-o",
-                &out(&format!("lib{probe}.so")),
-                &src(&format!("{probe}.c")),
-                "-ldl",
-            ]);
-        }
-        compile(&[
-            "-O2",
-            "-o",
-            &out("cuda_dynamic"),
-            &src("cuda_dynamic.c"),
-            &libdir,
-            "-lprobe_a",
-            "-lprobe_b",
-            "-ldl",
-            &rpath,
-        ]);
+        let output = Command::new("sh")
+            .arg(&script)
+            .arg(&dir)
+            .output()
+            .unwrap_or_else(|err| panic!("running {}: {err}", script.display()));
+        assert!(
+            output.status.success(),
+            "{} (set CC to another C compiler): {}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
         Fixtures { dir }
     })
 }
@@ -232,7 +177,10 @@ fn a_linked_program_has_every_kind_of_call_recorded_and_its_trace_replays() {
         "meminfo",
         "exit",
     ] {
-        assert!(!records(&log, kind).is_empty(), "no {kind} record in\n{log}");
+        assert!(
+            !records(&log, kind).is_empty(),
+            "no {kind} record in\n{log}"
+        );
     }
     let calls: Vec<&str> = records(&log, "alloc").iter().map(|r| r[3]).collect();
     for call in [
@@ -268,7 +216,10 @@ fn a_linked_program_has_every_kind_of_call_recorded_and_its_trace_replays() {
     assert_eq!(events_replayed(&replay(&run.trace)), 11);
     // The report: the peak ledger, the live block by its caller.
     let stderr = run.stderr();
-    assert!(stderr.contains("exit status 0; 1 process recorded"), "{stderr}");
+    assert!(
+        stderr.contains("exit status 0; 1 process recorded"),
+        "{stderr}"
+    );
     assert!(stderr.contains("by cuda_linked"), "{stderr}");
     assert!(stderr.contains("unexplained"), "{stderr}");
 }
@@ -305,8 +256,29 @@ fn cu_get_proc_address_of_base_names_hands_out_wrappers_for_the_drivers_abi() {
         let wrapped = if thunks == "1" { "table" } else { "export" };
         assert!(how.contains(&("cuMemAlloc", "12000", wrapped)), "{how:?}");
         assert!(how.contains(&("cuMemFree", "12000", wrapped)), "{how:?}");
-        assert!(how.contains(&("cuMemAlloc", "2000", "unwrapped")), "{how:?}");
+        assert!(
+            how.contains(&("cuMemAlloc", "2000", "unwrapped")),
+            "{how:?}"
+        );
     }
+}
+
+#[test]
+fn through_a_shared_runtime_the_caller_is_the_program_not_the_runtime() {
+    let run = traced("runtime", &[&program("cuda_runtime"), "alloc"], &[]);
+    assert_eq!(run.status(), Some(0), "{}", run.stderr());
+    let log = run.log();
+    let alloc = &records(&log, "alloc")[0];
+    let libraries: HashMap<&str, &str> = records(&log, "library")
+        .iter()
+        .map(|r| (r[3], r[4]))
+        .collect();
+    let caller = libraries[alloc[7]];
+    assert!(caller.ends_with("/cuda_runtime"), "{caller} in {log}");
+    assert!(
+        records(&log, "resolve").iter().all(|r| r[6] == "export"),
+        "{log}"
+    );
 }
 
 #[test]
@@ -348,7 +320,11 @@ fn a_forked_child_writes_its_own_log_and_trace() {
     let child_trace = cudamem_hook::run::child_trace_path(&run.trace, child);
     assert_eq!(events_replayed(&replay(&child_trace)), 3);
     assert_eq!(events_replayed(&replay(&run.trace)), 2);
-    assert!(run.stderr().contains("2 processes recorded"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("2 processes recorded"),
+        "{}",
+        run.stderr()
+    );
 }
 
 #[test]
@@ -401,7 +377,9 @@ fn the_seeds_case_names_the_kernel_and_its_local_memory() {
         .find(|line| line.contains("cudamem:   "))
         .unwrap();
     assert!(
-        first.contains("960 MiB") && first.contains("kernel big_frame") && first.contains("122880 B"),
+        first.contains("960 MiB")
+            && first.contains("kernel big_frame")
+            && first.contains("122880 B"),
         "{first}"
     );
     assert!(
@@ -422,7 +400,11 @@ fn a_crash_leaves_its_records_and_its_signal_as_the_exit_status() {
     let log = run.log();
     assert_eq!(records(&log, "alloc")[0][5], "7340032");
     assert_eq!(records(&log, "signal")[0][3], "11");
-    assert!(run.stderr().contains("ended by signal 11"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("ended by signal 11"),
+        "{}",
+        run.stderr()
+    );
     assert_eq!(events_replayed(&replay(&run.trace)), 1);
 }
 
@@ -432,7 +414,11 @@ fn a_killed_program_leaves_a_readable_log() {
     assert_eq!(run.status(), Some(128 + 9), "{}", run.stderr());
     let log = run.log();
     assert_eq!(records(&log, "alloc")[0][5], "9437184");
-    assert!(run.stderr().contains("ended without an exit record"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("ended without an exit record"),
+        "{}",
+        run.stderr()
+    );
     assert_eq!(events_replayed(&replay(&run.trace)), 1);
 }
 
@@ -487,7 +473,14 @@ fn bad_input_gets_clear_errors() {
     let marker = temp_path("started");
     let script = format!("touch {}", marker.display());
     let output = run(
-        &["--trace", "/nonexistent/dir/t.csv", "--", "sh", "-c", &script],
+        &[
+            "--trace",
+            "/nonexistent/dir/t.csv",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
         &[],
     );
     assert_eq!(output.status.code(), Some(1));
@@ -498,7 +491,10 @@ fn bad_input_gets_clear_errors() {
     );
     assert!(!marker.exists(), "the program ran");
     // The interposer missing.
-    let output = run(&["--", "true"], &[("CUDAMEM_HOOK_LIB", "/nonexistent/libx.so")]);
+    let output = run(
+        &["--", "true"],
+        &[("CUDAMEM_HOOK_LIB", "/nonexistent/libx.so")],
+    );
     assert_eq!(output.status.code(), Some(1));
     assert!(
         text(&output.stderr).contains("the interposer library /nonexistent/libx.so is missing"),

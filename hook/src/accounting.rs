@@ -6,6 +6,7 @@
 //! the same code): one state machine, two readers.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::event::{
     CUDA_ERROR_OUT_OF_MEMORY, Call, Event, LimitKind, MemInfoWhy, Record, ResolveHow,
@@ -19,6 +20,30 @@ fn call_allocating(free: Call) -> Call {
         _ => Call::MemAlloc,
     }
 }
+
+/// Hashes pointers and handles (the maps' only keys) with one folded
+/// multiply: the interposer updates these maps inside every allocation call.
+#[derive(Default)]
+pub struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        let product = u128::from(self.0) * 0x9E37_79B9_7F4A_7C15;
+        (product as u64) ^ ((product >> 64) as u64)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 ^= value;
+    }
+}
+
+type AddressMap<V> = HashMap<u64, V, BuildHasherDefault<AddressHasher>>;
 
 /// A live block: device memory (`cuMemAlloc*`, managed, stream-ordered),
 /// pinned host memory, or a VMM physical handle.
@@ -186,10 +211,10 @@ pub struct Accounting {
     pub exe: String,
     libraries: Vec<Option<String>>,
     devices: Vec<DeviceState>,
-    live: HashMap<u64, Block>,
-    host: HashMap<u64, Block>,
-    handles: HashMap<u64, Block>,
-    reserved: HashMap<u64, u64>,
+    live: AddressMap<Block>,
+    host: AddressMap<Block>,
+    handles: AddressMap<Block>,
+    reserved: AddressMap<u64>,
     /// Mapped ranges: start -> size.
     mappings: BTreeMap<u64, u64>,
     by_caller: Vec<CallerBytes>,
@@ -333,7 +358,8 @@ impl Accounting {
                     state.facts.sm_count = *sm_count;
                     state.facts.threads_per_sm = *threads_per_sm;
                     state.facts.total = *total;
-                    state.facts.used_at_context = total.zip(*free).map(|(t, f)| t.saturating_sub(f));
+                    state.facts.used_at_context =
+                        total.zip(*free).map(|(t, f)| t.saturating_sub(f));
                     state.facts.stack_at_context = *stack;
                     state.stack = *stack;
                     state.heap = *heap;
@@ -367,8 +393,9 @@ impl Accounting {
                         state.stack_source = StackSource::SetLimit;
                         if let (Some(before), Some(after)) = (window.free_before, window.free_after)
                         {
-                            let change =
-                                i128::from(before) - i128::from(after) - i128::from(window.live_change);
+                            let change = i128::from(before)
+                                - i128::from(after)
+                                - i128::from(window.live_change);
                             state.local_change_measured = state
                                 .local_change_measured
                                 .saturating_add(i64::try_from(change).unwrap_or(0));
@@ -624,10 +651,7 @@ impl Accounting {
             .enumerate()
             .filter(|(_, bytes)| bytes.blocks > 0 || bytes.host_bytes > 0)
             .map(|(id, bytes)| {
-                let name = self
-                    .library(id as u32)
-                    .unwrap_or("(unknown)")
-                    .to_string();
+                let name = self.library(id as u32).unwrap_or("(unknown)").to_string();
                 (name, *bytes)
             })
             .collect();
@@ -648,7 +672,9 @@ impl Accounting {
             .map(|block| {
                 (
                     block.size,
-                    self.library(block.caller).unwrap_or("(unknown)").to_string(),
+                    self.library(block.caller)
+                        .unwrap_or("(unknown)")
+                        .to_string(),
                 )
             })
     }

@@ -67,7 +67,7 @@ pub fn holders(snapshot: &Snapshot) -> Vec<Holder> {
             bytes: u64::try_from(rest).unwrap_or(u64::MAX),
         });
     }
-    holders.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    holders.sort_by_key(|holder| std::cmp::Reverse(holder.bytes));
     holders
 }
 
@@ -247,7 +247,10 @@ pub fn explain(oom: &OutOfMemory, snapshot: Option<&Snapshot>) -> String {
         oom.ordinal
     );
     let Some(snapshot) = snapshot else {
-        let _ = writeln!(out, "cudamem: no context was recorded; nothing more is known");
+        let _ = writeln!(
+            out,
+            "cudamem: no context was recorded; nothing more is known"
+        );
         return out;
     };
     match snapshot.reading {
@@ -271,7 +274,12 @@ pub fn explain(oom: &OutOfMemory, snapshot: Option<&Snapshot>) -> String {
     }
     let _ = writeln!(out, "cudamem: the biggest holders:");
     for holder in holders(snapshot).iter().take(HOLDERS_SHOWN) {
-        let _ = writeln!(out, "cudamem:   {:>10}  {}", human(holder.bytes), holder.name);
+        let _ = writeln!(
+            out,
+            "cudamem:   {:>10}  {}",
+            human(holder.bytes),
+            holder.name
+        );
     }
     for line in advice(snapshot, oom.request) {
         let _ = writeln!(out, "cudamem: advice: {line}");

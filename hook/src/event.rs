@@ -477,9 +477,25 @@ impl Line {
         &self.bytes[..self.len]
     }
 
+    /// Append `bytes` whole, or not at all when the line is full (fields
+    /// are bounded so that a line always fits). Short runs are copied byte
+    /// by byte: a call to `memcpy` per field costs more than the copy.
+    fn put(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        if end > MAX_LINE_BYTES {
+            return;
+        }
+        if bytes.len() <= 16 {
+            for (slot, &byte) in self.bytes[self.len..end].iter_mut().zip(bytes) {
+                *slot = byte;
+            }
+        } else {
+            self.bytes[self.len..end].copy_from_slice(bytes);
+        }
+        self.len = end;
+    }
+
     fn push(&mut self, byte: u8) {
-        // Fields are bounded so that a line always fits; a full line drops
-        // bytes rather than overrun.
         if self.len < MAX_LINE_BYTES {
             self.bytes[self.len] = byte;
             self.len += 1;
@@ -491,26 +507,42 @@ impl Line {
     }
 
     fn word(&mut self, word: &str) {
-        for &byte in word.as_bytes() {
-            self.push(byte);
-        }
+        self.put(word.as_bytes());
     }
 
     fn dec(&mut self, value: u64) {
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
+        const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+            2021222324252627282930313233343536373839\
+            4041424344454647484950515253545556575859\
+            6061626364656667686970717273747576777879\
+            8081828384858687888990919293949596979899";
+        let digits = if value == 0 {
+            1
+        } else {
+            value.ilog10() as usize + 1
+        };
+        let end = self.len + digits;
+        if end > MAX_LINE_BYTES {
+            return;
+        }
+        let out = &mut self.bytes[self.len..end];
+        let mut at = digits;
         let mut rest = value;
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (rest % 10) as u8;
-            rest /= 10;
-            if rest == 0 {
-                break;
-            }
+        while rest >= 100 {
+            let pair = (rest % 100) as usize * 2;
+            rest /= 100;
+            at -= 2;
+            out[at] = PAIRS[pair];
+            out[at + 1] = PAIRS[pair + 1];
         }
-        for &digit in &digits[at..] {
-            self.push(digit);
+        if rest >= 10 {
+            let pair = rest as usize * 2;
+            out[at - 2] = PAIRS[pair];
+            out[at - 1] = PAIRS[pair + 1];
+        } else {
+            out[at - 1] = b'0' + rest as u8;
         }
+        self.len = end;
     }
 
     fn signed(&mut self, value: i64) {
@@ -521,21 +553,19 @@ impl Line {
     }
 
     fn hex(&mut self, value: u64) {
-        self.word("0x");
-        let mut digits = [0u8; 16];
-        let mut at = digits.len();
-        let mut rest = value;
-        loop {
-            at -= 1;
-            digits[at] = b"0123456789abcdef"[(rest & 15) as usize];
-            rest >>= 4;
-            if rest == 0 {
-                break;
-            }
+        let nibbles = ((64 - value.leading_zeros()).div_ceil(4)).max(1) as usize;
+        let end = self.len + 2 + nibbles;
+        if end > MAX_LINE_BYTES {
+            return;
         }
-        for &digit in &digits[at..] {
-            self.push(digit);
+        let out = &mut self.bytes[self.len..end];
+        out[0] = b'0';
+        out[1] = b'x';
+        for (index, digit) in out[2..].iter_mut().enumerate() {
+            let shift = 4 * (nibbles - 1 - index);
+            *digit = b"0123456789abcdef"[((value >> shift) & 15) as usize];
         }
+        self.len = end;
     }
 
     fn maybe(&mut self, value: Option<u64>) {
@@ -546,7 +576,12 @@ impl Line {
     }
 
     fn text(&mut self, text: &str) {
-        for &byte in cut(text, MAX_NAME_BYTES).as_bytes() {
+        let text = cut(text, MAX_NAME_BYTES).as_bytes();
+        if !text.iter().any(|&b| matches!(b, b'\\' | b'\t' | b'\n')) {
+            self.put(text);
+            return;
+        }
+        for &byte in text {
             match byte {
                 b'\\' => self.word("\\\\"),
                 b'\t' => self.word("\\t"),
@@ -775,9 +810,7 @@ impl Line {
         }
         // The line end always fits: fields are bounded, and the last byte
         // is kept for it.
-        if self.len == MAX_LINE_BYTES {
-            self.len -= 1;
-        }
+        self.len = self.len.min(MAX_LINE_BYTES - 1);
         self.push(b'\n');
     }
 
@@ -1280,6 +1313,30 @@ mod tests {
             assert_eq!(text.matches('\n').count(), 1, "{text:?}");
             let back = parse_line(text.trim_end_matches('\n')).unwrap();
             assert_eq!(back, record, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn numbers_of_every_width_read_back() {
+        let mut values = vec![0, 1, 9, 10, 99, 100, 101, 999, 1000, u64::MAX, u64::MAX - 1];
+        values.extend((0..64).map(|shift| 1u64 << shift));
+        values.extend((1..20).map(|digits| 10u64.pow(digits) - 1));
+        let mut line = Line::default();
+        for value in values {
+            let record = Record {
+                time_ns: value,
+                thread: 1,
+                event: Event::Map {
+                    ptr: value,
+                    size: value,
+                    offset: value / 3,
+                    handle: value,
+                    result: -1,
+                },
+            };
+            line.encode(&record);
+            let text = std::str::from_utf8(line.as_bytes()).unwrap();
+            assert_eq!(parse_line(text.trim_end()).unwrap(), record, "{text}");
         }
     }
 

@@ -30,7 +30,8 @@
 //! use cudamem_hook::{Accounting, Snapshot};
 //! use cudamem_hook::event::{Call, ContextHow, Event, Record};
 //!
-//! // A context on an H200, then a kernel with a 16 KiB frame, then 4 MiB.
+//! // A context on a device of 132 SMs x 2048 threads, then a kernel with a
+//! // 16 KiB frame, then 4 MiB.
 //! let mut accounting = Accounting::default();
 //! let mut apply = |event| accounting.apply(&Record { time_ns: 0, thread: 1, event });
 //! apply(Event::Context {

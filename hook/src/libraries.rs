@@ -68,10 +68,11 @@ impl Framework {
     pub fn of(path: &str) -> Option<Framework> {
         let lower = path.to_ascii_lowercase();
         let name = file_name(&lower);
-        if name.starts_with("libc10") || name.starts_with("libtorch") || lower.contains("/torch/")
-        {
+        if name.starts_with("libc10") || name.starts_with("libtorch") || lower.contains("/torch/") {
             Some(Framework::PyTorch)
-        } else if name.contains("xla") || lower.contains("/jaxlib/") || lower.contains("jax_plugins")
+        } else if name.contains("xla")
+            || lower.contains("/jaxlib/")
+            || lower.contains("jax_plugins")
         {
             Some(Framework::Xla)
         } else if lower.contains("/cupy/") || name.starts_with("cupy") {

@@ -31,7 +31,9 @@ pub fn log_path(dir: &Path, pid: u32) -> PathBuf {
 /// The process id a log path names, if it is one.
 pub fn log_pid(path: &Path) -> Option<u32> {
     let name = path.file_name()?.to_str()?;
-    name.strip_suffix(&format!(".{LOG_EXTENSION}"))?.parse().ok()
+    name.strip_suffix(&format!(".{LOG_EXTENSION}"))?
+        .parse()
+        .ok()
 }
 
 /// The bound a text (a [`MAX_LOG_BYTES_VAR`] value) sets: a byte count,

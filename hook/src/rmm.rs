@@ -119,20 +119,17 @@ impl<W: Write> RmmWriter<W> {
                 size,
                 caller,
                 ..
-            } if !call.is_host() => {
+            } if !call.is_host() && size > 0 && !self.live.contains_key(&ptr) => {
                 // The free did not happen: the block is live again.
-                if size > 0 && self.live.insert(ptr, size).is_none() {
-                    self.row(&Row { caller, ..at }, "allocate", ptr, size)?;
-                }
+                self.live.insert(ptr, size);
+                self.row(&Row { caller, ..at }, "allocate", ptr, size)?;
             }
             &Event::Map {
                 ptr, size, result, ..
-            } => {
-                if result == 0 && size > 0 && !self.live.contains_key(&ptr) {
-                    self.mappings.insert(ptr, size);
-                    self.live.insert(ptr, size);
-                    self.row(&at, "allocate", ptr, size)?;
-                }
+            } if result == 0 && size > 0 && !self.live.contains_key(&ptr) => {
+                self.mappings.insert(ptr, size);
+                self.live.insert(ptr, size);
+                self.row(&at, "allocate", ptr, size)?;
             }
             &Event::Unmap { ptr, size } => {
                 let inside: Vec<(u64, u64)> = self
@@ -250,12 +247,18 @@ mod tests {
             free(0x2000),
         ]);
         assert_eq!(lines[0], HEADER);
-        assert_eq!(lines[1], "9,01:02:03.000002,allocate,0x1000,512,0x0,libodd_name.so");
+        assert_eq!(
+            lines[1],
+            "9,01:02:03.000002,allocate,0x1000,512,0x0,libodd_name.so"
+        );
         assert_eq!(
             lines[2],
             "9,01:02:03.000003,allocate failure,0x0,1099511627776,0x0,libodd_name.so"
         );
-        assert_eq!(lines[3], "9,01:02:03.000005,free,0x1000,512,0x0,libodd_name.so");
+        assert_eq!(
+            lines[3],
+            "9,01:02:03.000005,free,0x1000,512,0x0,libodd_name.so"
+        );
         assert_eq!(lines.len(), 4);
         assert_eq!(stats.unknown_frees, 1);
         assert_eq!(stats.rows, 3);
@@ -283,7 +286,10 @@ mod tests {
             .iter()
             .map(|line| line.split(',').nth(2).unwrap())
             .collect();
-        assert_eq!(actions, ["allocate", "allocate", "allocate", "free", "free"]);
+        assert_eq!(
+            actions,
+            ["allocate", "allocate", "allocate", "free", "free"]
+        );
         assert!(lines[4].contains("0x200000"));
         assert!(lines[5].contains("0x400000"));
     }

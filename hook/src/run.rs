@@ -144,7 +144,8 @@ pub fn find_program(program: &OsStr, path_var: Option<&OsStr>) -> Result<PathBuf
         return Err(not_found());
     }
     let executable = |path: &Path| {
-        fs::metadata(path).is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        fs::metadata(path)
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
     };
     if program.to_string_lossy().contains('/') {
         let path = PathBuf::from(program);
@@ -280,10 +281,7 @@ impl Prepared {
             .args(&self.plan.args)
             .env(
                 "LD_PRELOAD",
-                preload_value(
-                    std::env::var_os("LD_PRELOAD").as_deref(),
-                    &self.plan.hook,
-                ),
+                preload_value(std::env::var_os("LD_PRELOAD").as_deref(), &self.plan.hook),
             )
             .env(LOG_DIR_VAR, &self.log_dir)
             .env(MAX_LOG_BYTES_VAR, self.plan.max_log_bytes.to_string());
@@ -353,7 +351,10 @@ mod tests {
     fn the_hook_is_appended_to_the_users_preload() {
         let hook = Path::new("/b/libcudamem_hook.so");
         assert_eq!(preload_value(None, hook), "/b/libcudamem_hook.so");
-        assert_eq!(preload_value(Some(OsStr::new("")), hook), "/b/libcudamem_hook.so");
+        assert_eq!(
+            preload_value(Some(OsStr::new("")), hook),
+            "/b/libcudamem_hook.so"
+        );
         assert_eq!(
             preload_value(Some(OsStr::new("/x/liba.so /x/libb.so")), hook),
             "/x/liba.so /x/libb.so:/b/libcudamem_hook.so"
@@ -362,8 +363,11 @@ mod tests {
 
     #[test]
     fn programs_are_found_by_path_or_in_path() {
-        let sh = find_program(OsStr::new("sh"), Some(OsStr::new("/nonexistent:/bin:/usr/bin")))
-            .unwrap();
+        let sh = find_program(
+            OsStr::new("sh"),
+            Some(OsStr::new("/nonexistent:/bin:/usr/bin")),
+        )
+        .unwrap();
         assert!(sh.ends_with("sh"));
         assert!(matches!(
             find_program(OsStr::new("no-such-program-here"), Some(OsStr::new("/bin"))),

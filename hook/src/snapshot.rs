@@ -92,12 +92,11 @@ impl Snapshot {
         };
         let profile = profile(&device.facts);
         let largest_frame = device.largest_frame().cloned();
-        let frame_bytes = largest_frame.as_ref().map_or(0, |kernel| kernel.local_bytes);
+        let frame_bytes = largest_frame
+            .as_ref()
+            .map_or(0, |kernel| kernel.local_bytes);
         let local = |stack: u64, frame: u64| {
-            local_memory_reservation_bytes(
-                &profile,
-                per_thread_local_bytes(&profile, stack, frame),
-            )
+            local_memory_reservation_bytes(&profile, per_thread_local_bytes(&profile, stack, frame))
         };
         let local_predicted = local(limits.stack_bytes, frame_bytes);
         let local_measured = device.facts.stack_at_context.map(|stack| {
@@ -249,7 +248,8 @@ impl Snapshot {
             lines.push(ExtraLine {
                 name: "pinned host".into(),
                 bytes: self.host_pinned,
-                why: "cuMemHostAlloc/cuMemAllocHost: host memory, not counted in the device's".into(),
+                why: "cuMemHostAlloc/cuMemAllocHost: host memory, not counted in the device's"
+                    .into(),
             });
         }
         lines
@@ -351,7 +351,10 @@ pub fn signed_human(bytes: i128) -> String {
 /// The profile ctx's rules read: what the device reported, with the
 /// measured costs of a built-in profile of the same model.
 fn profile(facts: &DeviceFacts) -> DeviceProfile {
-    let sm_count = facts.sm_count.and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
+    let sm_count = facts
+        .sm_count
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(0);
     let threads = facts
         .threads_per_sm
         .and_then(|n| u32::try_from(n).ok())
@@ -376,9 +379,8 @@ fn profile(facts: &DeviceFacts) -> DeviceProfile {
         first_module_bytes: builtin.and_then(|p| p.first_module_bytes),
         printf_module_bytes: builtin.and_then(|p| p.printf_module_bytes),
         malloc_module_bytes: builtin.and_then(|p| p.malloc_module_bytes),
-        local_memory_granule_bytes: builtin.map_or(LOCAL_MEMORY_GRANULE, |p| {
-            p.local_memory_granule_bytes
-        }),
+        local_memory_granule_bytes: builtin
+            .map_or(LOCAL_MEMORY_GRANULE, |p| p.local_memory_granule_bytes),
         source: if builtin.is_some() {
             "SMs, threads and total read from the device; context and module costs of the \
              built-in profile of this model"

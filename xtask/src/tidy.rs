@@ -39,6 +39,12 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "torch-alloc/tests/peers_env.rs",
         "tests that call the C ABI as C code does, with CUDAMEM_PEERS set",
     ),
+    (
+        "hook/preload/src/",
+        "the driver interposer: C ABI entry points the program calls in place of the \
+         driver's, the real driver called through looked-up pointers, the log's shared \
+         mapping, and fork, exit and signal handlers",
+    ),
 ];
 
 /// Files under `ctx/src/cuda/` that need no `unsafe`, each with why.

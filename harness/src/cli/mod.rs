@@ -8,6 +8,6 @@ pub mod explain_snapshot;
 pub mod malloc_heap;
 pub mod output;
 pub mod replay_command;
-pub mod run;
 #[cfg(feature = "cuda")]
 pub mod replay_gpu;
+pub mod run;

@@ -37,7 +37,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "BYTES", value_parser = byte_size::parse, default_value_t = DEFAULT_MAX_LOG_BYTES)]
     max_log_bytes: u64,
     /// The program to run and its arguments (after `--`).
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROGRAM")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
     command: Vec<OsString>,
 }
 

@@ -2,18 +2,24 @@
 //! driver, the runtime and this library, named by `dladdr`.
 //!
 //! The allocation wrappers are entered through a two-instruction stub that
-//! hands them their own return address (the immediate caller). Most callers
-//! are not CUDA's libraries (a statically linked runtime is part of the
-//! program; frameworks call the driver directly), and then that address
-//! decides. Only when it lies in the driver or the shared runtime does the
-//! wrapper walk the stack with the unwinder, a few frames, to the first
-//! frame outside them. Addresses are named once: a lock-free table maps
-//! each to its library's id.
+//! hands them the stack pointer at entry, where their own return address
+//! (the immediate caller) is. Most callers are not CUDA's libraries (a
+//! statically linked runtime is part of the program; frameworks call the
+//! driver directly), and then that address decides. When it lies in the
+//! driver or the shared runtime, the stack is walked with the unwinder to
+//! the first frame outside them, and where that frame's return address was
+//! stored, relative to the stack pointer, is learned for that immediate
+//! caller: the next call from the same place reads the word there and takes
+//! it when it names a library that is not CUDA's (the runtime's frames have
+//! the same layout each time), walking again only when it does not.
+//! Addresses are named once: a lock-free table maps each to its library's
+//! id.
 
+use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
-use cudamem_hook::libraries::{LibraryClass, classify};
+use hook::libraries::{LibraryClass, classify};
 
 use crate::recorder;
 
@@ -146,16 +152,113 @@ fn is_cuda(id: u32) -> bool {
     matches!(class_of(id), CUDA | OWN)
 }
 
-/// The caller library for a wrapper whose immediate caller is `immediate`
-/// (0 when the wrapper could not tell).
-pub fn caller_id(immediate: usize) -> u32 {
-    if immediate != 0 {
-        let id = library_of(immediate);
-        if id != 0 && !is_cuda(id) {
-            return id;
+/// Slots of the table of learned offsets (a power of two).
+const OFFSET_SLOTS: usize = 1 << 10;
+/// The farthest a learned return address may be above the stack pointer.
+const MAX_OFFSET: usize = 64 << 10;
+
+/// `(immediate caller << 16) | (offset / 8)` per slot; 0 is empty.
+static OFFSETS: [AtomicU64; OFFSET_SLOTS] = [const { AtomicU64::new(0) }; OFFSET_SLOTS];
+
+fn learned(immediate: usize) -> Option<usize> {
+    let key = (immediate as u64) << 16;
+    let first = slot_of(immediate) & (OFFSET_SLOTS - 1);
+    for probe in 0..PROBES {
+        let value = OFFSETS[(first + probe) & (OFFSET_SLOTS - 1)].load(Ordering::Acquire);
+        if value == 0 {
+            return None;
+        }
+        if value & !0xffff == key {
+            return Some((value & 0xffff) as usize * 8);
         }
     }
-    walk().unwrap_or_else(|| library_of(immediate))
+    None
+}
+
+fn learn(immediate: usize, offset: usize) {
+    let value = ((immediate as u64) << 16) | (offset / 8) as u64;
+    let first = slot_of(immediate) & (OFFSET_SLOTS - 1);
+    for probe in 0..PROBES {
+        let slot = &OFFSETS[(first + probe) & (OFFSET_SLOTS - 1)];
+        let current = slot.load(Ordering::Acquire);
+        if current == 0 || current & !0xffff == value & !0xffff {
+            slot.store(value, Ordering::Release);
+            return;
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's stack, (lowest, highest) address; (0, 0) unknown,
+    /// (1, 1) not to be asked again.
+    static STACK: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+}
+
+/// This thread's stack bounds, asked of the thread library once per thread.
+fn stack_bounds() -> Option<(usize, usize)> {
+    let known = STACK.with(Cell::get);
+    match known {
+        (0, 0) => {}
+        (1, 1) => return None,
+        bounds => return Some(bounds),
+    }
+    // SAFETY: a zeroed attribute object is what pthread_getattr_np fills.
+    let mut attr: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
+    let (mut addr, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+    // SAFETY: reading this thread's attributes into `attr`, then its stack,
+    // then releasing `attr`.
+    let ok = unsafe {
+        libc::pthread_getattr_np(libc::pthread_self(), &mut attr) == 0 && {
+            let got = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
+            libc::pthread_attr_destroy(&mut attr);
+            got
+        }
+    };
+    let bounds = if ok && !addr.is_null() {
+        (addr as usize, addr as usize + size)
+    } else {
+        (1, 1)
+    };
+    STACK.with(|cell| cell.set(bounds));
+    (bounds != (1, 1)).then_some(bounds)
+}
+
+/// The caller library for a wrapper entered with stack pointer `sp` (the
+/// address of its return address; 0 where the stub could not tell).
+pub fn caller_id(sp: usize) -> u32 {
+    if sp == 0 {
+        return walk().map_or(0, |(id, _)| id);
+    }
+    // SAFETY: `sp` is the wrapper's stack pointer at entry: its return
+    // address is there.
+    let immediate = unsafe { *(sp as *const usize) };
+    let id = library_of(immediate);
+    if id != 0 && !is_cuda(id) {
+        return id;
+    }
+    if let (Some(offset), Some((low, high))) = (learned(immediate), stack_bounds())
+        && sp >= low
+        && sp + offset + 8 <= high
+    {
+        // SAFETY: inside this thread's stack, above the stack pointer.
+        let word = unsafe { *((sp + offset) as *const usize) };
+        let found = library_of(word);
+        if found != 0 && class_of(found) == OTHER {
+            return found;
+        }
+    }
+    match walk() {
+        Some((found, slot)) => {
+            if let Some(slot) = slot
+                && slot > sp
+                && slot - sp <= MAX_OFFSET
+            {
+                learn(immediate, slot - sp);
+            }
+            found
+        }
+        None => id,
+    }
 }
 
 #[repr(C)]
@@ -164,7 +267,11 @@ struct Walk {
     /// A frame of this library was passed: frames before it are the
     /// unwinder's own.
     passed_own: bool,
-    found: Option<u32>,
+    /// The previous frame's canonical frame address: the frame after it
+    /// returns to the address stored just below it.
+    previous_cfa: usize,
+    /// The library found, and where its return address is stored.
+    found: Option<(u32, Option<usize>)>,
 }
 
 unsafe extern "C" {
@@ -173,6 +280,7 @@ unsafe extern "C" {
         arg: *mut c_void,
     ) -> c_int;
     fn _Unwind_GetIP(context: *mut c_void) -> usize;
+    fn _Unwind_GetCFA(context: *mut c_void) -> usize;
 }
 
 /// `_URC_NO_REASON`: go on.
@@ -185,17 +293,32 @@ unsafe extern "C" fn visit(context: *mut c_void, arg: *mut c_void) -> c_int {
     let walk = unsafe { &mut *arg.cast::<Walk>() };
     walk.frames += 1;
     // SAFETY: the unwinder's context for the frame being visited.
-    let ip = unsafe { _Unwind_GetIP(context) };
+    let (ip, cfa) = unsafe { (_Unwind_GetIP(context), _Unwind_GetCFA(context)) };
     let id = library_of(ip);
     match class_of(id) {
         OWN => walk.passed_own = true,
         CUDA => {}
         _ if id != 0 && walk.passed_own => {
-            walk.found = Some(id);
+            // x86-64: a call pushes its return address just below the
+            // caller's stack pointer, which is the callee's CFA. Which CFA a
+            // context holds when it is visited is the unwinder's business:
+            // take the one below which `ip` is stored.
+            let slot = [cfa, walk.previous_cfa]
+                .into_iter()
+                .filter_map(|cfa| cfa.checked_sub(8))
+                .find(|&slot| {
+                    // SAFETY: just below a live frame's CFA, on this thread's
+                    // stack.
+                    slot != 0
+                        && cfg!(target_arch = "x86_64")
+                        && unsafe { *(slot as *const usize) } == ip
+                });
+            walk.found = Some((id, slot));
             return UNWIND_STOP;
         }
         _ => {}
     }
+    walk.previous_cfa = cfa;
     if walk.frames >= MAX_FRAMES {
         UNWIND_STOP
     } else {
@@ -203,11 +326,13 @@ unsafe extern "C" fn visit(context: *mut c_void, arg: *mut c_void) -> c_int {
     }
 }
 
-/// The first frame of the stack outside CUDA's libraries and this one.
-fn walk() -> Option<u32> {
+/// The first frame of the stack outside CUDA's libraries and this one, and
+/// where its return address is stored.
+fn walk() -> Option<(u32, Option<usize>)> {
     let mut walk = Walk {
         frames: 0,
         passed_own: false,
+        previous_cfa: 0,
         found: None,
     };
     // SAFETY: `visit` matches the callback type and `walk` outlives the call.
@@ -215,9 +340,9 @@ fn walk() -> Option<u32> {
     walk.found
 }
 
-/// A wrapper entered with its immediate caller: a stub that puts its own
-/// return address in the register after its arguments and jumps to the
-/// Rust function taking it as its last argument (x86-64 System V: the
+/// A wrapper entered with its stack pointer: a stub that puts the stack
+/// pointer at entry (where its return address is) in the register after its
+/// arguments and jumps to the Rust function taking it as its last argument (x86-64 System V: the
 /// registers are rdi, rsi, rdx, rcx, r8, r9; every wrapped allocation call
 /// has at most five arguments). The jump keeps the stack as the caller
 /// left it, so the Rust function returns straight to the caller.
@@ -229,7 +354,7 @@ macro_rules! with_caller {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::driver::CuResult {
             core::arch::naked_asm!(
-                concat!("mov ", stringify!($reg), ", qword ptr [rsp]"),
+                concat!("mov ", stringify!($reg), ", rsp"),
                 "jmp {inner}",
                 inner = sym $inner,
             )
@@ -239,7 +364,7 @@ macro_rules! with_caller {
         #[unsafe(naked)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::driver::CuResult {
             core::arch::naked_asm!(
-                concat!("mov ", stringify!($reg), ", qword ptr [rsp]"),
+                concat!("mov ", stringify!($reg), ", rsp"),
                 "jmp {inner}",
                 inner = sym $inner,
             )
@@ -247,8 +372,8 @@ macro_rules! with_caller {
     };
 }
 
-/// Elsewhere the wrapper cannot see its return address: it passes 0, and
-/// the caller is found by walking the stack.
+/// Elsewhere the wrapper cannot see its stack pointer: it passes 0, and the
+/// caller is found by walking the stack.
 #[cfg(not(target_arch = "x86_64"))]
 macro_rules! with_caller {
     (export $name:ident [$reg:ident] ($($arg:ident: $ty:ty),*) => $inner:path) => {

@@ -121,11 +121,6 @@ impl Sym {
         }
     }
 
-    /// Its name.
-    pub fn name(&self) -> &'static CStr {
-        self.name
-    }
-
     /// Its address in the driver, loading the driver when `load`. `None`
     /// when the driver is not loaded or lacks it (only the second is
     /// remembered).
@@ -157,7 +152,6 @@ macro_rules! call_driver {
         }
     };
 }
-
 
 /// Entry points the interposer itself calls (never wrapped).
 pub mod own {
@@ -291,7 +285,9 @@ pub mod read {
             handle,
             device
         )?;
-        (result == SUCCESS).then(|| u64::try_from(value).ok()).flatten()
+        (result == SUCCESS)
+            .then(|| u64::try_from(value).ok())
+            .flatten()
     }
 
     /// A function's name as the driver knows it.

@@ -18,11 +18,9 @@
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::Ordering;
 
-use cudamem_hook::event::ResolveHow;
+use hook::event::ResolveHow;
 
-use crate::driver::{
-    self, CuResult, PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, REAL_DLSYM, SUCCESS,
-};
+use crate::driver::{self, CuResult, PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, REAL_DLSYM, SUCCESS};
 use crate::hooks::{ENTRIES, Entry, hook, real};
 use crate::recorder;
 
@@ -131,7 +129,8 @@ unsafe extern "C" fn dlsym_driver_name(handle: *mut c_void, symbol: *const c_cha
 fn missing(real: DlsymFn, symbol: *const c_char) -> *mut c_void {
     let scope = driver::libcuda(false).or_else(|| {
         // SAFETY: dlopen of a constant name, loading nothing.
-        let libc = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        let libc =
+            unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
         (!libc.is_null()).then_some(libc)
     });
     match scope {
@@ -144,7 +143,12 @@ fn missing(real: DlsymFn, symbol: *const c_char) -> *mut c_void {
 /// The wrapper to hand out for the driver's `pointer` to `symbol` at
 /// `version` with `flags`, and how it was chosen; `None` for a name whose
 /// ABIs are not wrapped.
-fn wrap_for(symbol: &str, pointer: usize, version: c_int, flags: u64) -> Option<(usize, ResolveHow)> {
+fn wrap_for(
+    symbol: &str,
+    pointer: usize,
+    version: c_int,
+    flags: u64,
+) -> Option<(usize, ResolveHow)> {
     let candidates = || {
         ENTRIES
             .iter()
@@ -154,9 +158,10 @@ fn wrap_for(symbol: &str, pointer: usize, version: c_int, flags: u64) -> Option<
     candidates().next()?;
     // A driver that takes its own functions' addresses through the symbol
     // table gets this library's exports (they come first): already wrapped.
-    let ours = ENTRIES.iter().filter_map(|entry| entry.wrap.as_ref()).any(|wrap| {
-        wrap.export_fn as usize == pointer || wrap.resolved_fn as usize == pointer
-    });
+    let ours = ENTRIES
+        .iter()
+        .filter_map(|entry| entry.wrap.as_ref())
+        .any(|wrap| wrap.export_fn as usize == pointer || wrap.resolved_fn as usize == pointer);
     if ours {
         return Some((pointer, ResolveHow::Export));
     }
@@ -192,7 +197,9 @@ fn wrap_for(symbol: &str, pointer: usize, version: c_int, flags: u64) -> Option<
     let slot = wrap.resolved;
     match slot.compare_exchange(0, pointer, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => Some((wrap.resolved_fn as usize, ResolveHow::Table)),
-        Err(existing) if existing == pointer => Some((wrap.resolved_fn as usize, ResolveHow::Table)),
+        Err(existing) if existing == pointer => {
+            Some((wrap.resolved_fn as usize, ResolveHow::Table))
+        }
         Err(_) => Some((pointer, ResolveHow::Unwrapped)),
     }
 }
@@ -250,7 +257,10 @@ unsafe fn get_proc_address_v2(
     flags: u64,
     status: *mut c_int,
 ) -> CuResult {
-    let real = real!(real, fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int));
+    let real = real!(
+        real,
+        fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int)
+    );
     // SAFETY: the program's arguments.
     let result = unsafe { real(symbol, pfn, version, flags, status) };
     if result == SUCCESS {

@@ -6,7 +6,7 @@
 //! functions ([`hooks`]). Every wrapper calls the real driver, records the
 //! call, and returns exactly what the driver returned; a function the
 //! driver lacks stays missing. Records go to one log per process
-//! (`cudamem_hook::event`'s format) when `CUDAMEM_HOOK_DIR` names a folder;
+//! (`hook::event`'s format) when `CUDAMEM_HOOK_DIR` names a folder;
 //! an out-of-memory return is explained on stderr before the program sees
 //! it, with or without a log.
 //!
@@ -16,7 +16,7 @@
 //! and the recorder set up, on the first call that needs them.
 //!
 //! Everything that needs no `unsafe` (the records, the accounting, the
-//! explanations) is in the `cudamem-hook` crate; this crate is the thin
+//! explanations) is in the `cudamem-hook` crate (`hook` here); this crate is the thin
 //! layer over the C ABI. Its behaviour is tested end to end, against a fake
 //! driver, by `cudamem run`'s tests (harness/tests/cli_run.rs):
 //!
@@ -29,7 +29,7 @@
 
 mod caller;
 mod driver;
-pub mod hooks;
+mod hooks;
 mod interpose;
 mod lifecycle;
 mod lock;

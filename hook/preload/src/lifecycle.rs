@@ -6,6 +6,7 @@
 //! Set up by the recorder's first use, not by a constructor.
 
 use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::recorder;
@@ -24,8 +25,9 @@ const FATAL: [c_int; 6] = [
 
 static SET_UP: AtomicBool = AtomicBool::new(false);
 
-/// The handlers the program had, per signal number.
-static mut PREVIOUS: [Option<libc::sigaction>; 32] = [None; 32];
+/// The handlers the program had, per signal number (set once, before
+/// this library's handler is installed for that signal).
+static PREVIOUS: [OnceLock<libc::sigaction>; 32] = [const { OnceLock::new() }; 32];
 
 extern "C" fn prepare() {
     recorder::before_fork();
@@ -80,9 +82,9 @@ fn install(signal: c_int) {
         // The program ignores it: it does not end the process.
         return;
     }
-    // SAFETY: set once, before our handler can run for this signal; read
-    // only by the handler afterwards.
-    unsafe { (*(&raw mut PREVIOUS))[signal as usize] = Some(old) };
+    if PREVIOUS[signal as usize].set(old).is_err() {
+        return;
+    }
     // SAFETY: as above, a zeroed sigaction is valid to fill in.
     let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
     action.sa_sigaction = on_signal as *const () as usize;
@@ -97,9 +99,7 @@ fn install(signal: c_int) {
 
 extern "C" fn on_signal(signal: c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
     recorder::signaled(signal);
-    // SAFETY: written before this handler was installed.
-    let previous = unsafe { (*(&raw const PREVIOUS))[signal as usize] };
-    let Some(previous) = previous else {
+    let Some(&previous) = PREVIOUS.get(signal as usize).and_then(OnceLock::get) else {
         return;
     };
     if previous.sa_sigaction == libc::SIG_DFL {

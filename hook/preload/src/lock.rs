@@ -1,120 +1,77 @@
-//! The one lock of the interposer: a spin lock whose raw acquire and
-//! release `fork` handlers can split across `pthread_atfork`'s prepare and
-//! parent/child calls (a `std::sync::Mutex` guard cannot be held that way),
-//! and whose try-acquire a signal handler can use without blocking.
+//! The one lock of the interposer: a mutex (waiters sleep rather than spin,
+//! which matters when more threads allocate than there are cores), plus
+//! what `fork` and signal handlers need of it: holding it across `fork`
+//! (taken in `pthread_atfork`'s prepare handler, released in the parent's
+//! and the child's, all on the forking thread), and taking it without
+//! waiting.
 
-use std::cell::UnsafeCell;
-use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::RefCell;
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
-/// A value behind a spin lock. Holders keep it for a record's worth of
-/// work; waiters spin a little, then yield.
-pub struct SpinLock<T> {
-    locked: AtomicBool,
-    value: UnsafeCell<T>,
+/// A value behind the interposer's lock.
+pub struct Lock<T: 'static> {
+    inner: Mutex<T>,
 }
 
-// SAFETY: the value is reached only through a guard, and a guard exists
-// only while `locked` is held by its thread: one thread at a time.
-unsafe impl<T: Send> Sync for SpinLock<T> {}
-
-impl<T> SpinLock<T> {
+impl<T: 'static> Lock<T> {
     /// An unlocked lock holding `value`.
     pub const fn new(value: T) -> Self {
         Self {
-            locked: AtomicBool::new(false),
-            value: UnsafeCell::new(value),
+            inner: Mutex::new(value),
         }
     }
 
-    fn try_acquire(&self) -> bool {
-        self.locked
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+    /// Take the lock, waiting as long as it takes. A holder that panicked
+    /// (none should) left the value as it was; it is used as it is.
+    pub fn lock(&self) -> MutexGuard<'_, T> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Take the lock, waiting as long as it takes.
-    pub fn lock(&self) -> Guard<'_, T> {
-        self.acquire_raw();
-        Guard { lock: self }
-    }
-
-    /// Take the lock if it comes within `tries` attempts (a signal handler
-    /// may have interrupted its own holder: then it never comes).
-    pub fn try_lock_for(&self, tries: u32) -> Option<Guard<'_, T>> {
-        for _ in 0..tries {
-            if self.try_acquire() {
-                return Some(Guard { lock: self });
-            }
-            std::hint::spin_loop();
-        }
-        None
-    }
-
-    /// Take the lock with no guard: for `pthread_atfork`'s prepare handler,
-    /// released by [`SpinLock::release_raw`] in the parent and child.
-    pub fn acquire_raw(&self) {
-        let mut spins = 0u32;
-        while !self.try_acquire() {
-            spins += 1;
-            if spins < 128 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+    /// Take the lock if it is free now (a signal handler may have
+    /// interrupted its holder, on this very thread: then it never is).
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        match self.inner.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
         }
     }
+}
 
-    /// Release a lock taken by [`SpinLock::acquire_raw`] (in a forked child
-    /// this is the only thread, so whoever took it is gone or is this one).
-    pub fn release_raw(&self) {
-        self.locked.store(false, Ordering::Release);
+thread_local! {
+    /// The guard held across a `fork` by the forking thread.
+    static ACROSS_FORK: RefCell<Option<Box<dyn std::any::Any>>> = const { RefCell::new(None) };
+}
+
+impl<T: Send + 'static> Lock<T> {
+    /// Take the lock and keep it on this thread until [`Lock::release_held`]
+    /// (`pthread_atfork` prepare).
+    pub fn hold(&'static self) {
+        let guard = self.lock();
+        ACROSS_FORK.with(|held| *held.borrow_mut() = Some(Box::new(guard)));
     }
-}
 
-/// The lock held; released on drop.
-pub struct Guard<'a, T> {
-    lock: &'a SpinLock<T>,
-}
-
-impl<T> Deref for Guard<'_, T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        // SAFETY: this guard holds the lock, so no other reference to the
-        // value exists.
-        unsafe { &*self.lock.value.get() }
-    }
-}
-
-impl<T> DerefMut for Guard<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: as in `deref`, and `&mut self` makes this the only use
-        // of the guard.
-        unsafe { &mut *self.lock.value.get() }
-    }
-}
-
-impl<T> Drop for Guard<'_, T> {
-    fn drop(&mut self) {
-        self.lock.release_raw();
+    /// Release what [`Lock::hold`] took (`pthread_atfork` parent and child:
+    /// in the child this thread is the only one, so nothing waits).
+    pub fn release_held(&'static self) {
+        let held = ACROSS_FORK.with(|held| held.borrow_mut().take());
+        drop(held);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+
+    static COUNTER: Lock<u64> = Lock::new(0);
 
     #[test]
-    fn threads_take_turns() {
-        let lock = Arc::new(SpinLock::new(0u64));
+    fn threads_take_turns_and_a_held_lock_is_not_taken_without_waiting() {
         let threads: Vec<_> = (0..8)
             .map(|_| {
-                let lock = Arc::clone(&lock);
-                std::thread::spawn(move || {
+                std::thread::spawn(|| {
                     for _ in 0..10_000 {
-                        *lock.lock() += 1;
+                        *COUNTER.lock() += 1;
                     }
                 })
             })
@@ -122,15 +79,11 @@ mod tests {
         for thread in threads {
             thread.join().unwrap();
         }
-        assert_eq!(*lock.lock(), 80_000);
-    }
-
-    #[test]
-    fn a_held_lock_is_not_taken_by_a_bounded_try() {
-        let lock = SpinLock::new(1);
-        let held = lock.lock();
-        assert!(lock.try_lock_for(100).is_none());
-        drop(held);
-        assert_eq!(*lock.try_lock_for(1).unwrap(), 1);
+        assert_eq!(*COUNTER.lock(), 80_000);
+        COUNTER.hold();
+        let other = std::thread::spawn(|| COUNTER.try_lock().is_none());
+        assert!(other.join().unwrap());
+        COUNTER.release_held();
+        assert_eq!(*COUNTER.try_lock().unwrap(), 80_000);
     }
 }

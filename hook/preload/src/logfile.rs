@@ -10,12 +10,14 @@
 use std::ffi::{CStr, c_int};
 use std::ptr;
 
-use cudamem_hook::event::MAX_LINE_BYTES;
+use hook::event::MAX_LINE_BYTES;
 
 /// Bytes mapped at a time.
 const WINDOW: u64 = 4 << 20;
 /// Window starts are multiples of this (a multiple of every page size).
 const ALIGN: u64 = 64 << 10;
+/// `MADV_POPULATE_WRITE` (Linux 5.14).
+const MADV_POPULATE_WRITE: libc::c_int = 23;
 /// Bytes kept below the bound for the records of the end.
 const RESERVE: u64 = 4 * MAX_LINE_BYTES as u64;
 
@@ -121,6 +123,18 @@ impl LogFile {
             if stop < end {
                 return false;
             }
+            // Reserve the window's blocks first: a write through the mapping
+            // to a page the file system cannot back (a full disk or tmpfs)
+            // would be a SIGBUS in the program; this way it is a refused
+            // window, and records are dropped and counted instead. Backed
+            // blocks also make the first write to each page cheaper.
+            // SAFETY: fallocate of our own descriptor.
+            let reserved = unsafe {
+                libc::posix_fallocate(self.fd, start as libc::off_t, (stop - start) as libc::off_t)
+            };
+            if reserved != 0 {
+                return false;
+            }
             // SAFETY: a fresh shared mapping of our descriptor at an
             // aligned offset.
             let map = unsafe {
@@ -136,6 +150,12 @@ impl LogFile {
             if map == libc::MAP_FAILED {
                 return false;
             }
+            // Fault the whole window in, writable, now: one system call per
+            // window instead of a fault at the first write to each page,
+            // with the recorder's lock held. Kernels without it refuse, and
+            // the pages fault one by one as before.
+            // SAFETY: advice on the mapping just made.
+            unsafe { libc::madvise(map, (stop - start) as usize, MADV_POPULATE_WRITE) };
             self.map = map.cast();
             self.map_start = start;
             self.map_len = stop - start;
@@ -190,14 +210,7 @@ fn valid_end(fd: c_int) -> u64 {
         let start = end.saturating_sub(chunk.len() as u64);
         let want = (end - start) as usize;
         // SAFETY: reading into our buffer, within its length.
-        let got = unsafe {
-            libc::pread(
-                fd,
-                chunk.as_mut_ptr().cast(),
-                want,
-                start as libc::off_t,
-            )
-        };
+        let got = unsafe { libc::pread(fd, chunk.as_mut_ptr().cast(), want, start as libc::off_t) };
         if got != want as isize {
             return 0;
         }

@@ -13,22 +13,19 @@ use std::collections::HashMap;
 use std::ffi::{CString, c_int, c_void};
 use std::os::unix::ffi::OsStrExt as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
 
-use cudamem_hook::advice::{OutOfMemory, explain, explain_again};
-use cudamem_hook::event::{
-    CUDA_ERROR_OUT_OF_MEMORY, Call, ContextHow, Event, FORMAT_VERSION, LimitKind, Line,
-    MemInfoWhy, Record, ResolveHow, Window,
+use hook::advice::{OutOfMemory, explain, explain_again};
+use hook::event::{
+    CUDA_ERROR_OUT_OF_MEMORY, Call, ContextHow, Event, FORMAT_VERSION, LimitKind, Line, MemInfoWhy,
+    Record, ResolveHow, Window,
 };
-use cudamem_hook::log::{
-    DEFAULT_MAX_LOG_BYTES, LOG_DIR_VAR, MAX_LOG_BYTES_VAR, log_path, parse_max_bytes,
-};
-use cudamem_hook::{Accounting, Snapshot};
+use hook::log::{DEFAULT_MAX_LOG_BYTES, LOG_DIR_VAR, MAX_LOG_BYTES_VAR, log_path, parse_max_bytes};
+use hook::{Accounting, Snapshot};
 
 use crate::caller::caller_id;
 use crate::driver::{self, read};
 use crate::lifecycle;
-use crate::lock::SpinLock;
+use crate::lock::Lock;
 use crate::logfile::LogFile;
 
 /// At most one reading of free memory at a new peak of live bytes per this
@@ -39,9 +36,6 @@ const PEAK_INTERVAL_NS: u64 = 5_000_000;
 /// Out-of-memory returns explained in full; later ones get one line each.
 const FULL_EXPLANATIONS: u64 = 8;
 
-/// Attempts a signal handler makes to take the lock.
-const SIGNAL_TRIES: u32 = 100_000;
-
 struct Peak {
     live: u64,
     last_read_ns: Option<u64>,
@@ -49,7 +43,8 @@ struct Peak {
 }
 
 pub struct State {
-    start: Instant,
+    /// `CLOCK_MONOTONIC` when recording started, nanoseconds.
+    start_ns: u64,
     log: Option<LogFile>,
     line: Line,
     accounting: Accounting,
@@ -62,7 +57,7 @@ pub struct State {
     async_seen: bool,
 }
 
-static STATE: SpinLock<Option<State>> = SpinLock::new(None);
+static STATE: Lock<Option<State>> = Lock::new(None);
 
 /// Set in a forked child: the state is its parent's and is replaced on the
 /// child's first record.
@@ -94,6 +89,18 @@ pub fn forget_thread_id() {
     THREAD.with(|cached| cached.set(0));
 }
 
+/// `CLOCK_MONOTONIC` now, nanoseconds (read through the vDSO: no system
+/// call).
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    (now.tv_sec as u64).saturating_mul(1_000_000_000) + now.tv_nsec as u64
+}
+
 fn exe_path() -> String {
     std::fs::read_link("/proc/self/exe")
         .map(|path| path.to_string_lossy().into_owned())
@@ -104,7 +111,7 @@ impl State {
     fn new(libraries: Vec<(usize, String)>, names: HashMap<u64, String>) -> State {
         let log = open_log();
         let mut state = State {
-            start: Instant::now(),
+            start_ns: monotonic_ns(),
             log,
             line: Line::default(),
             accounting: Accounting::default(),
@@ -138,7 +145,7 @@ impl State {
     }
 
     fn now(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        monotonic_ns().saturating_sub(self.start_ns)
     }
 
     fn emit(&mut self, thread: u32, event: Event<'_>) {
@@ -147,9 +154,9 @@ impl State {
             thread,
             event,
         };
-        self.line.encode(&record);
         let last = matches!(record.event, Event::Exit { .. } | Event::Signal { .. });
         if let Some(log) = &mut self.log {
+            self.line.encode(&record);
             if last {
                 log.append_final(self.line.as_bytes());
             } else {
@@ -254,10 +261,7 @@ impl State {
             .position(|d| Some(d.facts.ordinal) == device)
             .or_else(|| devices.len().checked_sub(1));
         let snapshot = index.and_then(|index| Snapshot::of(&self.accounting, index));
-        explain(
-            &oom,
-            snapshot.as_ref(),
-        )
+        explain(&oom, snapshot.as_ref())
     }
 }
 
@@ -278,7 +282,9 @@ fn open_log() -> Option<LogFile> {
 /// a forked child).
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let mut guard = STATE.lock();
-    if FORKED.swap(false, Ordering::AcqRel) {
+    // A load first: the swap's write would be one more shared cache line
+    // written by every call of every thread.
+    if FORKED.load(Ordering::Acquire) && FORKED.swap(false, Ordering::AcqRel) {
         if let Some(parent) = guard.take() {
             if let Some(log) = parent.log {
                 log.close();
@@ -330,7 +336,8 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
         if result == 0 {
             state.grew(thread);
         }
-        (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, Some(size), caller, thread))
+        (result == CUDA_ERROR_OUT_OF_MEMORY)
+            .then(|| state.explain(call, Some(size), caller, thread))
     });
     if let Some(text) = explanation {
         print(&text);
@@ -552,12 +559,12 @@ pub fn resolved(name: &str, version: c_int, flags: u64, how: ResolveHow) {
 
 /// The id of the library loaded at `base`, named `path` on first sight.
 pub fn register_library(base: usize, path: &str) -> u32 {
-    with(|state| {
-        match state.libraries.iter().position(|(known, _)| *known == base) {
+    with(
+        |state| match state.libraries.iter().position(|(known, _)| *known == base) {
             Some(index) => index as u32 + 1,
             None => state.add_library(base, path.to_string()),
-        }
-    })
+        },
+    )
 }
 
 /// Remember the name of function or kernel `handle`.
@@ -609,7 +616,7 @@ pub fn finished() {
 /// A fatal signal arrived: record it if the lock can be had (the signal may
 /// have interrupted its holder, on this thread).
 pub fn signaled(number: c_int) {
-    if let Some(mut guard) = STATE.try_lock_for(SIGNAL_TRIES)
+    if let Some(mut guard) = STATE.try_lock()
         && let Some(state) = guard.as_mut()
     {
         state.emit(thread_id(), Event::Signal { number });
@@ -619,17 +626,17 @@ pub fn signaled(number: c_int) {
 /// `pthread_atfork` prepare: hold the lock across `fork`, so the child's
 /// copy of the state is whole.
 pub fn before_fork() {
-    STATE.acquire_raw();
+    STATE.hold();
 }
 
 /// `pthread_atfork` parent: release it.
 pub fn after_fork_parent() {
-    STATE.release_raw();
+    STATE.release_held();
 }
 
 /// `pthread_atfork` child: release it, and start over on the first record.
 pub fn after_fork_child() {
     forget_thread_id();
     FORKED.store(true, Ordering::Release);
-    STATE.release_raw();
+    STATE.release_held();
 }

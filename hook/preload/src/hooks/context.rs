@@ -2,7 +2,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use cudamem_hook::event::{Call, ContextHow, Event, LimitKind};
+use hook::event::{Call, ContextHow, Event, LimitKind};
 
 use crate::driver::{CuResult, SUCCESS, read};
 use crate::hooks::{enter, hook, real};
@@ -68,7 +68,10 @@ unsafe fn ctx_create_v3(
     flags: c_uint,
     device: c_int,
 ) -> CuResult {
-    let real = real!(real, fn(*mut *mut c_void, *mut c_void, c_int, c_uint, c_int));
+    let real = real!(
+        real,
+        fn(*mut *mut c_void, *mut c_void, c_int, c_uint, c_int)
+    );
     let Some(_inside) = enter() else {
         // SAFETY: the program's arguments.
         return unsafe { real(pctx, params, count, flags, device) };
@@ -100,7 +103,12 @@ unsafe fn ctx_create_v4(
     result
 }
 
-unsafe fn ctx_set_limit(real: Option<usize>, _caller: usize, limit: c_int, value: usize) -> CuResult {
+unsafe fn ctx_set_limit(
+    real: Option<usize>,
+    _caller: usize,
+    limit: c_int,
+    value: usize,
+) -> CuResult {
     let real = real!(real, fn(c_int, usize));
     let Some(_inside) = enter() else {
         // SAFETY: the program's arguments.

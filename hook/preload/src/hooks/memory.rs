@@ -7,7 +7,7 @@
 
 use std::ffi::{c_uint, c_void};
 
-use cudamem_hook::event::{Call, Event};
+use hook::event::{Call, Event};
 
 use crate::driver::{AllocationPropHead, CuResult, DevicePtr, MEM_LOCATION_TYPE_DEVICE, SUCCESS};
 use crate::hooks::{enter, hook, real};
@@ -28,7 +28,12 @@ unsafe fn written<T: Copy + Default>(result: CuResult, out: *const T) -> T {
     }
 }
 
-unsafe fn mem_alloc(real: Option<usize>, caller: usize, dptr: *mut DevicePtr, size: usize) -> CuResult {
+unsafe fn mem_alloc(
+    real: Option<usize>,
+    caller: usize,
+    dptr: *mut DevicePtr,
+    size: usize,
+) -> CuResult {
     let real = real!(real, fn(*mut DevicePtr, usize));
     let Some(_inside) = enter() else {
         // SAFETY: the program's arguments.
@@ -101,7 +106,14 @@ unsafe fn mem_alloc_async(
     let result = unsafe { real(dptr, size, stream) };
     // SAFETY: the driver writes the pointer on success.
     let ptr = unsafe { written(result, dptr) };
-    recorder::allocated(Call::MemAllocAsync, ptr, size as u64, stream as u64, caller, result);
+    recorder::allocated(
+        Call::MemAllocAsync,
+        ptr,
+        size as u64,
+        stream as u64,
+        caller,
+        result,
+    );
     result
 }
 
@@ -218,7 +230,9 @@ unsafe fn mem_alloc_host(
 unsafe fn mem_free_host(real: Option<usize>, caller: usize, p: *mut c_void) -> CuResult {
     let real = real!(real, fn(*mut c_void));
     // SAFETY: the program's argument.
-    free_with(Call::MemFreeHost, p as u64, 0, caller, || unsafe { real(p) })
+    free_with(Call::MemFreeHost, p as u64, 0, caller, || unsafe {
+        real(p)
+    })
 }
 
 unsafe fn mem_get_info(

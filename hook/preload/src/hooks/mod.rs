@@ -70,7 +70,7 @@ pub fn resolved_addr(slot: &AtomicUsize) -> Option<usize> {
 /// given type; returns `CUDA_ERROR_NOT_FOUND` from the enclosing wrapper
 /// when there is none.
 macro_rules! real {
-    ($real:expr, fn($($ty:ty),*)) => {
+    ($real:expr, fn($($ty:ty),* $(,)?)) => {
         match $real {
             // SAFETY: the address is the driver's function of this ABI: the
             // export of the wrapper's own name, or the pointer

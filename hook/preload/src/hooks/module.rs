@@ -4,7 +4,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use cudamem_hook::event::{Call, Event, LimitKind};
+use hook::event::{Call, Event, LimitKind};
 
 use crate::driver::{CuResult, SUCCESS, read};
 use crate::hooks::{enter, first_launch, hook, real};
@@ -246,7 +246,9 @@ unsafe fn kernel_get_function(
 ) -> CuResult {
     let real = real!(real, fn(*mut *mut c_void, *mut c_void));
     // SAFETY: the program's arguments.
-    let result = measured(Call::KernelGetFunction, || unsafe { real(function, kernel) });
+    let result = measured(Call::KernelGetFunction, || unsafe {
+        real(function, kernel)
+    });
     if result == SUCCESS && !function.is_null() {
         // SAFETY: the driver wrote the function.
         let function = unsafe { *function } as u64;
@@ -321,7 +323,7 @@ unsafe fn launch_kernel(
             c_uint,
             *mut c_void,
             *mut *mut c_void,
-            *mut *mut c_void
+            *mut *mut c_void,
         )
     );
     launch_with(Call::LaunchKernel, function, || {
@@ -380,15 +382,14 @@ unsafe fn launch_cooperative(
             c_uint,
             c_uint,
             *mut c_void,
-            *mut *mut c_void
+            *mut *mut c_void,
         )
     );
     launch_with(Call::LaunchCooperativeKernel, function, || {
         // SAFETY: the program's arguments.
         unsafe {
             real(
-                function, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared, stream,
-                params,
+                function, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared, stream, params,
             )
         }
     })
