@@ -710,3 +710,212 @@ impl DeviceState {
         self.kernels.iter().max_by_key(|kernel| kernel.local_bytes)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Window;
+
+    fn apply(accounting: &mut Accounting, event: Event<'static>) {
+        accounting.apply(&Record {
+            time_ns: 0,
+            thread: 1,
+            event,
+        });
+    }
+
+    #[test]
+    fn vmm_physical_memory_is_live_and_address_space_is_not() {
+        let mut a = Accounting::default();
+        apply(
+            &mut a,
+            Event::Reserve {
+                ptr: 0x1000_0000,
+                size: 1 << 40,
+                result: 0,
+            },
+        );
+        apply(
+            &mut a,
+            Event::Create {
+                handle: 9,
+                size: 2 << 20,
+                device: 0,
+                caller: 2,
+                result: 0,
+            },
+        );
+        apply(
+            &mut a,
+            Event::Map {
+                ptr: 0x1000_0000,
+                size: 2 << 20,
+                offset: 0,
+                handle: 9,
+                result: 0,
+            },
+        );
+        assert_eq!(a.live_device_bytes(), 2 << 20);
+        assert_eq!(a.vmm_bytes(), (1 << 40, 2 << 20, 2 << 20));
+        assert_eq!(a.callers()[0].1.device_bytes, 2 << 20);
+        apply(
+            &mut a,
+            Event::Unmap {
+                ptr: 0x1000_0000,
+                size: 1 << 30,
+            },
+        );
+        apply(&mut a, Event::Release { handle: 9 });
+        apply(
+            &mut a,
+            Event::AddressFree {
+                ptr: 0x1000_0000,
+                size: 1 << 40,
+            },
+        );
+        assert_eq!(a.vmm_bytes(), (0, 0, 0));
+        assert_eq!(a.live_device_bytes(), 0);
+        assert!(a.callers().is_empty());
+    }
+
+    #[test]
+    fn pinned_host_memory_is_counted_apart() {
+        let mut a = Accounting::default();
+        apply(
+            &mut a,
+            Event::Alloc {
+                call: Call::MemHostAlloc,
+                ptr: 0x55,
+                size: 4096,
+                stream: 0,
+                caller: 1,
+                result: 0,
+            },
+        );
+        assert_eq!((a.live_device_bytes(), a.live_host_bytes()), (0, 4096));
+        apply(
+            &mut a,
+            Event::Free {
+                call: Call::MemFreeHost,
+                ptr: 0x55,
+                stream: 0,
+                caller: 1,
+            },
+        );
+        assert_eq!(a.live_host_bytes(), 0);
+    }
+
+    #[test]
+    fn a_failed_free_keeps_the_block_and_unknown_frees_are_counted() {
+        let mut a = Accounting::default();
+        apply(
+            &mut a,
+            Event::Alloc {
+                call: Call::MemAlloc,
+                ptr: 0x10,
+                size: 512,
+                stream: 0,
+                caller: 1,
+                result: 0,
+            },
+        );
+        let block = a.block_of(Call::MemFree, 0x10).unwrap();
+        apply(
+            &mut a,
+            Event::Free {
+                call: Call::MemFree,
+                ptr: 0x10,
+                stream: 0,
+                caller: 1,
+            },
+        );
+        assert_eq!(a.live_device_bytes(), 0);
+        apply(
+            &mut a,
+            Event::FreeFailed {
+                call: Call::MemFree,
+                ptr: 0x10,
+                size: block.0,
+                caller: block.1,
+                result: 700,
+            },
+        );
+        assert_eq!(a.live_device_bytes(), 512);
+        assert_eq!((a.counts.allocations, a.counts.frees), (1, 0));
+        apply(
+            &mut a,
+            Event::Free {
+                call: Call::MemFree,
+                ptr: 0x99,
+                stream: 0,
+                caller: 1,
+            },
+        );
+        assert_eq!(a.counts.unknown_frees, 1);
+        apply(
+            &mut a,
+            Event::Alloc {
+                call: Call::MemAlloc,
+                ptr: 0,
+                size: 1 << 40,
+                stream: 0,
+                caller: 1,
+                result: 2,
+            },
+        );
+        assert_eq!(a.counts.out_of_memory, 1);
+    }
+
+    #[test]
+    fn limits_and_loads_fill_the_measured_items() {
+        let mut a = Accounting::default();
+        apply(
+            &mut a,
+            Event::Context {
+                how: crate::event::ContextHow::Create,
+                device: 3,
+                ctx: 1,
+                result: 0,
+                sm_count: Some(2),
+                threads_per_sm: Some(1024),
+                total: Some(1 << 30),
+                free: Some((1 << 30) - (10 << 20)),
+                stack: Some(1024),
+                heap: None,
+                fifo: None,
+            },
+        );
+        let window = |taken: u64| Window {
+            free_before: Some(1 << 29),
+            free_after: Some((1 << 29) - taken),
+            live_change: 0,
+        };
+        apply(
+            &mut a,
+            Event::Limit {
+                which: LimitKind::Stack,
+                requested: 4096,
+                result: 0,
+                value: Some(4096),
+                window: window(6 << 20),
+            },
+        );
+        apply(
+            &mut a,
+            Event::Module {
+                call: Call::LibraryLoadData,
+                result: 0,
+                window: window(1 << 20),
+            },
+        );
+        let device = &a.devices()[0];
+        assert_eq!(device.facts.ordinal, 3);
+        assert_eq!(device.facts.used_at_context, Some(10 << 20));
+        assert_eq!(
+            (device.stack, device.stack_source.clone()),
+            (Some(4096), StackSource::SetLimit)
+        );
+        assert_eq!(device.local_change_measured, 6 << 20);
+        assert_eq!((device.module_measured, device.module_loads), (1 << 20, 1));
+    }
+}

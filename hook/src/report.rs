@@ -431,3 +431,93 @@ pub fn html(command: &str, reports: &[ProcessReport]) -> String {
     out.push_str("</body></html>\n");
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{ContextHow, Line, MemInfoWhy, Record};
+
+    fn log_of(events: &[Event<'_>]) -> PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "cudamem-hook-report-{}-{}.events",
+            std::process::id(),
+            events.len()
+        ));
+        let mut bytes = Vec::new();
+        let mut line = Line::default();
+        for (index, event) in events.iter().enumerate() {
+            line.encode(&Record {
+                time_ns: index as u64 * 1000,
+                thread: 5,
+                event: event.clone(),
+            });
+            bytes.extend_from_slice(line.as_bytes());
+        }
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn the_peak_is_the_reading_with_the_most_in_use_and_its_state_is_the_ledger() {
+        let total = 1u64 << 30;
+        let alloc = |ptr, size| Event::Alloc {
+            call: Call::MemAlloc,
+            ptr,
+            size,
+            stream: 0,
+            caller: 0,
+            result: 0,
+        };
+        let reading = |free| Event::MemInfo {
+            why: MemInfoWhy::Peak,
+            device: 0,
+            free,
+            total,
+            pool_reserved: None,
+        };
+        let path = log_of(&[
+            Event::Context {
+                how: ContextHow::Primary,
+                device: 0,
+                ctx: 1,
+                result: 0,
+                sm_count: Some(4),
+                threads_per_sm: Some(2048),
+                total: Some(total),
+                free: Some(total - (40 << 20)),
+                stack: Some(1024),
+                heap: None,
+                fifo: None,
+            },
+            alloc(0x1000, 100 << 20),
+            reading(total - (140 << 20)),
+            alloc(0x9000_0000, 300 << 20),
+            reading(total - (440 << 20)),
+            Event::Free {
+                call: Call::MemFree,
+                ptr: 0x9000_0000,
+                stream: 0,
+                caller: 0,
+            },
+            reading(total - (140 << 20)),
+            Event::Exit { dropped: 0 },
+        ]);
+        let rmm = path.with_extension("csv");
+        let report = summarize(&path, 1 << 20, Some(&rmm)).unwrap();
+        assert_eq!(report.peaks.len(), 1);
+        let peak = &report.peaks[0];
+        assert_eq!(peak.live_device_bytes, 400 << 20);
+        assert_eq!(peak.used_measured(), Some(440 << 20));
+        assert_eq!(peak.unexplained(), Some(0));
+        assert_eq!(report.peak_live_bytes, 400 << 20);
+        assert_eq!(report.ending(), "exited");
+        let (_, stats) = report.rmm.as_ref().unwrap();
+        assert_eq!(stats.rows, 3);
+        let text = report.render();
+        assert!(text.contains("at its peak (440 MiB in use"), "{text}");
+        let page = html("app", std::slice::from_ref(&report));
+        assert!(page.contains("<td>local memory</td>"), "{page}");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&rmm).unwrap();
+    }
+}

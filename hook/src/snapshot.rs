@@ -298,6 +298,25 @@ impl Snapshot {
     /// then the unexplained rest.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        if self.facts.sm_count.is_none() || self.facts.threads_per_sm.is_none() {
+            let _ = writeln!(
+                out,
+                "no context was made in this process (a forked child works in its parent's): \
+                 {} live in {} blocks",
+                human(self.live_device_bytes),
+                self.live_blocks
+            );
+            for line in self.extra_lines() {
+                let _ = writeln!(
+                    out,
+                    "{:<22} {:>12}  {}",
+                    line.name,
+                    human(line.bytes),
+                    line.why
+                );
+            }
+            return out;
+        }
         let ledger = self.ledger();
         let _ = write!(out, "{ledger}");
         let _ = writeln!(out, "local memory cause: {}", self.local_memory_cause());
@@ -387,5 +406,151 @@ fn profile(facts: &DeviceFacts) -> DeviceProfile {
         } else {
             "SMs, threads and total read from the device; no built-in profile of this model"
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Call, ContextHow, Event, MemInfoWhy, Record, Window};
+
+    const TOTAL: u64 = 1 << 30;
+
+    fn accounting(events: Vec<Event<'static>>) -> Accounting {
+        let mut accounting = Accounting::default();
+        for (index, event) in events.into_iter().enumerate() {
+            accounting.apply(&Record {
+                time_ns: index as u64,
+                thread: 1,
+                event,
+            });
+        }
+        accounting
+    }
+
+    fn context(free: u64) -> Event<'static> {
+        Event::Context {
+            how: ContextHow::Primary,
+            device: 0,
+            ctx: 1,
+            result: 0,
+            sm_count: Some(4),
+            threads_per_sm: Some(2048),
+            total: Some(TOTAL),
+            free: Some(free),
+            stack: Some(1024),
+            heap: Some(8 << 20),
+            fifo: Some(1 << 20),
+        }
+    }
+
+    fn alloc(ptr: u64, size: u64, caller: u32) -> Event<'static> {
+        Event::Alloc {
+            call: Call::MemAlloc,
+            ptr,
+            size,
+            stream: 0,
+            caller,
+            result: 0,
+        }
+    }
+
+    fn reading(free: u64) -> Event<'static> {
+        Event::MemInfo {
+            why: MemInfoWhy::Peak,
+            device: 0,
+            free,
+            total: TOTAL,
+            pool_reserved: None,
+        }
+    }
+
+    #[test]
+    fn every_byte_in_use_is_named_or_unexplained() {
+        // Context: 32 MiB baseline + 8 MiB of local memory (4 x 2048 x 1 KiB).
+        let at_context = TOTAL - (40 << 20);
+        let snapshot = Snapshot::of(
+            &accounting(vec![
+                context(at_context),
+                Event::Library {
+                    id: 1,
+                    path: "/opt/app/libtorch_cuda.so".into(),
+                },
+                Event::Module {
+                    call: Call::ModuleLoadData,
+                    result: 0,
+                    window: Window {
+                        free_before: Some(at_context),
+                        free_after: Some(at_context - (2 << 20)),
+                        live_change: 0,
+                    },
+                },
+                alloc(0x1000, 100 << 20, 1),
+                // 1 MiB more in use than the records name.
+                reading(at_context - (2 << 20) - (100 << 20) - (1 << 20)),
+            ]),
+            0,
+        )
+        .unwrap();
+        assert_eq!(snapshot.context_measured(), Some(32 << 20));
+        assert_eq!(snapshot.local_measured, Some(8 << 20));
+        assert_eq!(snapshot.module_measured, 2 << 20);
+        assert_eq!(snapshot.unexplained(), Some(1 << 20));
+        let ledger = snapshot.ledger();
+        let measured = |kind| ledger.item(kind).unwrap().measured;
+        assert_eq!(measured(LedgerItemKind::ContextBaseline), Some(32 << 20));
+        assert_eq!(measured(LedgerItemKind::ModuleCode), Some(2 << 20));
+        let text = snapshot.render();
+        assert!(text.contains("by libtorch_cuda.so"), "{text}");
+        assert!(text.contains("unexplained"), "{text}");
+        assert!(text.contains("1.00 MiB"), "{text}");
+    }
+
+    #[test]
+    fn a_kernel_that_raised_the_stack_is_the_local_memory_cause() {
+        let launch = Event::Launch {
+            call: Call::LaunchKernel,
+            handle: 7,
+            local_bytes: Some(64 << 10),
+            stack_before: Some(1024),
+            stack_after: Some(64 << 10),
+            window: Window {
+                free_before: Some(TOTAL - (40 << 20)),
+                free_after: Some(TOTAL - (40 << 20) - 8192 * ((64 << 10) - 1024)),
+                live_change: 0,
+            },
+            result: 0,
+            name: "_Z5deepv".into(),
+        };
+        let snapshot =
+            Snapshot::of(&accounting(vec![context(TOTAL - (40 << 20)), launch]), 0).unwrap();
+        assert_eq!(snapshot.local_predicted, 8192 * (64 << 10));
+        assert_eq!(snapshot.local_measured, Some(8192 * (64 << 10)));
+        assert!(
+            snapshot
+                .local_memory_cause()
+                .starts_with("kernel _Z5deepv has a 65536 B local frame"),
+            "{}",
+            snapshot.local_memory_cause()
+        );
+        let advice = crate::advice::advice(&snapshot, None);
+        assert!(
+            advice[0].contains("local memory takes 512 MiB"),
+            "{advice:?}"
+        );
+    }
+
+    #[test]
+    fn a_process_without_a_context_says_so() {
+        let snapshot = Snapshot::of(
+            &accounting(vec![alloc(0x10, 4096, 0), reading(TOTAL / 2)]),
+            0,
+        )
+        .unwrap();
+        assert!(
+            snapshot
+                .render()
+                .starts_with("no context was made in this process")
+        );
     }
 }
