@@ -169,6 +169,7 @@ pub mod own {
     pub static FUNC_GET_ATTRIBUTE: Sym = Sym::new(c"cuFuncGetAttribute");
     pub static KERNEL_GET_ATTRIBUTE: Sym = Sym::new(c"cuKernelGetAttribute");
     pub static FUNC_GET_NAME: Sym = Sym::new(c"cuFuncGetName");
+    pub static STREAM_IS_CAPTURING: Sym = Sym::new(c"cuStreamIsCapturing");
 }
 
 /// What the interposer reads from the driver, each `None` where the call
@@ -262,32 +263,47 @@ pub mod read {
         (result == SUCCESS).then_some(value)
     }
 
-    /// Local memory per thread of a function (or a library's kernel, on
-    /// the current device).
-    pub fn local_bytes(handle: *mut c_void) -> Option<u64> {
+    /// Local memory per thread of a function, or of a library's kernel (on
+    /// the current device) when `kernel`.
+    pub fn local_bytes(handle: *mut c_void, kernel: bool) -> Option<u64> {
         let mut value: c_int = 0;
-        let result = call_driver!(
-            own::FUNC_GET_ATTRIBUTE,
-            fn(*mut c_int, c_int, *mut c_void),
-            &mut value,
-            super::FUNC_ATTR_LOCAL_SIZE_BYTES,
-            handle
-        );
-        if result == Some(SUCCESS) {
-            return u64::try_from(value).ok();
-        }
-        let device = current_device()?;
-        let result = call_driver!(
-            own::KERNEL_GET_ATTRIBUTE,
-            fn(*mut c_int, c_int, *mut c_void, c_int),
-            &mut value,
-            super::FUNC_ATTR_LOCAL_SIZE_BYTES,
-            handle,
-            device
-        )?;
+        let result = if kernel {
+            let device = current_device()?;
+            call_driver!(
+                own::KERNEL_GET_ATTRIBUTE,
+                fn(*mut c_int, c_int, *mut c_void, c_int),
+                &mut value,
+                super::FUNC_ATTR_LOCAL_SIZE_BYTES,
+                handle,
+                device
+            )?
+        } else {
+            call_driver!(
+                own::FUNC_GET_ATTRIBUTE,
+                fn(*mut c_int, c_int, *mut c_void),
+                &mut value,
+                super::FUNC_ATTR_LOCAL_SIZE_BYTES,
+                handle
+            )?
+        };
         (result == SUCCESS)
             .then(|| u64::try_from(value).ok())
             .flatten()
+    }
+
+    /// Whether work queued on `stream` is being captured into a graph:
+    /// then the interposer reads nothing (some calls are not allowed during
+    /// a capture, and would end it).
+    pub fn capturing(stream: *mut c_void) -> bool {
+        let mut status: c_int = 0;
+        let result = call_driver!(
+            own::STREAM_IS_CAPTURING,
+            fn(*mut c_void, *mut c_int),
+            stream,
+            &mut status
+        );
+        // Unknown (no such entry point, or a failure): take it as capturing.
+        result != Some(SUCCESS) || status != 0
     }
 
     /// A function's name as the driver knows it.

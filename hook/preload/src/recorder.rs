@@ -50,8 +50,9 @@ pub struct State {
     accounting: Accounting,
     /// Loaded objects named so far: (load address, path); id = index + 1.
     libraries: Vec<(usize, String)>,
-    /// Function and kernel handles -> their names.
-    names: HashMap<u64, String>,
+    /// Function and kernel handles -> their names, and whether the handle
+    /// is a library's kernel (`CUkernel`) rather than a function.
+    names: HashMap<u64, (String, bool)>,
     peak: Peak,
     out_of_memory: u64,
     async_seen: bool,
@@ -108,7 +109,7 @@ fn exe_path() -> String {
 }
 
 impl State {
-    fn new(libraries: Vec<(usize, String)>, names: HashMap<u64, String>) -> State {
+    fn new(libraries: Vec<(usize, String)>, names: HashMap<u64, (String, bool)>) -> State {
         let log = open_log();
         let mut state = State {
             start_ns: monotonic_ns(),
@@ -318,6 +319,11 @@ fn print(text: &str) {
 pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize, result: c_int) {
     let caller = caller_id(immediate);
     let thread = thread_id();
+    // A stream-ordered allocation may be part of a graph capture: no
+    // reading of free memory until the next one that is not.
+    let capturing = matches!(call, Call::MemAllocAsync | Call::MemAllocFromPoolAsync)
+        && result == 0
+        && read::capturing(stream as *mut c_void);
     let explanation = with(|state| {
         if matches!(call, Call::MemAllocAsync | Call::MemAllocFromPoolAsync) {
             state.async_seen = true;
@@ -334,7 +340,12 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
             },
         );
         if result == 0 {
-            state.grew(thread);
+            if capturing {
+                state.peak.pending = true;
+                LIVE.store(state.accounting.live_device_bytes(), Ordering::Relaxed);
+            } else {
+                state.grew(thread);
+            }
         }
         (result == CUDA_ERROR_OUT_OF_MEMORY)
             .then(|| state.explain(call, Some(size), caller, thread))
@@ -567,24 +578,26 @@ pub fn register_library(base: usize, path: &str) -> u32 {
     )
 }
 
-/// Remember the name of function or kernel `handle`.
-pub fn name_function(handle: u64, name: String) {
+/// Remember the name of function (or, when `kernel`, library kernel)
+/// `handle`.
+pub fn name_function(handle: u64, name: String, kernel: bool) {
     with(|state| {
-        state.names.insert(handle, name);
+        state.names.insert(handle, (name, kernel));
     });
 }
 
-/// Give function `to` the name `from` has (a kernel's function).
+/// Give function `to` the name kernel `from` has (a kernel's function).
 pub fn alias_function(to: u64, from: u64) {
     with(|state| {
-        if let Some(name) = state.names.get(&from).cloned() {
-            state.names.insert(to, name);
+        if let Some((name, _)) = state.names.get(&from).cloned() {
+            state.names.insert(to, (name, false));
         }
     });
 }
 
-/// The name of function `handle`, if known.
-pub fn function_name(handle: u64) -> Option<String> {
+/// The name of function `handle`, and whether it is a library kernel, if
+/// known.
+pub fn function_name(handle: u64) -> Option<(String, bool)> {
     with(|state| state.names.get(&handle).cloned())
 }
 

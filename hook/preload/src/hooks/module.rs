@@ -4,7 +4,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use hook::event::{Call, Event, LimitKind};
+use hook::event::{Call, Event, LimitKind, Window};
 
 use crate::driver::{CuResult, SUCCESS, read};
 use crate::hooks::{enter, first_launch, hook, real};
@@ -195,13 +195,13 @@ unsafe fn library_load_from_file(
 /// # Safety
 /// `out` is null or where the driver wrote the handle; `name` is null or a
 /// C string.
-unsafe fn remember(result: CuResult, out: *mut *mut c_void, name: *const c_char) {
+unsafe fn remember(result: CuResult, out: *mut *mut c_void, name: *const c_char, kernel: bool) {
     if result != SUCCESS || out.is_null() || name.is_null() {
         return;
     }
     // SAFETY: the driver wrote the handle; the program passed a C string.
     let (handle, name) = unsafe { (*out as u64, CStr::from_ptr(name)) };
-    recorder::name_function(handle, name.to_string_lossy().into_owned());
+    recorder::name_function(handle, name.to_string_lossy().into_owned(), kernel);
 }
 
 unsafe fn module_get_function(
@@ -217,7 +217,7 @@ unsafe fn module_get_function(
         real(function, module, name)
     });
     // SAFETY: as `remember` needs.
-    unsafe { remember(result, function, name) };
+    unsafe { remember(result, function, name, false) };
     result
 }
 
@@ -234,7 +234,7 @@ unsafe fn library_get_kernel(
         real(kernel, library, name)
     });
     // SAFETY: as `remember` needs.
-    unsafe { remember(result, kernel, name) };
+    unsafe { remember(result, kernel, name, true) };
     result
 }
 
@@ -257,25 +257,39 @@ unsafe fn kernel_get_function(
     result
 }
 
-/// Launch `function` with `launch`; its first launch reads its local
-/// memory, the stack limit and free memory around it.
-fn launch_with(call: Call, function: *mut c_void, launch: impl FnOnce() -> CuResult) -> CuResult {
+/// Launch `function` on `stream` with `launch`; its first launch reads its
+/// local memory, the stack limit and free memory around it (but for a
+/// launch captured into a graph, which runs nothing: its local memory
+/// only).
+fn launch_with(
+    call: Call,
+    function: *mut c_void,
+    stream: *mut c_void,
+    launch: impl FnOnce() -> CuResult,
+) -> CuResult {
     let Some(_inside) = enter() else {
         return launch();
     };
     if !first_launch(function as u64) {
         return launch();
     }
-    let local_bytes = read::local_bytes(function);
-    let stack = LimitKind::Stack.to_cu();
-    let stack_before = read::limit(stack);
-    let measure = Measure::start();
-    let result = launch();
-    let window = measure.finish();
-    let stack_after = read::limit(stack);
-    let name = recorder::function_name(function as u64)
+    let known = recorder::function_name(function as u64);
+    let kernel = known.as_ref().is_some_and(|(_, kernel)| *kernel);
+    let local_bytes = read::local_bytes(function, kernel);
+    let name = known
+        .map(|(name, _)| name)
         .or_else(|| read::function_name(function))
         .unwrap_or_else(|| format!("{:#x}", function as u64));
+    let stack = LimitKind::Stack.to_cu();
+    let (result, stack_before, stack_after, window) = if read::capturing(stream) {
+        (launch(), None, None, Window::default())
+    } else {
+        let stack_before = read::limit(stack);
+        let measure = Measure::start();
+        let result = launch();
+        let window = measure.finish();
+        (result, stack_before, read::limit(stack), window)
+    };
     recorder::measured(
         Event::Launch {
             call,
@@ -292,6 +306,19 @@ fn launch_with(call: Call, function: *mut c_void, launch: impl FnOnce() -> CuRes
         result,
     );
     result
+}
+
+/// The stream of a `CUlaunchConfig` (after the grid, block and shared
+/// memory sizes: seven 32-bit fields, padded to eight).
+///
+/// # Safety
+/// `config` is null or a `CUlaunchConfig`.
+unsafe fn config_stream(config: *const c_void) -> *mut c_void {
+    if config.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the driver reads the same field of the program's config.
+    unsafe { *config.cast::<u8>().add(32).cast::<*mut c_void>() }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -326,7 +353,7 @@ unsafe fn launch_kernel(
             *mut *mut c_void,
         )
     );
-    launch_with(Call::LaunchKernel, function, || {
+    launch_with(Call::LaunchKernel, function, stream, || {
         // SAFETY: the program's arguments.
         unsafe {
             real(
@@ -349,7 +376,9 @@ unsafe fn launch_kernel_ex(
         real,
         fn(*const c_void, *mut c_void, *mut *mut c_void, *mut *mut c_void)
     );
-    launch_with(Call::LaunchKernelEx, function, || {
+    // SAFETY: the program's config, which the driver reads too.
+    let stream = unsafe { config_stream(config) };
+    launch_with(Call::LaunchKernelEx, function, stream, || {
         // SAFETY: the program's arguments.
         unsafe { real(config, function, params, extra) }
     })
@@ -385,7 +414,7 @@ unsafe fn launch_cooperative(
             *mut *mut c_void,
         )
     );
-    launch_with(Call::LaunchCooperativeKernel, function, || {
+    launch_with(Call::LaunchCooperativeKernel, function, stream, || {
         // SAFETY: the program's arguments.
         unsafe {
             real(
