@@ -507,6 +507,40 @@ fn bad_input_gets_clear_errors() {
 }
 
 #[test]
+fn the_log_is_bounded_and_says_what_it_dropped() {
+    let trace = temp_path("bounded.csv");
+    let output = run(
+        &[
+            "--trace",
+            trace.to_str().unwrap(),
+            "--max-log-bytes",
+            "64KiB",
+            "--",
+            &program("cuda_linked"),
+            "threads",
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let logs = PathBuf::from(format!("{}.events", trace.display()));
+    let log = std::fs::read_dir(&logs)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let bytes = std::fs::metadata(&log).unwrap().len();
+    assert!(bytes <= 64 << 10, "{bytes}");
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("records were dropped at the log's size bound"),
+        "{stderr}"
+    );
+    // What was kept is still a trace that replays.
+    replay(&trace);
+}
+
+#[test]
 fn the_html_report_holds_the_ledger() {
     let report = temp_path("report.html");
     let output = run(

@@ -126,6 +126,9 @@ pub struct DeviceState {
     /// Device bytes the stack limit's changes took, measured (a lowered
     /// limit gives bytes back).
     pub local_change_measured: i64,
+    /// A change of the stack limit went unmeasured (free memory could not be
+    /// read around it): the measured local memory is not known.
+    pub local_change_unmeasured: bool,
     /// Device bytes module and library loads took, and first launches that
     /// did not raise the stack (lazy loading of their code), measured.
     pub module_measured: u64,
@@ -399,6 +402,8 @@ impl Accounting {
                             state.local_change_measured = state
                                 .local_change_measured
                                 .saturating_add(i64::try_from(change).unwrap_or(0));
+                        } else {
+                            state.local_change_unmeasured = true;
                         }
                     }
                     LimitKind::MallocHeap | LimitKind::PrintfFifo => {
@@ -443,9 +448,13 @@ impl Accounting {
                 if raised {
                     state.stack = *stack_after;
                     state.stack_source = StackSource::Kernel(name.to_string());
-                    state.local_change_measured = state
-                        .local_change_measured
-                        .saturating_add(window.taken_bytes().unwrap_or(0) as i64);
+                    match window.taken_bytes() {
+                        Some(taken) => {
+                            state.local_change_measured =
+                                state.local_change_measured.saturating_add(taken as i64);
+                        }
+                        None => state.local_change_unmeasured = true,
+                    }
                 } else {
                     state.module_measured += window.taken_bytes().unwrap_or(0);
                 }
@@ -697,6 +706,7 @@ impl DeviceState {
             heap: None,
             fifo: None,
             local_change_measured: 0,
+            local_change_unmeasured: false,
             module_measured: 0,
             heap_fifo_measured: 0,
             module_loads: 0,

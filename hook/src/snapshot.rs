@@ -99,11 +99,15 @@ impl Snapshot {
             local_memory_reservation_bytes(&profile, per_thread_local_bytes(&profile, stack, frame))
         };
         let local_predicted = local(limits.stack_bytes, frame_bytes);
-        let local_measured = device.facts.stack_at_context.map(|stack| {
-            let at_context = i128::from(local(stack, 0));
-            let now = at_context + i128::from(device.local_change_measured);
-            u64::try_from(now.max(0)).unwrap_or(u64::MAX)
-        });
+        let local_measured = device
+            .facts
+            .stack_at_context
+            .filter(|_| !device.local_change_unmeasured)
+            .map(|stack| {
+                let at_context = i128::from(local(stack, 0));
+                let now = at_context + i128::from(device.local_change_measured);
+                u64::try_from(now.max(0)).unwrap_or(u64::MAX)
+            });
         let (vmm_reserved, vmm_mapped, vmm_created) = accounting.vmm_bytes();
         Some(Snapshot {
             facts: device.facts.clone(),
@@ -155,12 +159,13 @@ impl Snapshot {
     }
 
     /// Bytes in use that no record names: measured use less the context,
-    /// local memory, modules, limits, live blocks and the pool's reserve.
-    /// Negative when the records name more than the device showed.
+    /// local memory (predicted where a change of it went unmeasured),
+    /// modules, limits, live blocks and the pool's reserve. Negative when the
+    /// records name more than the device showed.
     pub fn unexplained(&self) -> Option<i128> {
         let used = i128::from(self.used_measured()?);
         let named = i128::from(self.context_measured()?)
-            + i128::from(self.local_measured?)
+            + i128::from(self.local_measured.unwrap_or(self.local_predicted))
             + i128::from(self.module_measured)
             + i128::from(self.heap_fifo_measured)
             + i128::from(self.live_device_bytes)
