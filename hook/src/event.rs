@@ -464,14 +464,19 @@ pub struct Line {
 
 impl Default for Line {
     fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Line {
+    /// An empty line (`const`, for a thread-local one).
+    pub const fn new() -> Self {
         Self {
             bytes: [0; MAX_LINE_BYTES],
             len: 0,
         }
     }
-}
 
-impl Line {
     /// The bytes written so far, the line end included once finished.
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]

@@ -8,7 +8,7 @@
 //! is held for a record's worth of work, plus the readings of free memory
 //! this module makes at chosen moments.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::{CString, c_int, c_void};
 use std::os::unix::ffi::OsStrExt as _;
@@ -67,8 +67,17 @@ static FORKED: AtomicBool = AtomicBool::new(false);
 /// Live device bytes, readable without the lock (for measurement windows).
 static LIVE: AtomicU64 = AtomicU64::new(0);
 
+/// The state's `start_ns`, readable without the lock (0: no state yet), so
+/// that the hot paths can stamp and format their record before taking it.
+static START_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the state writes a log (records are formatted only then).
+static LOGGING: AtomicBool = AtomicBool::new(false);
+
 thread_local! {
     static THREAD: Cell<u32> = const { Cell::new(0) };
+    /// Where the hot paths format their record, outside the lock.
+    static LINE: RefCell<Line> = const { RefCell::new(Line::new()) };
 }
 
 /// This thread's kernel id, asked of the kernel once per thread.
@@ -111,8 +120,11 @@ fn exe_path() -> String {
 impl State {
     fn new(libraries: Vec<(usize, String)>, names: HashMap<u64, (String, bool)>) -> State {
         let log = open_log();
+        let start_ns = monotonic_ns();
+        START_NS.store(start_ns, Ordering::Release);
+        LOGGING.store(log.is_some(), Ordering::Release);
         let mut state = State {
-            start_ns: monotonic_ns(),
+            start_ns,
             log,
             line: Line::default(),
             accounting: Accounting::default(),
@@ -165,6 +177,15 @@ impl State {
             }
         }
         self.accounting.apply(&record);
+    }
+
+    /// Append a record formatted outside the lock (by [`record_fast`]) and
+    /// apply it.
+    fn append(&mut self, line: &Line, record: &Record<'_>) {
+        if let Some(log) = &mut self.log {
+            log.append(line.as_bytes());
+        }
+        self.accounting.apply(record);
     }
 
     fn add_library(&mut self, base: usize, path: String) -> u32 {
@@ -301,6 +322,49 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
     f(state)
 }
 
+/// Record `event` with its line formatted before the lock is taken (the
+/// hot paths: allocations and frees); `before` runs under the lock before
+/// the record is appended, `after` once it is.
+fn record_fast<R>(
+    thread: u32,
+    event: Event<'_>,
+    before: impl FnOnce(&mut State),
+    after: impl FnOnce(&mut State) -> R,
+) -> R {
+    let start = START_NS.load(Ordering::Acquire);
+    let formatted = start != 0 && LOGGING.load(Ordering::Acquire);
+    let record = Record {
+        time_ns: monotonic_ns().saturating_sub(start),
+        thread,
+        event,
+    };
+    let fast = formatted
+        && LINE.with(|line| match line.try_borrow_mut() {
+            Ok(mut line) => {
+                line.encode(&record);
+                true
+            }
+            // A signal handler interrupted this thread while it formatted.
+            Err(_) => false,
+        });
+    if fast {
+        LINE.with(|line| {
+            let line = line.borrow();
+            with(|state| {
+                before(state);
+                state.append(&line, &record);
+                after(state)
+            })
+        })
+    } else {
+        with(|state| {
+            before(state);
+            state.emit(thread, record.event);
+            after(state)
+        })
+    }
+}
+
 /// Print an explanation on stderr, in one write where it fits.
 fn print(text: &str) {
     let mut rest = text.as_bytes();
@@ -324,32 +388,35 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
     let capturing = matches!(call, Call::MemAllocAsync | Call::MemAllocFromPoolAsync)
         && result == 0
         && read::capturing(stream as *mut c_void);
-    let explanation = with(|state| {
-        if matches!(call, Call::MemAllocAsync | Call::MemAllocFromPoolAsync) {
-            state.async_seen = true;
-        }
-        state.emit(
-            thread,
-            Event::Alloc {
-                call,
-                ptr,
-                size,
-                stream,
-                caller,
-                result,
-            },
-        );
-        if result == 0 {
-            if capturing {
-                state.peak.pending = true;
-                LIVE.store(state.accounting.live_device_bytes(), Ordering::Relaxed);
-            } else {
-                state.grew(thread);
+    let event = Event::Alloc {
+        call,
+        ptr,
+        size,
+        stream,
+        caller,
+        result,
+    };
+    let explanation = record_fast(
+        thread,
+        event,
+        |state| {
+            if matches!(call, Call::MemAllocAsync | Call::MemAllocFromPoolAsync) {
+                state.async_seen = true;
             }
-        }
-        (result == CUDA_ERROR_OUT_OF_MEMORY)
-            .then(|| state.explain(call, Some(size), caller, thread))
-    });
+        },
+        |state| {
+            if result == 0 {
+                if capturing {
+                    state.peak.pending = true;
+                    LIVE.store(state.accounting.live_device_bytes(), Ordering::Relaxed);
+                } else {
+                    state.grew(thread);
+                }
+            }
+            (result == CUDA_ERROR_OUT_OF_MEMORY)
+                .then(|| state.explain(call, Some(size), caller, thread))
+        },
+    );
     if let Some(text) = explanation {
         print(&text);
     }
@@ -361,21 +428,22 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
 pub fn freeing(call: Call, ptr: u64, stream: u64, immediate: usize) -> Option<(u64, u32)> {
     let caller = caller_id(immediate);
     let thread = thread_id();
-    with(|state| {
-        state.shrinking(thread);
-        let block = state.accounting.block_of(call, ptr);
-        state.emit(
-            thread,
-            Event::Free {
-                call,
-                ptr,
-                stream,
-                caller,
-            },
-        );
-        state.shrank();
-        block
-    })
+    let mut block = None;
+    record_fast(
+        thread,
+        Event::Free {
+            call,
+            ptr,
+            stream,
+            caller,
+        },
+        |state| {
+            state.shrinking(thread);
+            block = state.accounting.block_of(call, ptr);
+        },
+        State::shrank,
+    );
+    block
 }
 
 /// The free recorded by [`freeing`] failed: the block is live again.
