@@ -4,11 +4,19 @@
 //! ```text
 //! DIR/bin/gpusuite     the GPU suite (harness, release, `cuda` feature)
 //! DIR/bin/cudamem      the command, built with `cuda`, run on the device
+//! DIR/bin/libcudamem_hook.so
+//!                      the driver interposer `cudamem run` preloads (found
+//!                      beside the command; it links no CUDA library)
 //! DIR/tests/*          ctx's test executables built with the `cuda` feature
 //! DIR/ptx/*.ptx        the kernels' PTX (also embedded in the binaries)
 //! DIR/traces/          the repository's real traces, for `cudamem replay --gpu`
+//! DIR/scripts/run/     `cudamem run`'s GPU check: CUDA C sources (built there
+//!                      with nvcc), Python jobs, gpu_check.sh
+//! DIR/scripts/torch/   the PyTorch workloads gpu_check.sh times
 //! DIR/run.sh           runs them all; logs and summary.md to $1 or $OUT
 //! ```
+//!
+//! `DIR/scripts/run/gpu_check.sh DIR OUTDIR` runs `cudamem run`'s check.
 //!
 //! The builds go to `<target>/cuda`, so `target/release/cudamem` stays the
 //! CPU build. Binaries are stripped, and checked to carry no rpath to the stub: on the
@@ -106,6 +114,23 @@ cat "$summary"
 exit $failed
 "##;
 
+/// Files of compiler artifacts named `name` that cargo reports building,
+/// from `--message-format=json` output.
+fn artifact_files(json_lines: &str, name: &str) -> Vec<PathBuf> {
+    json_lines
+        .lines()
+        .filter(|line| line.contains(r#""reason":"compiler-artifact""#))
+        .filter_map(|line| line.split_once(r#""filenames":["#))
+        .filter_map(|(_, rest)| rest.split(']').next())
+        .flat_map(|list| {
+            list.split(',')
+                .map(|file| file.trim_matches('"').to_string())
+        })
+        .map(PathBuf::from)
+        .filter(|path| path.file_name() == Some(name.as_ref()))
+        .collect()
+}
+
 /// Executables that cargo reports building, from `--message-format=json` output.
 fn executables(json_lines: &str) -> Vec<PathBuf> {
     json_lines
@@ -131,6 +156,14 @@ const SUITE_ARGS: &[&str] = &[
     "cudamem",
 ];
 
+/// The driver interposer, release, in the default target folder: it needs
+/// no `cuda` feature and links no CUDA library (checked), since the program
+/// it is loaded into brings the driver.
+const HOOK_ARGS: &[&str] = &["build", "--release", "-p", "cudamem-hook-preload", "--lib"];
+
+/// The interposer's file name.
+const HOOK_FILE: &str = "libcudamem_hook.so";
+
 /// ctx's test executables, release, `cuda` feature.
 const TEST_ARGS: &[&str] = &[
     "test",
@@ -151,11 +184,22 @@ fn cargo_command(stub: &Path, root: &Path, args: &[&str]) -> Command {
     command
 }
 
+/// The interposer's build.
+fn hook_command(root: &Path) -> Command {
+    let mut command = step::cargo();
+    command
+        .current_dir(root)
+        .args(HOOK_ARGS)
+        .arg("--message-format=json-render-diagnostics");
+    command
+}
+
 /// The cargo commands this task runs, in order.
 #[cfg(test)]
 pub fn cargo_commands(root: &Path, stub: &Path) -> Vec<Command> {
     vec![
         cargo_command(stub, root, SUITE_ARGS),
+        hook_command(root),
         cargo_command(stub, root, TEST_ARGS),
     ]
 }
@@ -258,6 +302,16 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
     let (Some(suite), Some(cudamem)) = (named("gpusuite"), named("cudamem")) else {
         bail!("expected gpusuite and cudamem executables, cargo reported {suite:?}");
     };
+    println!("==> cargo {}", HOOK_ARGS.join(" "));
+    let hook = artifact_files(&step::output(&mut hook_command(root))?, HOOK_FILE);
+    let Some(hook) = hook.first() else {
+        bail!("cargo reported no {HOOK_FILE}");
+    };
+    ensure!(
+        !loads_driver(&dynamic_section(hook)?),
+        "{} links libcuda.so.1: a program that never touches CUDA would load the driver with it",
+        hook.display()
+    );
     let tests = build(&stub, root, TEST_ARGS)?;
 
     ensure!(
@@ -279,6 +333,7 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
     prepare(&dir)?;
     install_binary(suite, &dir.join("bin").join("gpusuite"), &stub)?;
     install_binary(cudamem, &dir.join("bin").join("cudamem"), &stub)?;
+    install_binary(hook, &dir.join("bin").join(HOOK_FILE), &stub)?;
     for test in &gpu_tests {
         let name = test.file_name().context("test executable without a name")?;
         install_binary(test, &dir.join("tests").join(name), &stub)?;
@@ -290,6 +345,18 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
         }
     }
     copy_tree(&root.join("traces"), &dir.join("traces"))?;
+    for scripts in ["run", "torch"] {
+        copy_tree(
+            &root.join("scripts").join(scripts),
+            &dir.join("scripts").join(scripts),
+        )?;
+    }
+    step::run(
+        "chmod gpu_check.sh",
+        Command::new("chmod")
+            .arg("+x")
+            .arg(dir.join("scripts/run/gpu_check.sh")),
+    )?;
     let run_sh = dir.join("run.sh");
     fs::write(&run_sh, RUN_SH)?;
     step::run("chmod run.sh", Command::new("chmod").arg("+x").arg(&run_sh))?;
@@ -300,10 +367,12 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
         "the bundle is {bytes} bytes; the device tool carries at most {MAX_BUNDLE_BYTES}"
     );
     println!(
-        "==> bundle in {} ({:.1} MiB: gpusuite, cudamem, traces + {} test executables); run it with `{}/run.sh LOG_DIR`",
+        "==> bundle in {} ({:.1} MiB: gpusuite, cudamem, {HOOK_FILE}, traces, scripts + {} test executables); run it with `{}/run.sh LOG_DIR`, and `cudamem run`'s check with `{}/scripts/run/gpu_check.sh {} OUTDIR`",
         dir.display(),
         bytes as f64 / f64::from(1 << 20),
         gpu_tests.len(),
+        dir.display(),
+        dir.display(),
         dir.display()
     );
     Ok(())
@@ -330,6 +399,20 @@ mod tests {
         assert_eq!(bytes_under(&to).unwrap(), 9);
         assert!(copy_tree(&base.join("missing"), &to).is_err());
         fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn the_interposer_is_found_among_an_artifacts_files() {
+        let json = concat!(
+            r#"{"reason":"compiler-artifact","target":{"name":"cudamem_hook"},"filenames":["/t/release/libcudamem_hook.so","/t/release/libcudamem_hook.rlib"],"executable":null}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","target":{"name":"other"},"filenames":["/t/release/libother.rlib"],"executable":null}"#,
+        );
+        assert_eq!(
+            artifact_files(json, HOOK_FILE),
+            [PathBuf::from("/t/release/libcudamem_hook.so")]
+        );
+        assert!(artifact_files(json, "libnothing.so").is_empty());
     }
 
     #[test]

@@ -57,6 +57,12 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "kernels/tests/cm_alloc/host.rs",
         "loads cm_alloc.cuh compiled for the host and calls its C ABI",
     ),
+    (
+        "hook/preload/src/",
+        "the driver interposer: C ABI entry points the program calls in place of the \
+         driver's, the real driver called through looked-up pointers, the log's shared \
+         mapping, and fork, exit and signal handlers",
+    ),
 ];
 
 /// Files under `ctx/src/cuda/` that need no `unsafe`, each with why.

@@ -10,6 +10,7 @@ pub mod explain_snapshot;
 pub mod malloc_heap;
 pub mod output;
 pub mod replay_command;
+pub mod run;
 
 use std::io::Write;
 
@@ -44,6 +45,9 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// The malloc heap (cudaLimitMallocHeapSize) an in-kernel malloc pattern needs.
     Heap(malloc_heap::HeapArgs),
+    /// Run a CUDA program with its driver calls recorded, and explain its
+    /// memory (and any out-of-memory) item by item; exits with its status.
+    Run(run::RunArgs),
 }
 
 /// Run the command `cli` names, writing what it prints to `out` (files it
@@ -54,10 +58,21 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
         Some(Command::Replay(args)) => replay_command::run(args, out),
         Some(Command::Explain(args)) => explain::run(args, out),
         Some(Command::Heap(args)) => malloc_heap::run(args, out),
+        Some(Command::Run(args)) => match run::run(args) {
+            0 => Ok(()),
+            status => Err(ProgramStatus(status).into()),
+        },
     }?;
     // What is still buffered must reach the reader, or the failure be told.
     Ok(out.flush()?)
 }
+
+/// `cudamem run`'s program ended with this non-zero exit status (a signal
+/// `n` as `128 + n`), which `cudamem` exits with in turn; what went wrong
+/// was the program's to tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the program exited with status {0}")]
+pub struct ProgramStatus(pub u8);
 
 /// How a run of the command ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +84,8 @@ pub enum Exit {
     ReaderGone,
     /// It failed; the message for standard error, causes included.
     Failed(String),
+    /// `cudamem run`'s program exited with this non-zero status, passed on.
+    Program(u8),
 }
 
 impl Exit {
@@ -77,6 +94,9 @@ impl Exit {
         match result {
             Ok(()) => Exit::Done,
             Err(err) if output::is_closed_pipe(err) => Exit::ReaderGone,
+            Err(err) if let Some(ProgramStatus(status)) = err.downcast_ref() => {
+                Exit::Program(*status)
+            }
             Err(err) => Exit::Failed(format!("{err:#}")),
         }
     }
@@ -87,6 +107,7 @@ impl Exit {
         match self {
             Exit::Done | Exit::ReaderGone => 0,
             Exit::Failed(_) => 1,
+            Exit::Program(status) => *status,
         }
     }
 }

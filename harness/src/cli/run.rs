@@ -1,0 +1,115 @@
+//! `cudamem run [--trace FILE] [--report FILE.html] -- PROGRAM ARGS...`:
+//! run an unmodified CUDA program with the driver interposer preloaded,
+//! then print the ledger of each of its processes at its peak (on
+//! stderr, after the program's own output) and exit with the program's
+//! status (a signal `n` as `128 + n`, as shells do). The work is
+//! `cudamem_hook::run`'s; this is the command line.
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use cudamem_hook::log::DEFAULT_MAX_LOG_BYTES;
+use cudamem_hook::report::html;
+use cudamem_hook::run::{HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, prepare};
+
+use crate::cli::byte_size;
+
+/// The exit status for a program that cannot be found, as shells use.
+const NOT_FOUND_STATUS: u8 = 127;
+/// The exit status for a program that is not executable, as shells use.
+const NOT_EXECUTABLE_STATUS: u8 = 126;
+
+/// Arguments of `cudamem run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Write the started process's device allocations as an RMM log
+    /// (`cudamem replay FILE` replays it); other processes' go beside it as
+    /// STEM.<pid>.EXT, and every process's event log to FILE.events/.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Write an HTML report of the ledgers.
+    #[arg(long, value_name = "FILE.html")]
+    report: Option<PathBuf>,
+    /// The most bytes each process's event log may take; records past it
+    /// are counted and dropped.
+    #[arg(long, value_name = "BYTES", value_parser = byte_size::parse, default_value_t = DEFAULT_MAX_LOG_BYTES)]
+    max_log_bytes: u64,
+    /// The program to run and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
+    command: Vec<OsString>,
+}
+
+/// Run the program; the exit status is the program's (what cannot start it
+/// is told on stderr, with the status a shell would give).
+pub fn run(args: RunArgs) -> u8 {
+    match run_program(args) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("cudamem run: {err}");
+            match err {
+                RunError::ProgramNotFound { .. } => NOT_FOUND_STATUS,
+                RunError::NotExecutable { .. } => NOT_EXECUTABLE_STATUS,
+                _ => 1,
+            }
+        }
+    }
+}
+
+fn run_program(args: RunArgs) -> Result<u8, RunError> {
+    let mut command = args.command.into_iter();
+    let program = command.next().unwrap_or_default();
+    let exe = std::env::current_exe().unwrap_or_default();
+    let hook = find_hook(std::env::var_os(HOOK_LIB_VAR), &exe)?;
+    let shown = std::iter::once(program.clone())
+        .chain(command.clone())
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let plan = RunPlan {
+        program,
+        args: command.collect(),
+        hook,
+        trace: args.trace,
+        report: args.report.clone(),
+        max_log_bytes: args.max_log_bytes,
+    };
+    let prepared = prepare(plan, std::env::var_os("PATH").as_deref())?;
+    let finished = prepared.run()?;
+    let code = exit_code(finished.status);
+    // The program's own output comes first; from here on nothing changes
+    // the program's status: a failure is told, and the status returned.
+    let mut err = std::io::stderr().lock();
+    let reports = match finished.reports {
+        Ok(reports) => reports,
+        Err(problem) => {
+            let _ = writeln!(err, "cudamem run: {shown}: exit status {code}; {problem}");
+            return Ok(code);
+        }
+    };
+    let _ = writeln!(
+        err,
+        "\ncudamem run: {shown}: exit status {code}; {} process{} recorded",
+        reports.len(),
+        if reports.len() == 1 { "" } else { "es" }
+    );
+    for report in &reports {
+        let _ = write!(err, "{}", report.render());
+    }
+    if let Some(path) = &args.report {
+        match std::fs::write(path, html(&shown, &reports)) {
+            Ok(()) => {
+                let _ = writeln!(err, "cudamem run: report written to {}", path.display());
+            }
+            Err(problem) => {
+                let _ = writeln!(err, "cudamem run: writing {}: {problem}", path.display());
+            }
+        }
+    }
+    Ok(code)
+}

@@ -1,0 +1,292 @@
+//! What to do about where the memory went: the biggest holders of a
+//! [`Snapshot`], and advice that fits them, and the out-of-memory
+//! explanation the interposer prints the moment a call fails.
+
+use std::fmt::Write as _;
+
+use memcore::bytes::human;
+
+use crate::event::Call;
+use crate::libraries::{Framework, file_name};
+use crate::snapshot::{Snapshot, signed_human};
+
+/// A share of the device above which a holder is worth a word of advice.
+const NOTABLE_SHARE: f64 = 0.25;
+
+/// One holder of device memory, bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// What holds it.
+    pub name: String,
+    /// How much.
+    pub bytes: u64,
+}
+
+/// The holders of a snapshot's device memory, largest first.
+pub fn holders(snapshot: &Snapshot) -> Vec<Holder> {
+    let mut holders = vec![Holder {
+        name: format!("local memory ({})", snapshot.local_memory_cause()),
+        bytes: snapshot.local_measured.unwrap_or(snapshot.local_predicted),
+    }];
+    if let Some(bytes) = snapshot.context_measured() {
+        holders.push(Holder {
+            name: "driver and context".into(),
+            bytes,
+        });
+    }
+    if snapshot.module_measured > 0 {
+        holders.push(Holder {
+            name: format!(
+                "module code ({} loads, {} kernels launched)",
+                snapshot.module_loads, snapshot.kernels_launched
+            ),
+            bytes: snapshot.module_measured,
+        });
+    }
+    for (path, bytes) in &snapshot.callers {
+        if bytes.device_bytes > 0 {
+            holders.push(Holder {
+                name: format!(
+                    "allocations by {} ({} blocks)",
+                    file_name(path),
+                    bytes.blocks
+                ),
+                bytes: bytes.device_bytes,
+            });
+        }
+    }
+    if let Some(held) = snapshot.pool_held().filter(|&held| held > 0) {
+        holders.push(Holder {
+            name: "the stream-ordered pool's reserve of freed memory".into(),
+            bytes: held,
+        });
+    }
+    if let Some(rest) = snapshot.unexplained().filter(|&rest| rest > 0) {
+        holders.push(Holder {
+            name: "unexplained (no record names it)".into(),
+            bytes: u64::try_from(rest).unwrap_or(u64::MAX),
+        });
+    }
+    holders.sort_by_key(|holder| std::cmp::Reverse(holder.bytes));
+    holders
+}
+
+/// Advice that fits `snapshot`, for a request of `request` bytes that failed
+/// (or none: advice at the peak).
+pub fn advice(snapshot: &Snapshot, request: Option<u64>) -> Vec<String> {
+    let total = snapshot
+        .reading
+        .map(|r| r.total)
+        .or(snapshot.facts.total)
+        .unwrap_or(0);
+    let share = |bytes: u64| {
+        if total == 0 {
+            0.0
+        } else {
+            bytes as f64 / total as f64
+        }
+    };
+    let mut advice = Vec::new();
+    let local = snapshot.local_measured.unwrap_or(snapshot.local_predicted);
+    if share(local) >= NOTABLE_SHARE {
+        let what = match &snapshot.largest_frame {
+            Some(kernel) if kernel.local_bytes >= snapshot.limits.stack_bytes => format!(
+                "kernel {} needs {} B of local memory per thread, and the driver reserves that \
+                 for every thread the device can hold at once",
+                kernel.name, kernel.local_bytes
+            ),
+            _ => format!(
+                "the stack limit is {} B per thread, and the driver reserves that for every \
+                 thread the device can hold at once",
+                snapshot.limits.stack_bytes
+            ),
+        };
+        advice.push(format!(
+            "local memory takes {} ({:.0}% of the device): {what}. Shrink the kernel's local \
+             arrays or its register spills (`nvcc -Xptxas -v` prints each kernel's stack frame), \
+             and keep cudaLimitStackSize / cuCtxSetLimit(CU_LIMIT_STACK_SIZE) at what the \
+             kernels need; the limit is not lowered on its own once raised.",
+            human(local),
+            share(local) * 100.0
+        ));
+    }
+    for (path, bytes) in &snapshot.callers {
+        if share(bytes.device_bytes) < NOTABLE_SHARE {
+            continue;
+        }
+        let name = file_name(path);
+        let held = human(bytes.device_bytes);
+        match Framework::of(path) {
+            Some(Framework::Xla) => advice.push(format!(
+                "{name} holds {held}: XLA (JAX) preallocates 75% of the device at start. Set \
+                 XLA_PYTHON_CLIENT_PREALLOCATE=false to allocate on demand, or \
+                 XLA_PYTHON_CLIENT_MEM_FRACTION to take less."
+            )),
+            Some(Framework::PyTorch) => advice.push(format!(
+                "{name} holds {held}: PyTorch's caching allocator keeps freed blocks reserved \
+                 (torch.cuda.memory_reserved() against memory_allocated()). \
+                 torch.cuda.empty_cache() returns them; \
+                 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps reserved memory close to \
+                 what is allocated."
+            )),
+            Some(Framework::CuPy) => advice.push(format!(
+                "{name} holds {held}: CuPy's memory pool keeps freed blocks; \
+                 cupy.get_default_memory_pool().free_all_blocks() returns them."
+            )),
+            None if share(bytes.largest) >= 0.5 => advice.push(format!(
+                "{name} holds one block of {} ({:.0}% of the device): a framework or library \
+                 preallocating?",
+                human(bytes.largest),
+                share(bytes.largest) * 100.0
+            )),
+            None => {}
+        }
+    }
+    if let Some(held) = snapshot.pool_held().filter(|&held| share(held) >= 0.1) {
+        advice.push(format!(
+            "the stream-ordered pool (cudaMallocAsync) keeps {} of freed memory: lower its \
+             release threshold (cudaMemPoolAttrReleaseThreshold) or trim it \
+             (cudaMemPoolTrimTo).",
+            human(held)
+        ));
+    }
+    if let (Some(rest), Some(used)) = (snapshot.unexplained(), snapshot.used_measured())
+        && used > 0
+        && rest as f64 >= 0.1 * used as f64
+    {
+        advice.push(format!(
+            "{} of the memory in use is named by no record: another process on this GPU \
+             (nvidia-smi lists them), or allocations through paths that are not recorded.",
+            signed_human(rest)
+        ));
+    }
+    if let (Some(request), Some(reading)) = (request, snapshot.reading) {
+        if request > reading.total {
+            advice.push(format!(
+                "the request of {} is larger than the whole device ({}): no freeing makes it \
+                 fit; split it.",
+                human(request),
+                human(reading.total)
+            ));
+        } else if request > reading.free {
+            advice.push(format!(
+                "the request of {} is larger than all free memory ({}): the holders above \
+                 must give back at least {}.",
+                human(request),
+                human(reading.free),
+                human(request - reading.free)
+            ));
+        } else {
+            advice.push(format!(
+                "{} were free, more than the {} asked for: free memory is split into pieces \
+                 smaller than the request, or another thread or process took it meanwhile.",
+                human(reading.free),
+                human(request)
+            ));
+        }
+    }
+    advice
+}
+
+/// A call that returned `CUDA_ERROR_OUT_OF_MEMORY`, as the interposer saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfMemory {
+    /// The driver call.
+    pub call: Call,
+    /// Bytes requested, where the call asks for a size.
+    pub request: Option<u64>,
+    /// The calling library's path.
+    pub caller: String,
+    /// How many out-of-memory returns the process has seen, this one
+    /// included.
+    pub ordinal: u64,
+}
+
+/// The one line for an out-of-memory return past the first `explained`,
+/// which got the whole explanation.
+pub fn explain_again(oom: &OutOfMemory, explained: u64) -> String {
+    let request = oom
+        .request
+        .map_or_else(String::new, |bytes| format!(" of {}", human(bytes)));
+    format!(
+        "cudamem: {}{request} (called by {}) returned CUDA_ERROR_OUT_OF_MEMORY again \
+         (out-of-memory #{}; the first {explained} are explained in full)\n",
+        oom.call.name(),
+        file_name(&oom.caller),
+        oom.ordinal
+    )
+}
+
+/// How many holders an explanation lists.
+const HOLDERS_SHOWN: usize = 6;
+
+/// The explanation printed on stderr when a call returns out of memory.
+///
+/// ```
+/// use cudamem_hook::advice::{OutOfMemory, explain};
+/// use cudamem_hook::event::Call;
+///
+/// let text = explain(
+///     &OutOfMemory { call: Call::MemAlloc, request: Some(1 << 20), caller: "/app".into(), ordinal: 1 },
+///     None,
+/// );
+/// assert!(text.contains("cuMemAlloc of 1.00 MiB"));
+/// assert!(text.contains("returned CUDA_ERROR_OUT_OF_MEMORY"));
+/// ```
+pub fn explain(oom: &OutOfMemory, snapshot: Option<&Snapshot>) -> String {
+    let mut out = String::new();
+    let request = oom
+        .request
+        .map_or_else(String::new, |bytes| format!(" of {}", human(bytes)));
+    let _ = writeln!(
+        out,
+        "cudamem: {}{request} (called by {}) returned CUDA_ERROR_OUT_OF_MEMORY \
+         (out-of-memory #{} of this process; the program gets the driver's answer unchanged)",
+        oom.call.name(),
+        file_name(&oom.caller),
+        oom.ordinal
+    );
+    let Some(snapshot) = snapshot else {
+        let _ = writeln!(
+            out,
+            "cudamem: no context was recorded; nothing more is known"
+        );
+        return out;
+    };
+    match snapshot.reading {
+        Some(reading) => {
+            let _ = writeln!(
+                out,
+                "cudamem: device {}: {} free of {} (the largest block that can still be had \
+                 is not probed: that would allocate)",
+                snapshot.facts.ordinal,
+                human(reading.free),
+                human(reading.total)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "cudamem: device {}: free memory could not be read",
+                snapshot.facts.ordinal
+            );
+        }
+    }
+    let _ = writeln!(out, "cudamem: the biggest holders:");
+    for holder in holders(snapshot).iter().take(HOLDERS_SHOWN) {
+        let _ = writeln!(
+            out,
+            "cudamem:   {:>10}  {}",
+            human(holder.bytes),
+            holder.name
+        );
+    }
+    for line in advice(snapshot, oom.request) {
+        let _ = writeln!(out, "cudamem: advice: {line}");
+    }
+    let _ = writeln!(out, "cudamem: the ledger at this moment:");
+    for line in snapshot.render().lines() {
+        let _ = writeln!(out, "cudamem: | {line}");
+    }
+    out
+}
