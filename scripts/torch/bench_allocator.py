@@ -6,13 +6,15 @@ libcudamem_torch.so built for it (see README, "Use it from PyTorch"):
     python3 scripts/torch/bench_allocator.py --lib path/to/libcudamem_torch.so --out OUTDIR
     python3 scripts/torch/bench_allocator.py --lib ... --explain gpt2_train
 
-For each workload, three fresh processes one after another, same seeds: PyTorch's
+For each workload, four fresh processes one after another, same seeds: PyTorch's
 default allocator, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and cudamem
-(cudamem_torch.install first). Each reports the peak device memory the process used
-(NVML used bytes sampled every ~1 ms in a background thread, minus the used bytes
-right after the context was created; the GPU must not be shared), PyTorch's
-max_memory_reserved / max_memory_allocated (its own allocators) or cudamem_stats
-(ours), the checksum (must equal the default run's) and the median step time.
+(cudamem_torch.install first) with CUDAMEM_POLICY=tlsf and =stitch. Each reports the
+peak device memory the process used (NVML used bytes sampled every ~1 ms in a
+background thread, minus the used bytes right after the context was created; the GPU
+must not be shared), PyTorch's own max_memory_reserved / memory_reserved /
+max_memory_allocated (answered by cudamem under cudamem, which must report the pool's
+peak mapped bytes exactly: `reserved = pool` in the table), the checksum (must equal
+the default run's) and the median step time.
 A run that fails or passes --timeout seconds is reported and the others go on.
 Prints a table; writes OUTDIR/NAME.MODE.json and OUTDIR/summary.json.
 --explain NAME runs one workload under cudamem and prints explain() at the end.
@@ -28,7 +30,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-MODES = ("default", "expandable", "cudamem")
+MODES = ("default", "expandable", "tlsf", "stitch")
+CUDAMEM_MODES = ("tlsf", "stitch")
 
 
 class PeakSampler:
@@ -68,7 +71,7 @@ class PeakSampler:
 def child(name, mode, lib, out, explain):
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(REPO, "python"))
-    if mode == "cudamem":
+    if mode in CUDAMEM_MODES:
         import cudamem_torch
 
         cudamem_torch.install(lib)
@@ -99,11 +102,14 @@ def child(name, mode, lib, out, explain):
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(),
     }
-    if mode == "cudamem":
-        result["cudamem"] = cudamem_torch.stats(0)
-    else:
-        result["max_memory_reserved"] = torch.cuda.max_memory_reserved()
-        result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+    result["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+    result["memory_reserved"] = torch.cuda.memory_reserved()
+    result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+    if mode in CUDAMEM_MODES:
+        result["allocator"] = torch.cuda.memory.get_allocator_backend()
+        pool = cudamem_torch.stats(0)
+        result["cudamem"] = pool
+        result["reserved_equals_pool_peak"] = result["max_memory_reserved"] == pool["peak_mapped_bytes"]
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     if explain:
@@ -116,8 +122,11 @@ def run_one(name, mode, args):
         os.remove(out)
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("CUDAMEM_POLICY", None)
     if mode == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if mode in CUDAMEM_MODES:
+        env["CUDAMEM_POLICY"] = mode
     command = [sys.executable, os.path.abspath(__file__), "--child", name, mode,
                "--lib", args.lib or "", "--json", out]
     if args.explain:
@@ -141,12 +150,13 @@ def mib(value):
 
 
 def table(results):
-    rows = ["%-20s %-10s %10s %10s %10s %10s %12s %9s %s" % (
+    rows = ["%-20s %-10s %10s %10s %10s %10s %8s %9s %9s %s" % (
         "workload", "mode", "peak MiB", "reserved", "allocated", "pool peak",
-        "step ms", "x default", "checksum")]
+        "step ms", "x default", "vs expand", "checksum")]
     for name in sorted({r["workload"] for r in results}):
         by_mode = {r["mode"]: r for r in results if r["workload"] == name}
         base = by_mode.get("default", {})
+        expandable = by_mode.get("expandable", {})
         for mode in MODES:
             r = by_mode.get(mode)
             if r is None:
@@ -156,14 +166,19 @@ def table(results):
                 continue
             pool = r.get("cudamem", {})
             ratio = (r["median_step_s"] / base["median_step_s"]) if base.get("median_step_s") else None
+            vs_expandable = (r["peak_process_bytes"] / expandable["peak_process_bytes"]
+                             if expandable.get("peak_process_bytes") else None)
             same = "base" if mode == "default" else (
                 "same" if base.get("checksum") == r["checksum"] else
                 "DIFFERS (%r vs %r)" % (r["checksum"], base.get("checksum")))
-            rows.append("%-20s %-10s %10s %10s %10s %10s %12.2f %9s %s" % (
+            if mode in CUDAMEM_MODES:
+                same += "; reserved = pool" if r.get("reserved_equals_pool_peak") else (
+                    "; RESERVED %s != POOL PEAK %s" % (r.get("max_memory_reserved"), pool.get("peak_mapped_bytes")))
+            rows.append("%-20s %-10s %10s %10s %10s %10s %8.2f %9s %9s %s" % (
                 name, mode, mib(r["peak_process_bytes"]), mib(r.get("max_memory_reserved")),
-                mib(r.get("max_memory_allocated", pool.get("peak_live_bytes"))),
-                mib(pool.get("peak_mapped_bytes")), r["median_step_s"] * 1e3,
-                "-" if ratio is None else "%.3f" % ratio, same))
+                mib(r.get("max_memory_allocated")), mib(pool.get("peak_mapped_bytes")),
+                r["median_step_s"] * 1e3, "-" if ratio is None else "%.3f" % ratio,
+                "-" if vs_expandable is None else "%.3f" % vs_expandable, same))
     return "\n".join(rows)
 
 
@@ -174,7 +189,7 @@ def main():
     parser.add_argument("--only", nargs="*", help="workloads to run (default: all)")
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
     parser.add_argument("--timeout", type=int, default=120, help="seconds per run")
-    parser.add_argument("--explain", metavar="NAME", help="run NAME under cudamem and print explain()")
+    parser.add_argument("--explain", metavar="NAME", help="run NAME under cudamem (stitch) and print explain()")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     parser.add_argument("--print-explain", action="store_true", help=argparse.SUPPRESS)
@@ -184,7 +199,7 @@ def main():
         return 0
     os.makedirs(args.out, exist_ok=True)
     if args.explain:
-        r = run_one(args.explain, "cudamem", args)
+        r = run_one(args.explain, "stitch", args)
         print(json.dumps(r, indent=1))
         return 0 if "error" not in r else 1
     sys.path.insert(0, HERE)
@@ -204,7 +219,12 @@ def main():
     print(table(results))
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(results, f, indent=1)
-    return 1 if any("error" in r for r in results) else 0
+    mismatched = [r for r in results if r.get("mode") in CUDAMEM_MODES and "error" not in r
+                  and not r.get("reserved_equals_pool_peak")]
+    for r in mismatched:
+        print("%s / %s: max_memory_reserved() is not the pool's peak mapped bytes" % (
+            r["workload"], r["mode"]), file=sys.stderr)
+    return 1 if mismatched or any("error" in r for r in results) else 0
 
 
 if __name__ == "__main__":

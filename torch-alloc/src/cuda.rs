@@ -53,6 +53,10 @@ impl StreamEvents for CudaStreams {
     type Stream = ForeignStream;
     type Event = Event;
 
+    fn number(stream: ForeignStream) -> u64 {
+        stream.id().0
+    }
+
     fn record(&mut self, stream: ForeignStream) -> Result<Event> {
         let event = match self.spare.pop() {
             Some(event) => event,
@@ -74,6 +78,11 @@ impl StreamEvents for CudaStreams {
     fn wait(&mut self, event: &Event) -> Result<()> {
         self.calls += 1;
         Ok(event.synchronize()?)
+    }
+
+    fn synchronize_all(&mut self) -> Result<()> {
+        self.calls += 1;
+        Ok(self.context.synchronize()?)
     }
 
     fn recycle(&mut self, event: Event) {

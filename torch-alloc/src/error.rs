@@ -2,18 +2,8 @@
 
 /// Why a call of the allocator failed. Every variant says where (device, pointer) and
 /// what; quoted user values are cut to 80 characters.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Error {
-    /// A request or free named a negative size.
-    #[error("{call} on device {device}: negative size {size} bytes")]
-    NegativeSize {
-        /// `cudamem_malloc` or `cudamem_free`.
-        call: &'static str,
-        /// The device argument.
-        device: i32,
-        /// The size argument, bytes.
-        size: i64,
-    },
     /// The device argument is outside what the library serves.
     #[error("device {device} is out of range: devices 0 to {} are served", MAX_DEVICES - 1)]
     BadDevice {
@@ -28,35 +18,53 @@ pub enum Error {
         /// Which argument.
         what: &'static str,
     },
-    /// A free of an address this allocator does not hold live: a double free, or memory
-    /// from another allocator.
-    #[error(
-        "cudamem_free on device {device}: {ptr:#x} is not a live allocation of cudamem \
-         (freed twice, or allocated elsewhere)"
-    )]
+    /// A free (or a question about a block) of an address this library does not hold
+    /// live: a double free, or memory from another allocator.
+    #[error("{ptr:#x} is not a live allocation of cudamem (freed twice, or allocated elsewhere)")]
     UnknownPointer {
-        /// The device argument.
-        device: i32,
         /// The pointer argument.
         ptr: u64,
     },
-    /// A free named another size than the allocation had; nothing was freed.
-    #[error(
-        "cudamem_free on device {device}: {ptr:#x} was allocated with {allocated} bytes \
-         but freed with {given}; not freed"
-    )]
-    SizeMismatch {
-        /// The device argument.
+    /// A request named a private pool (a CUDA graph's memory pool) that the device does
+    /// not have: never begun, or released already.
+    #[error("device {device} has no private memory pool ({}, {})", pool.0, pool.1)]
+    UnknownPool {
+        /// The device.
         device: i32,
-        /// The pointer argument.
-        ptr: u64,
-        /// Bytes requested when it was allocated.
-        allocated: u64,
-        /// Bytes the free named.
-        given: u64,
+        /// The pool's id, PyTorch's `MempoolId_t`.
+        pool: (u64, u64),
+    },
+    /// `beginAllocateToPool` for a pool that allocations are diverted to already, or
+    /// `endAllocateToPool` for one they are not.
+    #[error("device {device}: private pool ({}, {}) {why}", pool.0, pool.1)]
+    PoolState {
+        /// The device.
+        device: i32,
+        /// The pool's id.
+        pool: (u64, u64),
+        /// What is wrong, e.g. "is being allocated to already".
+        why: &'static str,
+    },
+    /// A checkpoint of a private pool that this device did not make, or whose pool is
+    /// gone.
+    #[error("device {device}: no checkpoint {checkpoint} of a live private pool")]
+    UnknownCheckpoint {
+        /// The device.
+        device: i32,
+        /// The checkpoint's number.
+        checkpoint: u64,
+    },
+    /// A memory fraction outside `0..=1`.
+    #[error("device {device}: memory fraction {fraction} is not between 0 and 1")]
+    BadFraction {
+        /// The device.
+        device: i32,
+        /// The fraction asked for.
+        fraction: f64,
     },
     /// The pool could not place the request even after every stream's freed blocks came
-    /// back; `report` is the ledger of the device at that moment.
+    /// back (or would pass the memory fraction set for the device); `report` is the
+    /// ledger of the device at that moment.
     #[error("out of memory on device {device}: {requested} bytes requested\n{report}")]
     OutOfMemory {
         /// The device.
@@ -65,6 +73,15 @@ pub enum Error {
         requested: u64,
         /// Why: the pool's figures and the context's ledger, several lines.
         report: String,
+    },
+    /// The request cannot be served while a CUDA graph is being captured on the device
+    /// (it would have to wait for the device, which a capture forbids).
+    #[error("device {device}: {what} is not possible while a CUDA graph is being captured")]
+    Capturing {
+        /// The device.
+        device: i32,
+        /// What was asked.
+        what: &'static str,
     },
     /// `CUDAMEM_POLICY` names no policy.
     #[error("CUDAMEM_POLICY={value:?} is not a policy; known: {known}")]

@@ -21,6 +21,9 @@ pub trait StreamEvents: Send + Debug {
     /// A recorded event.
     type Event: Send + Debug;
 
+    /// The stream's handle as a number (what traces and snapshots show).
+    fn number(stream: Self::Stream) -> u64;
+
     /// An event that completes once the work queued on `stream` so far has.
     fn record(&mut self, stream: Self::Stream) -> Result<Self::Event>;
 
@@ -29,6 +32,10 @@ pub trait StreamEvents: Send + Debug {
 
     /// Waits until `event` has completed.
     fn wait(&mut self, event: &Self::Event) -> Result<()>;
+
+    /// Waits until all work queued on the device so far has completed, on every
+    /// stream.
+    fn synchronize_all(&mut self) -> Result<()>;
 
     /// Takes back an event nobody waits for any more, to record it again later.
     fn recycle(&mut self, event: Self::Event);
@@ -105,6 +112,10 @@ impl StreamEvents for SimStreams {
     type Stream = StreamId;
     type Event = SimEvent;
 
+    fn number(stream: StreamId) -> u64 {
+        stream.0
+    }
+
     fn record(&mut self, stream: StreamId) -> Result<SimEvent> {
         let mut state = self.state();
         state.calls += 1;
@@ -124,6 +135,16 @@ impl StreamEvents for SimStreams {
         state.calls += 1;
         let work = state.work.entry(event.stream).or_default();
         work.1 = work.1.max(event.queued);
+        Ok(())
+    }
+
+    /// The device runs dry: every stream's work completes.
+    fn synchronize_all(&mut self) -> Result<()> {
+        let mut state = self.state();
+        state.calls += 1;
+        for work in state.work.values_mut() {
+            work.1 = work.0;
+        }
         Ok(())
     }
 

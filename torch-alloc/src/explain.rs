@@ -2,7 +2,7 @@
 //! memory go": the context's terms from ctx's [`Ledger`], what the pool holds, and what
 //! the process holds outside the pool.
 
-use ctx::{Ledger, LedgerRow, PoolStats, render_rows};
+use ctx::{Ledger, LedgerRow, render_rows};
 use memcore::bytes;
 
 use crate::facts::ContextFacts;
@@ -14,8 +14,26 @@ pub struct PoolFigures {
     pub live_bytes: u64,
     /// Freed bytes waiting for their stream's work before others may reuse them.
     pub pending_bytes: u64,
-    /// The pool itself.
-    pub pool: PoolStats,
+    /// Device memory the pool has mapped.
+    pub mapped_bytes: u64,
+    /// The most device memory the pool has mapped at once.
+    pub peak_mapped_bytes: u64,
+    /// Mapped bytes no block holds.
+    pub free_bytes: u64,
+    /// The largest request the pool can place without new device memory.
+    pub largest_free_bytes: u64,
+}
+
+impl PoolFigures {
+    /// External fragmentation of the pool's free bytes: `1 - largest / free`, 0 when
+    /// nothing is free.
+    pub fn fragmentation(&self) -> f64 {
+        if self.free_bytes == 0 {
+            0.0
+        } else {
+            1.0 - self.largest_free_bytes.min(self.free_bytes) as f64 / self.free_bytes as f64
+        }
+    }
 }
 
 /// The terms of the ledger, computed once so the text and the tests agree. Bytes.
@@ -39,11 +57,11 @@ impl Explanation {
     pub fn new(facts: &ContextFacts, figures: &PoolFigures) -> Self {
         let ledger = Ledger::predict(&facts.profile, &facts.limits, &[], figures.live_bytes);
         let used_bytes = facts.mem.total.saturating_sub(facts.mem.free);
-        let pool_bytes = figures.pool.mapped_bytes;
+        let pool_bytes = figures.mapped_bytes;
         Explanation {
             used_bytes,
             pool_bytes,
-            pool_free_bytes: figures.pool.heap.free_bytes,
+            pool_free_bytes: figures.free_bytes,
             outside_bytes: used_bytes
                 .saturating_sub(ledger.context_bytes())
                 .saturating_sub(pool_bytes),
@@ -69,14 +87,13 @@ impl Explanation {
             item: format!("  {}", item.name()),
             ..item.row()
         }));
-        let heap = &figures.pool.heap;
         rows.extend([
             measured(
                 "  cudamem pool (physical)",
                 self.pool_bytes,
                 &format!(
                     "mapped pages; peak {}",
-                    bytes::mib(figures.pool.peak_mapped_bytes)
+                    bytes::mib(figures.peak_mapped_bytes)
                 ),
             ),
             measured("    live", figures.live_bytes, "tensors not freed"),
@@ -90,8 +107,8 @@ impl Explanation {
                 self.pool_free_bytes,
                 &format!(
                     "largest free block {}; fragmentation {:.1}%",
-                    bytes::mib(heap.largest_free),
-                    heap.external_fragmentation() * 100.0
+                    bytes::mib(figures.largest_free_bytes),
+                    figures.fragmentation() * 100.0
                 ),
             ),
             LedgerRow {

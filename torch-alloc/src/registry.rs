@@ -1,20 +1,22 @@
 //! The process's allocators, one per device, behind the C functions: opened on a
-//! device's first call, kept for the life of the process. Errors are reported on
-//! stderr here, so the C shell only converts.
+//! device's first call with the settings from the environment, kept for the life of
+//! the process. Calls return typed errors; the C shell turns them into status codes
+//! and messages.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use ctx::{PeerLinks, SimConfig, SimDevice, StreamId};
 
-use crate::allocator::{AllocatorStats, DeviceAllocator};
+use crate::allocator::{AllocatorStats, DeviceAllocator, Outcome, Request, Restored};
+use crate::backing::{self, Backing};
+use crate::device_stats::DeviceStats;
 use crate::error::{Error, MAX_DEVICES, Result};
 use crate::events::{SimStreams, StreamEvents};
-use crate::facts::DeviceFacts;
-use crate::settings::Settings;
-
-/// Error messages printed at most, per process; the rest are counted in the stats.
-const MAX_ERROR_MESSAGES: u64 = 32;
+use crate::history::HistorySettings;
+use crate::pool_id::PoolId;
+use crate::settings::{Policy, Settings};
+use crate::snapshot::Snapshot;
 
 /// The `cudaStream_t` of a C call, as each backend reads it.
 #[derive(Debug, Clone, Copy)]
@@ -55,33 +57,140 @@ impl FromCaller for ctx::ForeignStream {
     }
 }
 
-/// A device's allocator, whatever its backend.
+/// A request of a C call.
+#[derive(Debug, Clone, Copy)]
+pub struct CallerRequest {
+    /// Bytes.
+    pub size: u64,
+    /// Its stream.
+    pub stream: CallerStream,
+    /// Its pool.
+    pub pool: PoolId,
+    /// Whether the stream is capturing.
+    pub capturing: bool,
+    /// Its stack number.
+    pub context: u64,
+}
+
+/// A device's allocator, whatever its backing and streams.
 trait AnyDevice: Send + Sync {
-    fn allocate(&self, size: u64, stream: CallerStream) -> Result<u64>;
-    fn free(&self, ptr: u64, size: u64, stream: CallerStream) -> Result<()>;
-    fn stats(&self) -> AllocatorStats;
+    fn allocate(&self, request: CallerRequest) -> Result<Outcome>;
+    fn free(&self, ptr: u64, context: u64) -> Result<Outcome>;
+    fn owns(&self, ptr: u64) -> bool;
+    fn block_of(&self, ptr: u64) -> Result<(u64, u64)>;
+    fn block_mappings(&self, ptr: u64) -> Result<Vec<(u64, u64)>>;
+    fn record_stream(&self, ptr: u64, stream: CallerStream) -> Result<()>;
     fn empty_cache(&self) -> Result<u64>;
+    fn stats(&self) -> AllocatorStats;
+    fn device_stats(&self) -> DeviceStats;
+    fn reset_peak_stats(&self);
+    fn reset_accumulated_stats(&self);
+    fn largest_block(&self) -> Result<u64>;
+    fn set_memory_fraction(&self, fraction: f64) -> Result<()>;
+    fn memory_fraction(&self) -> f64;
+    fn begin_allocate_to_pool(&self, pool: PoolId) -> Result<()>;
+    fn end_allocate_to_pool(&self, pool: PoolId) -> Result<()>;
+    fn release_pool(&self, pool: PoolId) -> Result<()>;
+    fn incref_pool(&self, pool: PoolId) -> Result<()>;
+    fn pool_use_count(&self, pool: PoolId) -> u32;
+    fn check_pool_live(&self, pool: PoolId, expected: &[u64]) -> Result<bool>;
+    fn checkpoint_pool(&self, pool: PoolId) -> Result<u64>;
+    fn drop_checkpoint(&self, number: u64);
+    fn restore_checkpoint(&self, number: u64) -> Result<Restored>;
+    fn record_history(&self, settings: HistorySettings, clear: bool);
+    fn take_dead_contexts(&self, max: usize) -> Vec<u64>;
+    fn snapshot(&self, pool: PoolId, trace: bool) -> Snapshot;
     fn explain(&self) -> Result<String>;
 }
 
-impl<D, E> AnyDevice for DeviceAllocator<D, E>
+impl<B, E> AnyDevice for DeviceAllocator<B, E>
 where
-    D: DeviceFacts,
+    B: Backing,
     E: StreamEvents,
     E::Stream: FromCaller,
     Self: Sync,
 {
-    fn allocate(&self, size: u64, stream: CallerStream) -> Result<u64> {
-        DeviceAllocator::allocate(self, size, E::Stream::from_caller(stream))
+    fn allocate(&self, r: CallerRequest) -> Result<Outcome> {
+        let request = Request::new(r.size, E::Stream::from_caller(r.stream))
+            .in_pool(r.pool)
+            .capturing(r.capturing)
+            .with_context(r.context);
+        DeviceAllocator::allocate(self, request)
     }
-    fn free(&self, ptr: u64, size: u64, stream: CallerStream) -> Result<()> {
-        DeviceAllocator::free(self, ptr, size, E::Stream::from_caller(stream))
+    fn free(&self, ptr: u64, context: u64) -> Result<Outcome> {
+        DeviceAllocator::free(self, ptr, context)
+    }
+    fn owns(&self, ptr: u64) -> bool {
+        DeviceAllocator::owns(self, ptr)
+    }
+    fn block_of(&self, ptr: u64) -> Result<(u64, u64)> {
+        DeviceAllocator::block_of(self, ptr)
+    }
+    fn block_mappings(&self, ptr: u64) -> Result<Vec<(u64, u64)>> {
+        DeviceAllocator::block_mappings(self, ptr)
+    }
+    fn record_stream(&self, ptr: u64, stream: CallerStream) -> Result<()> {
+        DeviceAllocator::record_stream(self, ptr, E::Stream::from_caller(stream))
+    }
+    fn empty_cache(&self) -> Result<u64> {
+        DeviceAllocator::empty_cache(self)
     }
     fn stats(&self) -> AllocatorStats {
         DeviceAllocator::stats(self)
     }
-    fn empty_cache(&self) -> Result<u64> {
-        DeviceAllocator::empty_cache(self)
+    fn device_stats(&self) -> DeviceStats {
+        DeviceAllocator::device_stats(self)
+    }
+    fn reset_peak_stats(&self) {
+        DeviceAllocator::reset_peak_stats(self)
+    }
+    fn reset_accumulated_stats(&self) {
+        DeviceAllocator::reset_accumulated_stats(self)
+    }
+    fn largest_block(&self) -> Result<u64> {
+        DeviceAllocator::largest_block(self)
+    }
+    fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
+        DeviceAllocator::set_memory_fraction(self, fraction)
+    }
+    fn memory_fraction(&self) -> f64 {
+        DeviceAllocator::memory_fraction(self)
+    }
+    fn begin_allocate_to_pool(&self, pool: PoolId) -> Result<()> {
+        DeviceAllocator::begin_allocate_to_pool(self, pool)
+    }
+    fn end_allocate_to_pool(&self, pool: PoolId) -> Result<()> {
+        DeviceAllocator::end_allocate_to_pool(self, pool)
+    }
+    fn release_pool(&self, pool: PoolId) -> Result<()> {
+        DeviceAllocator::release_pool(self, pool)
+    }
+    fn incref_pool(&self, pool: PoolId) -> Result<()> {
+        DeviceAllocator::incref_pool(self, pool)
+    }
+    fn pool_use_count(&self, pool: PoolId) -> u32 {
+        DeviceAllocator::pool_use_count(self, pool)
+    }
+    fn check_pool_live(&self, pool: PoolId, expected: &[u64]) -> Result<bool> {
+        DeviceAllocator::check_pool_live(self, pool, expected)
+    }
+    fn checkpoint_pool(&self, pool: PoolId) -> Result<u64> {
+        DeviceAllocator::checkpoint_pool(self, pool)
+    }
+    fn drop_checkpoint(&self, number: u64) {
+        DeviceAllocator::drop_checkpoint(self, number)
+    }
+    fn restore_checkpoint(&self, number: u64) -> Result<Restored> {
+        DeviceAllocator::restore_checkpoint(self, number)
+    }
+    fn record_history(&self, settings: HistorySettings, clear: bool) {
+        DeviceAllocator::record_history(self, settings, clear)
+    }
+    fn take_dead_contexts(&self, max: usize) -> Vec<u64> {
+        DeviceAllocator::take_dead_contexts(self, max)
+    }
+    fn snapshot(&self, pool: PoolId, trace: bool) -> Snapshot {
+        DeviceAllocator::snapshot(self, pool, trace)
     }
     fn explain(&self) -> Result<String> {
         DeviceAllocator::explain(self)
@@ -90,7 +199,7 @@ where
 
 /// Where devices come from.
 #[derive(Debug)]
-enum Backend {
+enum Source {
     /// The CUDA driver (or, built without `cuda`, nothing).
     Driver,
     /// Simulated devices of one host, each reaching every other's memory, for tests;
@@ -101,42 +210,34 @@ enum Backend {
     },
 }
 
-/// One device: its allocator, or why it has none.
-struct Slot {
-    allocator: Result<Box<dyn AnyDevice>>,
-    oom_reported: AtomicBool,
-    oom_messages: AtomicU64,
-}
+/// Virtual bytes each simulated device's ranges may span: past any reservation a
+/// simulated device of a test makes.
+const SIM_DEVICE_SPAN: u64 = 1 << 40;
 
-static BACKEND: OnceLock<Backend> = OnceLock::new();
-static SLOTS: [OnceLock<Slot>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
-static ERROR_MESSAGES: AtomicU64 = AtomicU64::new(0);
-static NO_CUDA_REPORTED: AtomicBool = AtomicBool::new(false);
+static SOURCE: OnceLock<Source> = OnceLock::new();
+static SLOTS: [OnceLock<Result<Box<dyn AnyDevice>>>; MAX_DEVICES] =
+    [const { OnceLock::new() }; MAX_DEVICES];
+/// The history settings of the last `record_history` for every device, which devices
+/// opened later take too.
+static HISTORY: Mutex<Option<HistorySettings>> = Mutex::new(None);
+/// Opened devices, one bit each, so calls for "every device" skip the rest quickly.
+static OPENED: AtomicU64 = AtomicU64::new(0);
 
 /// Makes the C functions serve `devices` simulated devices of `config` instead of the
 /// driver, for tests; returns each device's streams to complete work on. `None` when a
-/// backend was chosen already (by an earlier call of either kind).
+/// source was chosen already (by an earlier call of either kind).
 #[doc(hidden)]
 pub fn install_simulated(config: SimConfig, devices: usize) -> Option<Vec<SimStreams>> {
     let streams: Vec<SimStreams> = (0..devices.min(MAX_DEVICES))
         .map(|_| SimStreams::default())
         .collect();
-    BACKEND
-        .set(Backend::Simulated {
+    SOURCE
+        .set(Source::Simulated {
             config,
             streams: streams.clone(),
         })
         .ok()
         .map(|()| streams)
-}
-
-/// How many out-of-memory explanations device `device` has printed (at most one).
-#[doc(hidden)]
-pub fn oom_messages(device: i32) -> u64 {
-    slot_index(device)
-        .ok()
-        .and_then(|i| SLOTS.get(i)?.get())
-        .map_or(0, |slot| slot.oom_messages.load(Ordering::Relaxed))
 }
 
 fn slot_index(device: i32) -> Result<usize> {
@@ -146,30 +247,39 @@ fn slot_index(device: i32) -> Result<usize> {
         .ok_or(Error::BadDevice { device })
 }
 
-fn slot(device: i32) -> Result<&'static Slot> {
+/// The device's allocator, opened on first use; an error when it cannot be (the same
+/// error on every call).
+fn allocator(device: i32) -> Result<&'static dyn AnyDevice> {
     let index = slot_index(device)?;
-    let cell = SLOTS.get(index).ok_or(Error::BadDevice { device })?;
-    Ok(cell.get_or_init(|| {
-        let allocator = open(device);
-        if let Err(error) = &allocator {
-            let first =
-                !matches!(error, Error::NoCuda) || !NO_CUDA_REPORTED.swap(true, Ordering::Relaxed);
-            if first {
-                eprintln!("cudamem: device {device}: {error}");
+    let slot = SLOTS[index].get_or_init(|| {
+        let opened = open(device);
+        if let Ok(allocator) = &opened {
+            let history = *HISTORY.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(settings) = history {
+                allocator.record_history(settings, false);
             }
+            OPENED.fetch_or(1 << index, Ordering::AcqRel);
         }
-        Slot {
-            allocator,
-            oom_reported: AtomicBool::new(false),
-            oom_messages: AtomicU64::new(0),
-        }
-    }))
+        opened
+    });
+    match slot {
+        Ok(allocator) => Ok(allocator.as_ref()),
+        Err(error) => Err(error.clone()),
+    }
+}
+
+/// Every opened device's allocator.
+fn opened() -> impl Iterator<Item = &'static dyn AnyDevice> {
+    let bits = OPENED.load(Ordering::Acquire);
+    (0..MAX_DEVICES)
+        .filter(move |i| bits & (1 << i) != 0)
+        .filter_map(|i| SLOTS[i].get()?.as_ref().ok().map(|a| a.as_ref()))
 }
 
 fn open(device: i32) -> Result<Box<dyn AnyDevice>> {
     let settings = Settings::from_env()?;
-    match BACKEND.get_or_init(|| Backend::Driver) {
-        Backend::Simulated { config, streams } => {
+    match SOURCE.get_or_init(|| Source::Driver) {
+        Source::Simulated { config, streams } => {
             let index = slot_index(device)?;
             let events = streams
                 .get(index)
@@ -177,13 +287,38 @@ fn open(device: i32) -> Result<Box<dyn AnyDevice>> {
                 .ok_or(Error::BadDevice { device })?;
             let ordinal = u32::try_from(index).map_err(|_| Error::BadDevice { device })?;
             let count = u32::try_from(streams.len()).unwrap_or(u32::MAX);
-            let memory = SimDevice::on_host(*config, ordinal, PeerLinks::all(count));
-            Ok(Box::new(DeviceAllocator::new(
-                device, memory, events, &settings,
-            )?))
+            let mut memory = SimDevice::on_host(*config, ordinal, PeerLinks::all(count));
+            // The devices of one process share one virtual address space (what lets a
+            // free find its device by address): each simulated device's ranges start
+            // past the ranges of the devices before it.
+            let skipped = u64::from(ordinal) * SIM_DEVICE_SPAN;
+            if skipped > 0 {
+                ctx::DeviceMemory::reserve(&mut memory, skipped)?;
+            }
+            boxed(device, memory, events, &settings)
         }
-        Backend::Driver => open_driver(device, &settings),
+        Source::Driver => open_driver(device, &settings),
     }
+}
+
+fn boxed<D, E>(device: i32, memory: D, events: E, settings: &Settings) -> Result<Box<dyn AnyDevice>>
+where
+    D: crate::facts::DeviceFacts + 'static,
+    E: StreamEvents + 'static,
+    E::Stream: FromCaller,
+{
+    Ok(match settings.policy {
+        Policy::Tlsf => Box::new(DeviceAllocator::new(
+            device,
+            backing::tlsf_pool(memory, settings)?,
+            events,
+        )?),
+        Policy::Stitch => Box::new(DeviceAllocator::new(
+            device,
+            backing::stitched_pool(memory, settings)?,
+            events,
+        )?),
+    })
 }
 
 #[cfg(feature = "cuda")]
@@ -191,11 +326,10 @@ fn open_driver(device: i32, settings: &Settings) -> Result<Box<dyn AnyDevice>> {
     use ctx::{CudaContext, CudaDevice};
     let ordinal = u32::try_from(device).map_err(|_| Error::BadDevice { device })?;
     let context = CudaContext::new(ordinal)?;
-    let memory = CudaDevice::new(&context)?;
+    // Exportable handles: tensors can be shared with other processes.
+    let memory = CudaDevice::shareable(&context)?;
     let events = crate::cuda::CudaStreams::new(&context);
-    Ok(Box::new(DeviceAllocator::new(
-        device, memory, events, settings,
-    )?))
+    boxed(device, memory, events, settings)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -203,110 +337,160 @@ fn open_driver(_device: i32, _settings: &Settings) -> Result<Box<dyn AnyDevice>>
     Err(Error::NoCuda)
 }
 
-/// The device's allocator; an error when it could not be opened (reported then, once).
-fn allocator(device: i32) -> Result<&'static dyn AnyDevice, Option<Error>> {
-    match slot(device) {
-        Ok(slot) => match &slot.allocator {
-            Ok(allocator) => Ok(allocator.as_ref()),
-            Err(_) => Err(None),
-        },
-        Err(error) => Err(Some(error)),
-    }
-}
-
-/// Prints `error` unless too many were printed already.
-fn report(error: &Error) {
-    if ERROR_MESSAGES.fetch_add(1, Ordering::Relaxed) < MAX_ERROR_MESSAGES {
-        eprintln!("cudamem: {error}");
-    } else if ERROR_MESSAGES.load(Ordering::Relaxed) == MAX_ERROR_MESSAGES + 1 {
-        eprintln!("cudamem: more errors follow; not printed (cudamem_stats counts them)");
-    }
-}
-
-fn size_of(call: &'static str, device: i32, size: i64) -> Result<u64> {
-    u64::try_from(size).map_err(|_| Error::NegativeSize { call, device, size })
-}
-
-/// `cudamem_malloc`: a device address, or 0 after reporting why (out of memory: the
-/// ledger, once per device).
-pub fn malloc(size: i64, device: i32, stream: CallerStream) -> u64 {
-    let allocator = match allocator(device) {
-        Ok(allocator) => allocator,
-        Err(error) => {
-            error.inspect(report);
-            return 0;
-        }
-    };
-    let outcome =
-        size_of("cudamem_malloc", device, size).and_then(|size| allocator.allocate(size, stream));
-    match outcome {
-        Ok(ptr) => ptr,
-        Err(error @ Error::OutOfMemory { .. }) => {
-            if let Ok(slot) = slot(device) {
-                if !slot.oom_reported.swap(true, Ordering::Relaxed) {
-                    slot.oom_messages.fetch_add(1, Ordering::Relaxed);
-                    eprintln!("cudamem: {error}");
+/// The opened device that holds `ptr`: the one whose reservation holds it (devices of
+/// one process share one virtual address space), or, where reservations overlap (the
+/// simulated devices of tests), the one whose block it is.
+fn owner(ptr: u64) -> Result<(i32, &'static dyn AnyDevice)> {
+    let bits = OPENED.load(Ordering::Acquire);
+    let mut found = None;
+    for index in (0..MAX_DEVICES).filter(|i| bits & (1 << i) != 0) {
+        if let Some(Ok(allocator)) = SLOTS[index].get() {
+            if allocator.owns(ptr) {
+                let candidate = (index as i32, allocator.as_ref());
+                if found.is_some() {
+                    return overlapping_owner(ptr, bits);
                 }
+                found = Some(candidate);
             }
-            0
-        }
-        Err(error) => {
-            report(&error);
-            0
         }
     }
+    found.ok_or(Error::UnknownPointer { ptr })
 }
 
-/// `cudamem_free`: frees, or reports why not.
-pub fn free(ptr: u64, size: i64, device: i32, stream: CallerStream) {
-    let outcome = match allocator(device) {
-        Ok(allocator) => {
-            size_of("cudamem_free", device, size).and_then(|size| allocator.free(ptr, size, stream))
-        }
-        Err(error) => {
-            error.inspect(report);
-            return;
-        }
-    };
-    if let Err(error) = outcome {
-        report(&error);
-    }
+fn overlapping_owner(ptr: u64, bits: u64) -> Result<(i32, &'static dyn AnyDevice)> {
+    (0..MAX_DEVICES)
+        .filter(|i| bits & (1 << i) != 0)
+        .filter_map(|i| Some((i as i32, SLOTS[i].get()?.as_ref().ok()?.as_ref())))
+        .find(|(_, a)| a.owns(ptr) && a.block_of(ptr).is_ok())
+        .ok_or(Error::UnknownPointer { ptr })
 }
 
-/// `cudamem_stats`: the device's figures; `None` (reported) when it has no allocator.
-pub fn stats(device: i32) -> Option<AllocatorStats> {
-    match allocator(device) {
-        Ok(allocator) => Some(allocator.stats()),
-        Err(error) => {
-            error.inspect(report);
-            None
-        }
-    }
+/// Whether `device` has an allocator (was opened, successfully).
+pub fn is_open(device: i32) -> bool {
+    slot_index(device).is_ok_and(|i| matches!(SLOTS[i].get(), Some(Ok(_))))
 }
 
-/// `cudamem_empty_cache`: every opened device gives back what it can; returns the bytes
+/// Serves a request on `device`.
+pub fn allocate(device: i32, request: CallerRequest) -> Result<Outcome> {
+    allocator(device)?.allocate(request)
+}
+
+/// Frees `ptr` on the device that owns it; returns the device too.
+pub fn free(ptr: u64, context: u64) -> Result<(i32, Outcome)> {
+    let (device, allocator) = owner(ptr)?;
+    Ok((device, allocator.free(ptr, context)?))
+}
+
+/// The block holding `ptr`: `(device, first byte, bytes)`.
+pub fn block_of(ptr: u64) -> Result<(i32, u64, u64)> {
+    let (device, allocator) = owner(ptr)?;
+    let (base, bytes) = allocator.block_of(ptr)?;
+    Ok((device, base, bytes))
+}
+
+/// The physical mappings backing the block at `ptr`.
+pub fn block_mappings(ptr: u64) -> Result<Vec<(u64, u64)>> {
+    owner(ptr)?.1.block_mappings(ptr)
+}
+
+/// `stream` uses the block at `ptr` too.
+pub fn record_stream(ptr: u64, stream: CallerStream) -> Result<()> {
+    owner(ptr)?.1.record_stream(ptr, stream)
+}
+
+/// Empties the cache of `device`, or of every opened device (`None`); the mapped bytes
 /// given back.
-pub fn empty_cache() -> u64 {
-    let mut given_back = 0;
-    for slot in SLOTS.iter().filter_map(OnceLock::get) {
-        if let Ok(allocator) = &slot.allocator {
-            match allocator.empty_cache() {
-                Ok(bytes) => given_back += bytes,
-                Err(error) => report(&error),
-            }
-        }
+pub fn empty_cache(device: Option<i32>) -> Result<u64> {
+    match device {
+        Some(device) => allocator(device)?.empty_cache(),
+        None => opened().map(|a| a.empty_cache()).sum(),
     }
-    given_back
 }
 
-/// `cudamem_explain`: the device's ledger as text.
-pub fn explain(device: i32) -> Result<String> {
-    match allocator(device) {
-        Ok(allocator) => allocator.explain(),
-        Err(Some(error)) => Err(error),
-        Err(None) => match slot(device).map(|slot| &slot.allocator) {
-            Ok(Err(error)) => Err(error.clone()),
-            _ => Err(Error::BadDevice { device }),
-        },
+/// Records history on `device`, or on every device now and later (`None`).
+pub fn record_history(device: Option<i32>, settings: HistorySettings, clear: bool) -> Result<()> {
+    match device {
+        Some(device) => allocator(device)?.record_history(settings, clear),
+        None => {
+            *HISTORY.lock().unwrap_or_else(PoisonError::into_inner) = Some(settings);
+            opened().for_each(|a| a.record_history(settings, clear));
+        }
     }
+    Ok(())
+}
+
+/// The stack numbers no device holds any more, up to `max`, from every opened device.
+pub fn take_dead_contexts(max: usize) -> Vec<u64> {
+    let mut out = Vec::new();
+    for allocator in opened() {
+        if out.len() >= max {
+            break;
+        }
+        out.extend(allocator.take_dead_contexts(max - out.len()));
+    }
+    out
+}
+
+macro_rules! per_device {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(device: i32, $($arg: $ty),*) -> Result<$out> {
+                Ok(allocator(device)?.$name($($arg),*))
+            }
+        )*
+    };
+}
+
+macro_rules! per_device_fallible {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(device: i32, $($arg: $ty),*) -> Result<$out> {
+                allocator(device)?.$name($($arg),*)
+            }
+        )*
+    };
+}
+
+per_device! {
+    /// The device's figures for `cudamem_stats`.
+    stats() -> AllocatorStats;
+    /// PyTorch's figures of the device.
+    device_stats() -> DeviceStats;
+    /// Resets the device's peaks.
+    reset_peak_stats() -> ();
+    /// Resets the device's accumulated counts.
+    reset_accumulated_stats() -> ();
+    /// The memory fraction of the device.
+    memory_fraction() -> f64;
+    /// The use count of a private pool.
+    pool_use_count(pool: PoolId) -> u32;
+    /// Forgets a checkpoint.
+    drop_checkpoint(number: u64) -> ();
+    /// The device's memory as a snapshot shows it.
+    snapshot(pool: PoolId, trace: bool) -> Snapshot;
+}
+
+per_device_fallible! {
+    /// The largest block the device could hand out now.
+    largest_block() -> u64;
+    /// Caps the device's pool at a fraction of its memory.
+    set_memory_fraction(fraction: f64) -> ();
+    /// Diverts allocations to a private pool.
+    begin_allocate_to_pool(pool: PoolId) -> ();
+    /// Stops diverting allocations to a private pool.
+    end_allocate_to_pool(pool: PoolId) -> ();
+    /// One user of a private pool fewer.
+    release_pool(pool: PoolId) -> ();
+    /// One user of a private pool more.
+    incref_pool(pool: PoolId) -> ();
+    /// Whether a private pool's live blocks are exactly these.
+    check_pool_live(pool: PoolId, expected: &[u64]) -> bool;
+    /// A checkpoint of a private pool.
+    checkpoint_pool(pool: PoolId) -> u64;
+    /// Restores a checkpoint.
+    restore_checkpoint(number: u64) -> Restored;
+    /// The device's ledger as text.
+    explain() -> String;
 }

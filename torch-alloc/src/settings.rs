@@ -1,26 +1,30 @@
 //! What a user chooses through the environment: the pool policy, its growth step and
 //! the peer devices its memory is granted to.
 
-use ctx::{CompactionPolicy, Growth, PeerSet, PoolConfig};
+use ctx::{CompactionPolicy, Growth, PeerSet, PoolConfig, StitchConfig, StitchedConfig};
 
 use crate::error::{Error, Result, cut};
 
 /// The pool behind the allocator (`CUDAMEM_POLICY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// `tlsf`, the default: ctx's VMM pool (TLSF over one reserved range), never
-    /// moving a block, so the pointers PyTorch holds stay valid.
+    /// `tlsf`, the default: ctx's VMM pool (TLSF over one reserved range, mapped from
+    /// its start), never moving a block, so the pointers PyTorch holds stay valid.
     Tlsf,
+    /// `stitch`: ctx's stitched pool, physical handles mapped wherever the blocks
+    /// are; gives back every idle page.
+    Stitch,
 }
 
 impl Policy {
     /// Every policy's name, for messages.
-    pub const KNOWN: &'static str = "tlsf";
+    pub const KNOWN: &'static str = "tlsf, stitch";
 
     /// The policy called `name`.
     pub fn parse(name: &str) -> Result<Self> {
         match name.trim() {
             "tlsf" => Ok(Policy::Tlsf),
+            "stitch" => Ok(Policy::Stitch),
             other => Err(Error::UnknownPolicy {
                 value: cut(other),
                 known: Self::KNOWN,
@@ -92,19 +96,32 @@ impl Peers {
 pub struct Settings {
     /// Which pool.
     pub policy: Policy,
-    /// The fewest bytes the pool maps at once (`CUDAMEM_MIN_GROWTH`), bytes; rounded up
-    /// to whole device pages by the pool.
+    /// The fewest bytes the TLSF pool maps at once (`CUDAMEM_MIN_GROWTH`), bytes;
+    /// rounded up to whole device pages by the pool. The stitched pool sizes its
+    /// handles itself.
     ///
     /// The default, one 2 MiB page, maps exactly what requests need: the smallest
     /// footprint. A larger step makes fewer driver calls (each growth is a
     /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, whatever its size) and so a
     /// faster warm-up, at the price of holding up to one step more than needed.
     pub min_growth_bytes: u64,
-    /// The pool's [`PoolConfig::growth_divisor`] (`CUDAMEM_GROWTH_DIVISOR`).
+    /// The TLSF pool's [`PoolConfig::growth_divisor`] (`CUDAMEM_GROWTH_DIVISOR`).
     pub growth_divisor: u32,
     /// The devices each pool grants access to (`CUDAMEM_PEERS`), resolved per device by
     /// [`Peers::resolve`].
     pub peers: Peers,
+}
+
+impl Default for Settings {
+    /// What an empty environment says: the TLSF pool, 2 MiB growth, no peers.
+    fn default() -> Self {
+        Self {
+            policy: Policy::Tlsf,
+            min_growth_bytes: Self::DEFAULT_MIN_GROWTH_BYTES,
+            growth_divisor: Self::DEFAULT_GROWTH_DIVISOR,
+            peers: Peers::Devices(PeerSet::NONE),
+        }
+    }
 }
 
 impl Settings {
@@ -144,7 +161,8 @@ impl Settings {
     /// use cudamem_torch::{Policy, Settings};
     /// let s = Settings::parse(None, Some("64M"))?;
     /// assert_eq!((s.policy, s.min_growth_bytes), (Policy::Tlsf, 64 << 20));
-    /// assert!(Settings::parse(Some("stitch"), None).is_err());
+    /// assert_eq!(Settings::parse(Some("stitch"), None)?.policy, Policy::Stitch);
+    /// assert!(Settings::parse(Some("buddy"), None).is_err());
     /// # Ok::<(), cudamem_torch::Error>(())
     /// ```
     pub fn parse(policy: Option<&str>, min_growth: Option<&str>) -> Result<Self> {
@@ -162,24 +180,37 @@ impl Settings {
         Ok(Settings {
             policy,
             min_growth_bytes,
-            growth_divisor: Self::DEFAULT_GROWTH_DIVISOR,
-            peers: Peers::Devices(PeerSet::NONE),
+            ..Settings::default()
         })
     }
 
-    /// The pool configuration for a device whose reservation is `reserve_bytes` and
-    /// whose memory `peers` may read and write too.
+    /// The TLSF pool's configuration for a device whose reservation is
+    /// `reserve_bytes` and whose memory `peers` may read and write too.
     pub fn pool_config(&self, reserve_bytes: u64, peers: PeerSet) -> PoolConfig {
-        match self.policy {
-            Policy::Tlsf => PoolConfig {
-                growth: Growth::Vmm,
-                compaction: CompactionPolicy::Never,
-                reserve_bytes,
-                max_bytes: u64::MAX,
-                min_growth_bytes: self.min_growth_bytes,
-                growth_divisor: self.growth_divisor,
-                peers,
-            },
+        PoolConfig {
+            growth: Growth::Vmm,
+            compaction: CompactionPolicy::Never,
+            reserve_bytes,
+            max_bytes: u64::MAX,
+            min_growth_bytes: self.min_growth_bytes,
+            growth_divisor: self.growth_divisor,
+            peers,
+        }
+    }
+
+    /// The stitched pool's configuration for a device with `capacity_bytes` free for
+    /// it and whose memory `peers` may read and write too: ctx's default reservation
+    /// and memcore's default policy, creating no handle past the capacity (large
+    /// handles fall back to pages near it).
+    pub fn stitched_config(&self, capacity_bytes: u64, peers: PeerSet) -> StitchedConfig {
+        let stitch = StitchConfig {
+            capacity_bytes,
+            ..StitchConfig::default()
+        };
+        StitchedConfig {
+            peers,
+            stitch,
+            ..StitchedConfig::default()
         }
     }
 }
@@ -194,7 +225,7 @@ mod tests {
         let err = Settings::parse(Some(&long), None).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("CUDAMEM_POLICY"), "{text}");
-        assert!(text.contains("known: tlsf"), "{text}");
+        assert!(text.contains("known: tlsf, stitch"), "{text}");
         assert!(text.len() < 150, "{text}");
         let err = Settings::parse(None, Some("big")).unwrap_err();
         assert!(

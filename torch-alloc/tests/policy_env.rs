@@ -1,59 +1,121 @@
-//! `CUDAMEM_POLICY` and `CUDAMEM_GROWTH_DIVISOR` read by the C functions: an unknown
-//! policy or a divisor that is not a number refuses every call with one message. The outer test runs the inner one in a child process with the variable
-//! set, since the environment and the registry are process-wide.
+//! `CUDAMEM_POLICY` and `CUDAMEM_GROWTH_DIVISOR` read by the C functions, on a
+//! simulated device: the policy picks the pool, a bad policy or growth divisor refuses
+//! every call with its message. The outer tests run the inner one in a child process
+//! with the variable set, since the environment and the registry are process-wide.
 
+use std::ffi::{c_char, c_void};
 use std::process::Command;
 
 use ctx::SimConfig;
-use cudamem_torch::ffi::{cudamem_malloc, cudamem_stats};
+use cudamem_torch::ffi::{
+    CUDAMEM_OK, CudamemOutcome, CudamemRequest, cudamem_allocate, cudamem_free, cudamem_last_error,
+    cudamem_stats,
+};
 use cudamem_torch::{AllocatorStats, registry};
 
-/// Serves or refuses as `CUDAMEM_POLICY` in this process says.
-#[test]
-fn inner_malloc_follows_the_policy_variable() {
-    registry::install_simulated(SimConfig::small(16 << 20), 1).expect("first C call");
-    let unknown = std::env::var("CUDAMEM_POLICY").is_ok_and(|p| p != "tlsf")
-        || std::env::var("CUDAMEM_GROWTH_DIVISOR").is_ok_and(|d| d.parse::<u32>().is_err());
-    for _ in 0..3 {
-        // SAFETY: the simulated backend only compares stream handles.
-        let ptr = unsafe { cudamem_malloc(4096, 0, std::ptr::null_mut()) };
-        assert_eq!(ptr.is_null(), unknown);
-    }
-    let mut out = AllocatorStats::default();
-    // SAFETY: `out` is a live, writable AllocatorStats.
-    let code = unsafe { cudamem_stats(0, &mut out) };
-    assert_eq!(code, if unknown { -1 } else { 0 });
+const MIB: u64 = 1 << 20;
+
+fn last_error() -> String {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `buf` holds 4096 writable bytes.
+    let n = unsafe { cudamem_last_error(buf.as_mut_ptr().cast::<c_char>(), buf.len()) };
+    buf.truncate((n as usize).min(4095));
+    String::from_utf8_lossy(&buf).into_owned()
 }
 
-/// The inner test, run again with `name=value`; its stderr.
-fn inner_with(name: &str, value: &str) -> String {
+fn allocate(device: i32, size: u64) -> Result<u64, String> {
+    let request = CudamemRequest {
+        size,
+        stream: std::ptr::null_mut(),
+        pool_first: 0,
+        pool_second: 0,
+        capturing: 0,
+        context: 0,
+    };
+    let mut out = CudamemOutcome::default();
+    // SAFETY: both structs are live; the simulated backend only compares streams.
+    match unsafe { cudamem_allocate(device, &request, &mut out) } {
+        CUDAMEM_OK => Ok(out.ptr),
+        _ => Err(last_error()),
+    }
+}
+
+/// Allocates twice on every device of a host of `ENV_TEST_DEVICES` devices (1 when
+/// unset) and prints, per device, `device D: mapped M, G grants` or
+/// `device D: refused: <message>`.
+#[test]
+fn inner_every_device_allocates() {
+    let devices = std::env::var("ENV_TEST_DEVICES")
+        .ok()
+        .and_then(|n| n.parse::<i32>().ok())
+        .unwrap_or(1);
+    registry::install_simulated(SimConfig::small(64 * MIB), devices as usize)
+        .expect("first C call");
+    for device in 0..devices {
+        // Two sizes past the TLSF pool's 2 MiB step: two growths, two mappings.
+        let (a, b) = match (allocate(device, 3 * MIB), allocate(device, 5 * MIB)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(message), _) | (_, Err(message)) => {
+                println!("device {device}: refused: {message}");
+                continue;
+            }
+        };
+        let mut out = AllocatorStats::default();
+        // SAFETY: `out` is a live, writable AllocatorStats.
+        assert_eq!(unsafe { cudamem_stats(device, &mut out) }, CUDAMEM_OK);
+        println!(
+            "device {device}: mapped {}, {} grants",
+            out.mapped_bytes / MIB,
+            out.peer_access_calls
+        );
+        for ptr in [a, b] {
+            // SAFETY: a pointer this device handed out; a null out is allowed.
+            let code = unsafe { cudamem_free(ptr as *mut c_void, 0, std::ptr::null_mut()) };
+            assert_eq!(code, CUDAMEM_OK);
+        }
+    }
+}
+
+/// The inner test's stdout with `ENV_TEST_DEVICES=devices` and `vars` set.
+fn run(devices: u32, vars: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().expect("the test binary");
     let output = Command::new(exe)
-        .args([
-            "--exact",
-            "inner_malloc_follows_the_policy_variable",
-            "--nocapture",
-        ])
-        .env(name, value)
+        .args(["--exact", "inner_every_device_allocates", "--nocapture"])
+        .env("ENV_TEST_DEVICES", devices.to_string())
+        .envs(vars.iter().copied())
         .output()
         .expect("run the test binary again");
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(output.status.success(), "{stderr}");
-    stderr
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    stdout
 }
 
 #[test]
-fn a_growth_divisor_is_a_number_or_refused_with_one_message() {
-    let stderr = inner_with("CUDAMEM_GROWTH_DIVISOR", "sixteen");
-    let message = "CUDAMEM_GROWTH_DIVISOR=\"sixteen\" is not a whole number";
-    assert_eq!(stderr.matches(message).count(), 1, "{stderr}");
-    let stderr = inner_with("CUDAMEM_GROWTH_DIVISOR", "16");
-    assert!(!stderr.contains("CUDAMEM_GROWTH_DIVISOR"), "{stderr}");
+fn the_policy_variable_picks_the_pool_or_is_refused() {
+    let tlsf = run(1, &[("CUDAMEM_POLICY", "tlsf")]);
+    assert!(tlsf.contains("device 0: mapped 8, 0 grants"), "{tlsf}");
+    let stitch = run(1, &[("CUDAMEM_POLICY", "stitch")]);
+    assert!(
+        stitch.contains("device 0: mapped 32, 0 grants"),
+        "one large handle holds both: {stitch}"
+    );
+    let unknown = run(1, &[("CUDAMEM_POLICY", "buddy")]);
+    assert!(
+        unknown.contains(
+            "refused: cudamem: CUDAMEM_POLICY=\"buddy\" is not a policy; known: tlsf, stitch"
+        ),
+        "{unknown}"
+    );
 }
 
 #[test]
-fn an_unknown_policy_refuses_with_one_message() {
-    let stderr = inner_with("CUDAMEM_POLICY", "stitch");
-    let message = "CUDAMEM_POLICY=\"stitch\" is not a policy; known: tlsf";
-    assert_eq!(stderr.matches(message).count(), 1, "{stderr}");
+fn a_growth_divisor_is_a_number_or_refused() {
+    let bad = run(1, &[("CUDAMEM_GROWTH_DIVISOR", "sixteen")]);
+    assert!(
+        bad.contains("CUDAMEM_GROWTH_DIVISOR=\"sixteen\" is not a whole number"),
+        "{bad}"
+    );
+    let good = run(1, &[("CUDAMEM_GROWTH_DIVISOR", "16")]);
+    assert!(good.contains("device 0: mapped"), "{good}");
 }

@@ -63,13 +63,20 @@ pub struct CudaDevice {
     /// Handles made by `create_physical` and not released, with their bytes and whether
     /// they are mapped (then `space` holds the mapping).
     physical: HashMap<CUmemGenericAllocationHandle, (u64, bool)>,
+    /// Whether handles are made exportable ([`CudaDevice::shareable`]).
+    shareable: bool,
 }
 
-/// Pinned device memory on `device`, the only kind this backend creates.
-fn allocation_prop(device: CUdevice) -> CUmemAllocationProp {
+/// Pinned device memory on `device`, the only kind this backend creates;
+/// `shareable`: each handle can be exported as a POSIX file descriptor (CUDA IPC).
+fn allocation_prop(device: CUdevice, shareable: bool) -> CUmemAllocationProp {
     CUmemAllocationProp {
         type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        requestedHandleTypes: if shareable {
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        },
         location: CUmemLocation {
             type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: device,
@@ -83,10 +90,21 @@ impl CudaDevice {
     /// Device memory of `context`'s device. Reads whether the device supports VMM and,
     /// if so, its minimum VMM granularity.
     pub fn new(context: &CudaContext) -> Result<Self> {
+        Self::open(context, false)
+    }
+
+    /// As [`CudaDevice::new`], every physical handle made exportable as a POSIX file
+    /// descriptor (`cuMemExportToShareableHandle`), so another process can map it:
+    /// what CUDA IPC of the memory needs.
+    pub fn shareable(context: &CudaContext) -> Result<Self> {
+        Self::open(context, true)
+    }
+
+    fn open(context: &CudaContext, shareable: bool) -> Result<Self> {
         context.bind()?;
         let vmm = context.supports_vmm()?;
         let granularity = if vmm {
-            let prop = allocation_prop(context.raw_device());
+            let prop = allocation_prop(context.raw_device(), shareable);
             let mut bytes = 0usize;
             // SAFETY: `bytes` is a valid out-pointer and `prop` a fully initialised
             // allocation description that outlives the call.
@@ -116,6 +134,7 @@ impl CudaDevice {
             copies: CopyQueue::new(context),
             reachable_peers: PeerSet::NONE,
             physical: HashMap::new(),
+            shareable,
         })
     }
 
@@ -225,7 +244,7 @@ impl DeviceMemory for CudaDevice {
         }
         let bytes = size_t("cuMemCreate", size)?;
         self.context.bind()?;
-        let prop = allocation_prop(self.context.raw_device());
+        let prop = allocation_prop(self.context.raw_device(), self.shareable);
         let mut handle: CUmemGenericAllocationHandle = 0;
         // SAFETY: `handle` is a valid out-pointer, `prop` a fully initialised description
         // outliving the call, `bytes` a multiple of the granularity; flags must be 0.

@@ -74,6 +74,18 @@ impl PoolMemory {
         }
     }
 
+    /// What the pool holds, `(address, bytes)` by address: each mapping (VMM,
+    /// one physical handle each) or chunk.
+    pub(super) fn held(&self) -> Vec<(u64, u64)> {
+        match self {
+            Self::Vmm { segments, .. } => segments
+                .iter()
+                .filter_map(|s| Some((s.mapped_at()?, s.bytes())))
+                .collect(),
+            Self::Chunks { chunks, .. } => chunks.iter().map(|e| (e.offset, e.size)).collect(),
+        }
+    }
+
     /// Device address of the reservation's first byte (VMM); `None` for
     /// chunks.
     pub(super) fn reservation_start(&self) -> Option<u64> {

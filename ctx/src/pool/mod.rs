@@ -346,6 +346,13 @@ impl<D: DeviceMemory> Pool<D> {
         self.lock().reservation_start()
     }
 
+    /// What the pool holds from the device, `(address, bytes)` sorted by
+    /// address: each mapping ([`Growth::Vmm`], one physical handle each, the
+    /// unit a handle is exported or shared in) or chunk.
+    pub fn mappings(&self) -> Vec<(u64, u64)> {
+        self.lock().mappings()
+    }
+
     /// The configuration the pool was made with.
     pub fn config(&self) -> PoolConfig {
         self.lock().state.config
@@ -426,6 +433,11 @@ impl<D: DeviceMemory> PoolGuard<'_, D> {
     /// See [`Pool::reservation_start`].
     pub fn reservation_start(&self) -> Option<u64> {
         self.state.reservation_start()
+    }
+
+    /// See [`Pool::mappings`].
+    pub fn mappings(&self) -> Vec<(u64, u64)> {
+        self.state.mappings()
     }
 
     /// The device, to read its figures. Changing its memory behind the

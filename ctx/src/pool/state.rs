@@ -402,6 +402,10 @@ impl<D: DeviceMemory> PoolState<D> {
         Ok(released)
     }
 
+    pub(super) fn mappings(&self) -> Vec<(u64, u64)> {
+        self.memory.held()
+    }
+
     pub(super) fn reservation_start(&self) -> Option<u64> {
         self.memory.reservation_start()
     }

@@ -207,6 +207,34 @@ impl<D: DeviceMemory> StitchedPool<D> {
         state.live.iter().map(|(&ptr, b)| (ptr, b.size)).collect()
     }
 
+    /// Every handle the pool has mapped now, as `(address, bytes)` sorted by
+    /// address: the unit a handle is exported or shared in.
+    pub fn mappings(&self) -> Vec<(u64, u64)> {
+        let state = self.lock();
+        let mut mapped: Vec<(u64, u64)> = state
+            .stitch
+            .handles()
+            .filter_map(|h| h.mapped_at)
+            .map(|e| (state.mirror.base + e.offset, e.size))
+            .collect();
+        mapped.sort_unstable();
+        mapped
+    }
+
+    /// The device address ranges the pool has mapped now, as `(address,
+    /// bytes)`, sorted by address, adjacent mappings merged into one range:
+    /// where a memory snapshot shows the pool's segments.
+    pub fn mapped_runs(&self) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (addr, bytes) in self.mappings() {
+            match runs.last_mut() {
+                Some((start, size)) if *start + *size == addr => *size += bytes,
+                _ => runs.push((addr, bytes)),
+            }
+        }
+        runs
+    }
+
     /// Runs `f` on the device under the pool's lock (to read or write what
     /// an allocation holds).
     pub fn with_device<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
