@@ -40,6 +40,7 @@ pub struct Cli {
 pub enum Command {
     /// Replay allocation traces through allocation policies (with no trace:
     /// the built-in ResNet-50 trace, and an HTML report).
+    #[command(after_long_help = crate::report::summary::columns_help())]
     Replay(replay_command::ReplayArgs),
     /// What a CUDA context costs before the first allocation, item by item.
     Explain(explain::ExplainArgs),

@@ -3,6 +3,7 @@
 //! (charts.rs draws them).
 
 mod charts;
+pub mod conclusion;
 pub mod memory_map;
 pub mod summary;
 
