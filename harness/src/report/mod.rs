@@ -14,11 +14,11 @@ use plotters::style::RGBColor;
 use crate::replay::policy::FOOTPRINT_RULE;
 use crate::replay::{Outcome, Placement, PolicySpec, Settings};
 use crate::report::charts::{
-    LIVE_COLOR, MAPPED_COLOR, OCCUPANCY_SHADES, curve_color, footprint_chart, memory_map_chart,
-    overhead_chart,
+    LIVE_COLOR, MAPPED_COLOR, OCCUPANCY_SHADES, TimeAxis, curve_color, footprint_chart,
+    memory_map_chart, overhead_chart,
 };
-use crate::report::memory_map::Raster;
-use crate::report::summary::TraceSummary;
+use crate::report::memory_map::{AddressBands, Raster};
+use crate::report::summary::{COLUMNS, DRIVER_TIME_NOTE, PolicySummary, TraceSummary};
 use crate::trace::Trace;
 
 /// Memory-map raster: time buckets by address buckets. 240 x 120 cells at
@@ -52,13 +52,17 @@ pub struct FootprintCurve<'a> {
 pub fn page(title: &str, body: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n\
-         <style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}}\
+         <style>body{{font-family:sans-serif;font-size:16px;max-width:1000px;margin:2em auto;color:#222}}\
+         .conclusion{{background:#eef6ee;border-left:5px solid #0a7f3f;padding:.6em 1em;margin:1em 0}}\
+         td.group{{text-align:left;font-weight:bold;background:#f4f4f4}}dt{{font-weight:bold}}\
+         .map{{position:relative}}.map svg{{cursor:crosshair;max-width:100%;height:auto}}\
+         .tip{{font-size:14px;min-height:1.4em;color:#333;margin:0 0 .3em 80px}}\
          table{{border-collapse:collapse}}td,th{{padding:2px 10px;text-align:right;border-bottom:1px solid #ddd}}\
          th:first-child,td:first-child{{text-align:left}}svg{{display:block;margin:1em 0 .3em}}\
          .legend{{margin:0 0 1.5em 70px;line-height:1.8}}.legend span{{display:inline-block;margin-right:1.4em;white-space:nowrap}}\
          .legend i{{display:inline-block;width:24px;height:3px;vertical-align:middle;margin-right:.4em}}\
          .legend i.box{{width:14px;height:14px;border:1px solid #999}}</style>\n\
-         </head><body>\n<h1>{title}</h1>\n{body}</body></html>\n",
+         </head><body>\n<h1>{title}</h1>\n{body}<script>{MAP_SCRIPT}</script></body></html>\n",
         title = escape(title)
     )
 }
@@ -126,8 +130,19 @@ pub fn replay_page(traces: &[TraceReport<'_>], settings: &Settings) -> Result<St
             policies.push(outcome.policy);
         }
     }
-    let mut body = format!("<p>{}</p>\n", escape(FOOTPRINT_RULE));
+    let mut body =
+        String::from("<div class=\"conclusion\" id=\"conclusion\"><h2>What you can do</h2>\n");
+    for report in traces {
+        body += &format!(
+            "<p><b>{}</b>: {}</p>\n",
+            escape(&report.summary.trace),
+            escape(&report.summary.conclusion.join(" "))
+        );
+    }
+    body += "</div>\n";
+    body += &format!("<p>{}</p>\n", escape(FOOTPRINT_RULE));
     body += &policies_section(&policies, settings);
+    body += &columns_section();
     for report in traces {
         body += &trace_section(report)?;
     }
@@ -148,28 +163,7 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
             .map(|bytes| format!(", fixed arena of {}", human(bytes)))
             .unwrap_or_default()
     );
-    html += "<table><tr><th>policy</th><th>peak footprint</th><th>footprint / live</th>\
-             <th>compaction moved</th><th>failed allocations</th><th>ns per op</th></tr>\n";
-    for policy in &summary.policies {
-        html += &format!(
-            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{:.0}</td></tr>\n",
-            policy.name,
-            human(policy.peak_footprint_bytes),
-            policy.footprint_ratio,
-            human(policy.compaction_bytes_moved),
-            policy.failed_allocations,
-            policy.ns_per_op
-        );
-    }
-    if let Some(recorded) = &summary.pytorch_recorded {
-        html += &format!(
-            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>-</td><td>-</td><td>-</td></tr>\n",
-            recorded.name,
-            human(recorded.peak_reserved_bytes),
-            recorded.footprint_ratio
-        );
-    }
-    html += "</table>\n";
+    html += &figures_table(summary);
     if summary.unknown_frees > 0 {
         html += &format!(
             "<p>{} frees of blocks allocated before the trace began: taken as live from the first event.</p>\n",
@@ -209,6 +203,7 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
         .collect();
     curves.extend(report.extra_curves.iter().copied());
     let live = report.trace.live_bytes_curve();
+    let axis = TimeAxis::new(&report.trace.clock, report.trace.events.len());
     let curve_legend = |live_name: &str| {
         let mut entries: Vec<(String, RGBColor, Swatch)> = curves
             .iter()
@@ -219,7 +214,9 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
         legend(&entries)
     };
     html += "<h3>Footprint and live bytes over the trace</h3>\n";
-    html += &footprint_chart(&curves, &live, span)?;
+    html += "<h3>Peak footprint</h3>\n";
+    html += &peak_bars(&curves, summary.peak_live_bytes);
+    html += &footprint_chart(&curves, &live, span, &axis)?;
     html += &curve_legend("live bytes");
     html += &format!(
         "<h3>Overhead over the trace</h3>\n<p>What each policy had mapped above the highest live \
@@ -228,7 +225,7 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
          the table's footprint / live minus 1.</p>\n",
         human(summary.peak_live_bytes)
     );
-    html += &overhead_chart(&curves, &live, summary.peak_live_bytes)?;
+    html += &overhead_chart(&curves, &live, summary.peak_live_bytes, &axis)?;
     html += &curve_legend("0%: the peak live bytes so far");
     let same: Vec<String> = coinciding(&curves)
         .iter()
@@ -253,29 +250,348 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
         escape(MEMORY_MAP_INTRO)
     );
     for (outcome, placement) in &report.policies {
+        let bands = if outcome.policy.contiguous {
+            AddressBands::default()
+        } else {
+            AddressBands::of(placement, &sizes)
+        };
+        let map_span = span.max(bands.span());
         let raster = Raster::new(
             placement,
+            &bands,
             &lifetimes,
             &sizes,
             report.trace.events.len(),
-            span,
+            map_span,
             MAP_COLUMNS,
             MAP_ROWS,
         );
         html += &format!("<h3>Memory map: {}</h3>\n", outcome.policy.name);
         if !outcome.policy.contiguous {
             html += VIRTUAL_MAP_NOTE;
+            let cuts: Vec<String> = bands
+                .starts()
+                .iter()
+                .skip(1)
+                .map(|&(at, from)| {
+                    format!(
+                        "from {} up: virtual addresses from {}",
+                        human(at),
+                        human(from)
+                    )
+                })
+                .collect();
+            if !cuts.is_empty() {
+                html += &format!(
+                    "<p>The empty virtual addresses between its ranges are cut out: {}.</p>\n",
+                    escape(&cuts.join("; "))
+                );
+            }
         }
-        html += &memory_map_chart(&raster, placement, report.trace.events.len(), span)?;
+        let (svg, frame) = memory_map_chart(
+            &raster,
+            placement,
+            report.trace.events.len(),
+            map_span,
+            &axis,
+            if outcome.policy.contiguous {
+                "address"
+            } else {
+                "virtual address, gaps cut"
+            },
+        )?;
+        let blocks = hover_blocks(placement, &bands, &lifetimes, &sizes, &axis, frame.unit);
+        html += &format!(
+            "<div class=\"map\" data-px0=\"{}\" data-px1=\"{}\" data-py0=\"{}\" data-py1=\"{}\" \
+             data-x1=\"{}\" data-y1=\"{}\" data-unit=\"{}\" data-time=\"{}\" data-blocks=\"{}\">\
+             <div class=\"tip\">{MAP_HINT}</div>{svg}</div>\n",
+            frame.px.0,
+            frame.px.1,
+            frame.py.0,
+            frame.py.1,
+            frame.x.1,
+            frame.y.1,
+            frame.unit,
+            axis.is_time(),
+            escape(&blocks)
+        );
         html += &memory_map_key();
     }
     Ok(html)
 }
 
+/// The text over a map before the pointer is on it.
+const MAP_HINT: &str = "Point at a block for its size and lifetime; scroll to zoom, drag to \
+pan, double-click to reset.";
+
+/// What each map's pointer shows and how it zooms: reads the plotting
+/// area and the largest blocks from the map's data attributes.
+const MAP_SCRIPT: &str = r#"
+document.querySelectorAll('.map').forEach(function (box) {
+  var svg = box.querySelector('svg'), tip = box.querySelector('.tip'), d = box.dataset;
+  var blocks = JSON.parse(d.blocks), full = [0, 0, +svg.getAttribute('width'), +svg.getAttribute('height')];
+  var view = full.slice(), drag = null, hint = tip.textContent;
+  svg.setAttribute('viewBox', view.join(' '));
+  function size(bytes) {
+    var units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'], i = 0;
+    while (bytes >= 1024 && i < units.length - 1) { bytes /= 1024; i++; }
+    return bytes.toFixed(i ? 2 : 0) + ' ' + units[i];
+  }
+  function at(e) {
+    var p = svg.createSVGPoint(); p.x = e.clientX; p.y = e.clientY;
+    var u = p.matrixTransform(svg.getScreenCTM().inverse());
+    return [(u.x - d.px0) / (d.px1 - d.px0) * d.x1, (d.py1 - u.y) / (d.py1 - d.py0) * d.y1, u];
+  }
+  function when(x) { return d.time === 'true' ? x.toFixed(3) + ' s' : 'event ' + Math.round(x); }
+  svg.addEventListener('mousemove', function (e) {
+    var p = at(e);
+    if (drag) {
+      view[0] = drag[0] - (p[2].x - drag[2]); view[1] = drag[1] - (p[2].y - drag[3]);
+      svg.setAttribute('viewBox', view.join(' ')); return;
+    }
+    if (p[0] < 0 || p[0] > d.x1 || p[1] < 0 || p[1] > d.y1) { tip.textContent = hint; return; }
+    var hit = blocks.find(function (b) { return p[0] >= b[0] && p[0] <= b[1] && p[1] >= b[2] && p[1] <= b[3]; });
+    tip.textContent = hit
+      ? 'block of ' + size(hit[4]) + ' at ' + size(hit[5]) + ', live from ' + when(hit[0]) + ' to ' + when(hit[1])
+      : when(p[0]) + ', address ' + size(p[1] * d.unit) + ' (no large block here)';
+  });
+  svg.addEventListener('wheel', function (e) {
+    e.preventDefault();
+    var u = at(e)[2], k = e.deltaY < 0 ? 0.8 : 1.25;
+    k = Math.min(k, full[2] / view[2]);
+    view = [u.x - (u.x - view[0]) * k, u.y - (u.y - view[1]) * k, view[2] * k, view[3] * k];
+    svg.setAttribute('viewBox', view.join(' '));
+  }, { passive: false });
+  svg.addEventListener('mousedown', function (e) { var u = at(e)[2]; drag = [view[0], view[1], u.x, u.y]; });
+  window.addEventListener('mouseup', function () { drag = null; });
+  svg.addEventListener('dblclick', function () { view = full.slice(); svg.setAttribute('viewBox', view.join(' ')); });
+});
+"#;
+
+/// The blocks a map's pointer can name: the largest ones, at most
+/// [`HOVER_BLOCKS`], as JSON `[x0, x1, y0, y1, bytes, address]` (x on the
+/// map's axis, y in `unit` bytes of the address axis, until the block's
+/// first move).
+fn hover_blocks(
+    placement: &Placement,
+    bands: &AddressBands,
+    lifetimes: &[(usize, usize)],
+    sizes: &[u64],
+    axis: &TimeAxis,
+    unit: f64,
+) -> String {
+    let mut first_move = vec![usize::MAX; sizes.len()];
+    for &(event, id, _) in &placement.moves {
+        let first = &mut first_move[id as usize];
+        *first = (*first).min(event);
+    }
+    let mut ids: Vec<usize> = (0..sizes.len())
+        .filter(|&id| placement.offsets[id] != u64::MAX)
+        .collect();
+    ids.sort_unstable_by_key(|&id| std::cmp::Reverse(sizes[id]));
+    ids.truncate(HOVER_BLOCKS);
+    let rows: Vec<String> = ids
+        .into_iter()
+        .map(|id| {
+            let (born, died) = lifetimes[id];
+            let offset = placement.offsets[id];
+            let low = bands.map(offset) as f64 / unit;
+            format!(
+                "[{:.6},{:.6},{:.6},{:.6},{},{}]",
+                axis.x(born as f64),
+                axis.x(died.min(first_move[id]) as f64),
+                low,
+                low + sizes[id] as f64 / unit,
+                sizes[id],
+                offset
+            )
+        })
+        .collect();
+    format!("[{}]", rows.join(","))
+}
+
+/// Blocks a map's pointer can name (the largest).
+const HOVER_BLOCKS: usize = 400;
+
+/// Each curve's peak as a bar on an axis that starts just below the
+/// smallest, so differences of a percent show; the peak live bytes as a
+/// black line. Hovering a bar gives its figures.
+fn peak_bars(curves: &[FootprintCurve<'_>], peak_live: u64) -> String {
+    let peaks: Vec<u64> = curves
+        .iter()
+        .map(|curve| {
+            curve
+                .mapped
+                .iter()
+                .map(|&(_, bytes)| bytes)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let high = peaks
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(peak_live)
+        .max(1) as f64;
+    let least = peaks.iter().copied().min().unwrap_or(0).min(peak_live) as f64;
+    // Start a little under the smallest figure: a twentieth of the range.
+    let low = (least - (high - least).max(high * 0.01) / 20.0).max(0.0);
+    let (left, width, row) = (190.0, 720.0, 26.0);
+    let x = |bytes: f64| left + (bytes - low) / (high - low).max(1.0) * width;
+    let height = row * curves.len() as f64 + 50.0;
+    let mut svg = format!(
+        "<svg class=\"peaks\" width=\"960\" height=\"{height}\" viewBox=\"0 0 960 {height}\" \
+         xmlns=\"http://www.w3.org/2000/svg\" font-family=\"sans-serif\" font-size=\"14\">"
+    );
+    for (index, (curve, &bytes)) in curves.iter().zip(&peaks).enumerate() {
+        let RGBColor(r, g, b) = curve_color(index);
+        let y = 10.0 + row * index as f64;
+        let ratio = bytes as f64 / peak_live.max(1) as f64;
+        svg += &format!(
+            "<g><title>{name}: peak {human} ({bytes} bytes), {ratio:.3} x the peak live bytes</title>\
+             <text x=\"{tx}\" y=\"{ty}\" text-anchor=\"end\">{name}</text>\
+             <rect x=\"{left}\" y=\"{y}\" width=\"{w:.1}\" height=\"{h}\" fill=\"rgb({r},{g},{b})\"/>\
+             <text x=\"{vx:.1}\" y=\"{ty}\">{human} ({ratio:.3})</text></g>",
+            name = escape(curve.name),
+            human = human(bytes),
+            tx = left - 8.0,
+            ty = y + 16.0,
+            w = (x(bytes as f64) - left).max(1.0),
+            h = row - 6.0,
+            vx = x(bytes as f64) + 6.0,
+        );
+    }
+    let bottom = 10.0 + row * curves.len() as f64;
+    let live = x(peak_live as f64);
+    svg += &format!(
+        "<line x1=\"{live:.1}\" x2=\"{live:.1}\" y1=\"4\" y2=\"{bottom}\" stroke=\"black\" \
+         stroke-width=\"2\"><title>peak live bytes: {}</title></line>\
+         <line x1=\"{left}\" x2=\"{}\" y1=\"{bottom}\" y2=\"{bottom}\" stroke=\"black\"/>",
+        human(peak_live),
+        left + width
+    );
+    for tick in 0..=4 {
+        let bytes = low + (high - low) * f64::from(tick) / 4.0;
+        svg += &format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            x(bytes),
+            bottom + 20.0,
+            human(bytes as u64)
+        );
+    }
+    svg += &format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">peak bytes mapped (the axis starts at {}, \
+         not 0; the black line is the peak live bytes)</text></svg>\n",
+        left + width / 2.0,
+        bottom + 40.0,
+        human(low as u64)
+    );
+    svg
+}
+
+/// The figures table of one trace, grouped as the text table is: what the
+/// trace's program can use, then the rest for comparison.
+fn figures_table(summary: &TraceSummary) -> String {
+    let mut html = String::from("<table><tr>");
+    for column in COLUMNS {
+        html += &format!(
+            "<th title=\"{}\">{}</th>",
+            escape(column.means),
+            escape(column.header)
+        );
+    }
+    html += "</tr>\n";
+    let cells = |cells: &[String]| {
+        let mut row = String::from("<tr>");
+        for cell in cells {
+            row += &format!("<td>{}</td>", escape(cell));
+        }
+        row + "</tr>\n"
+    };
+    let group = |title: String| {
+        format!(
+            "<tr><td class=\"group\" colspan=\"{}\">{}</td></tr>\n",
+            COLUMNS.len(),
+            escape(&title)
+        )
+    };
+    let percent = |share: Option<f64>| {
+        share.map_or_else(|| "-".to_string(), |share| format!("{:.2}%", share * 100.0))
+    };
+    let policy_cells = |policy: &PolicySummary| {
+        let calls = &policy.driver_calls;
+        cells(&[
+            policy.name.to_string(),
+            if policy.moves_blocks { "yes" } else { "no" }.to_string(),
+            human(policy.peak_footprint_bytes),
+            format!("{:.3}", policy.footprint_ratio),
+            human(policy.compaction_bytes_moved),
+            policy.failed_allocations.to_string(),
+            format!("{:.0}", policy.ns_per_op),
+            (calls.creates + calls.releases + calls.maps + calls.unmaps + calls.set_access)
+                .to_string(),
+            format!("{:.2}", calls.modeled_ns as f64 / 1e6),
+            percent(policy.driver_time_share),
+            percent(policy.full_bandwidth_share),
+            policy.pick.map_or("", |pick| pick.how).to_string(),
+        ])
+    };
+    let (mut usable, models): (Vec<&PolicySummary>, Vec<&PolicySummary>) = summary
+        .policies
+        .iter()
+        .partition(|policy| policy.pick.is_some());
+    usable.sort_by_key(|policy| policy.pick.is_some_and(|pick| pick.cudamem));
+    if !usable.is_empty() || summary.pytorch_recorded.is_some() {
+        html += &group(format!(
+            "What {} program can use (none moves a block)",
+            summary.framework.a_program()
+        ));
+    }
+    if let Some(recorded) = &summary.pytorch_recorded {
+        let mut row = vec![
+            recorded.name.to_string(),
+            "no".to_string(),
+            human(recorded.peak_reserved_bytes),
+            format!("{:.3}", recorded.footprint_ratio),
+        ];
+        row.resize(COLUMNS.len() - 1, "-".to_string());
+        row.push("what the program ran: PyTorch's caching allocator".to_string());
+        html += &cells(&row);
+    }
+    for policy in usable {
+        html += &policy_cells(policy);
+    }
+    if !models.is_empty() {
+        html += &group(format!(
+            "For comparison: research models, libraries {} program cannot pick",
+            summary.framework.a_program()
+        ));
+    }
+    for policy in models {
+        html += &policy_cells(policy);
+    }
+    html + "</table>\n"
+}
+
+/// What every column of the figures tables means.
+fn columns_section() -> String {
+    let mut html = String::from("<h2>The columns</h2>\n<dl>\n");
+    for column in COLUMNS {
+        html += &format!(
+            "<dt>{}</dt><dd>{}</dd>\n",
+            escape(column.header),
+            escape(column.means)
+        );
+    }
+    html + &format!("</dl>\n<p>* {}.</p>\n", escape(DRIVER_TIME_NOTE))
+}
+
 /// What the memory maps show and what to compare.
-const MEMORY_MAP_INTRO: &str = "Each map shows where a policy put the blocks: address upwards, event \
-index to the right, every cell shaded by how much of it live blocks filled; the red line is what the \
-policy had mapped. Compare across policies the room between the top of the dark area at its highest \
+const MEMORY_MAP_INTRO: &str = "Each map shows where a policy put the blocks: address upwards, time \
+(or, where the trace records none, the event) to the right, every cell shaded by how much of it live \
+blocks filled; the red line is what the policy had mapped. Compare across policies the room between the top of the dark area at its highest \
 and the red line: memory mapped but not usable when it mattered, which is what costs footprint. \
 Light cells above dense ones are holes left by freed blocks. A policy that compacts (tlsf-compact, \
 pool-vmm) packs its blocks low, so its red line sits just above the dark area.";
