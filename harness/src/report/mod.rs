@@ -52,12 +52,13 @@ pub struct FootprintCurve<'a> {
 pub fn page(title: &str, body: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n\
-         <style>body{{font-family:sans-serif;font-size:16px;max-width:1000px;margin:2em auto;color:#222}}\
+         <style>body{{font-family:sans-serif;font-size:16px;max-width:1180px;margin:2em auto;color:#222}}\
          .conclusion{{background:#eef6ee;border-left:5px solid #0a7f3f;padding:.6em 1em;margin:1em 0}}\
          td.group{{text-align:left;font-weight:bold;background:#f4f4f4}}dt{{font-weight:bold}}\
          .map{{position:relative}}.map svg{{cursor:crosshair;max-width:100%;height:auto}}\
          .tip{{font-size:14px;min-height:1.4em;color:#333;margin:0 0 .3em 80px}}\
-         table{{border-collapse:collapse}}td,th{{padding:2px 10px;text-align:right;border-bottom:1px solid #ddd}}\
+         table{{border-collapse:collapse;font-size:14px}}td,th{{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd;white-space:nowrap}}\
+         td:last-child{{text-align:left;white-space:normal;word-break:break-all;font-family:monospace}}th{{vertical-align:bottom}}\
          th:first-child,td:first-child{{text-align:left}}svg{{display:block;margin:1em 0 .3em}}\
          .legend{{margin:0 0 1.5em 70px;line-height:1.8}}.legend span{{display:inline-block;margin-right:1.4em;white-space:nowrap}}\
          .legend i{{display:inline-block;width:24px;height:3px;vertical-align:middle;margin-right:.4em}}\
@@ -213,9 +214,9 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
         entries.push((live_name.to_owned(), LIVE_COLOR, Swatch::Line));
         legend(&entries)
     };
-    html += "<h3>Footprint and live bytes over the trace</h3>\n";
     html += "<h3>Peak footprint</h3>\n";
     html += &peak_bars(&curves, summary.peak_live_bytes);
+    html += "<h3>Footprint and live bytes over the trace</h3>\n";
     html += &footprint_chart(&curves, &live, span, &axis)?;
     html += &curve_legend("live bytes");
     html += &format!(
@@ -428,18 +429,22 @@ fn peak_bars(curves: &[FootprintCurve<'_>], peak_live: u64) -> String {
                 .unwrap_or(0)
         })
         .collect();
+    let least = peaks.iter().copied().min().unwrap_or(0).min(peak_live) as f64;
+    // The axis ends at the largest figure within a quarter of the smallest:
+    // a bar far past it (a recorded allocator's) is cut at the end and says
+    // so, rather than squeeze the others' differences into a few pixels.
     let high = peaks
         .iter()
         .copied()
+        .chain([peak_live])
+        .filter(|&bytes| bytes as f64 <= least * 1.25)
         .max()
-        .unwrap_or(0)
-        .max(peak_live)
+        .unwrap_or(1)
         .max(1) as f64;
-    let least = peaks.iter().copied().min().unwrap_or(0).min(peak_live) as f64;
     // Start a little under the smallest figure: a twentieth of the range.
     let low = (least - (high - least).max(high * 0.01) / 20.0).max(0.0);
-    let (left, width, row) = (190.0, 720.0, 26.0);
-    let x = |bytes: f64| left + (bytes - low) / (high - low).max(1.0) * width;
+    let (left, width, row) = (190.0, 600.0, 26.0);
+    let x = |bytes: f64| left + (bytes.min(high) - low) / (high - low).max(1.0) * width;
     let height = row * curves.len() as f64 + 50.0;
     let mut svg = format!(
         "<svg class=\"peaks\" width=\"960\" height=\"{height}\" viewBox=\"0 0 960 {height}\" \
@@ -449,11 +454,16 @@ fn peak_bars(curves: &[FootprintCurve<'_>], peak_live: u64) -> String {
         let RGBColor(r, g, b) = curve_color(index);
         let y = 10.0 + row * index as f64;
         let ratio = bytes as f64 / peak_live.max(1) as f64;
+        let cut = if bytes as f64 > high {
+            " » past the axis"
+        } else {
+            ""
+        };
         svg += &format!(
             "<g><title>{name}: peak {human} ({bytes} bytes), {ratio:.3} x the peak live bytes</title>\
              <text x=\"{tx}\" y=\"{ty}\" text-anchor=\"end\">{name}</text>\
              <rect x=\"{left}\" y=\"{y}\" width=\"{w:.1}\" height=\"{h}\" fill=\"rgb({r},{g},{b})\"/>\
-             <text x=\"{vx:.1}\" y=\"{ty}\">{human} ({ratio:.3})</text></g>",
+             <text x=\"{vx:.1}\" y=\"{ty}\">{human} ({ratio:.3}){cut}</text></g>",
             name = escape(curve.name),
             human = human(bytes),
             tx = left - 8.0,
