@@ -366,6 +366,7 @@ document.querySelectorAll('.map').forEach(function (box) {
   svg.addEventListener('mousedown', function (e) { var u = at(e)[2]; drag = [view[0], view[1], u.x, u.y]; });
   window.addEventListener('mouseup', function () { drag = null; });
   svg.addEventListener('dblclick', function () { view = full.slice(); svg.setAttribute('viewBox', view.join(' ')); });
+  box.dataset.ready = 'yes';
 });
 "#;
 
