@@ -199,3 +199,43 @@ fn replay_help_explains_every_column_in_plain_words() {
     }
     assert!(help.contains("H200"), "{help}");
 }
+
+/// The rows of a replay table with the host-time column blanked: what
+/// two runs of the same trace must print alike.
+fn rows_but_time(table: &str) -> Vec<String> {
+    // Words of a policy row: name, moves, peak (a number and a unit),
+    // x live, copied (number, unit), failed, then the host time.
+    let time = 8;
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| !line.starts_with("report: "))
+        .map(|line| {
+            let mut cells: Vec<&str> = line.split_whitespace().collect();
+            // A policy row: name, moves, then figures; the host time is
+            // the only figure that changes from run to run.
+            if cells.len() > time && matches!(cells[1], "yes" | "no") {
+                cells[time] = "-";
+            }
+            cells.join(" ")
+        })
+        .collect()
+}
+
+/// The bare command (as `cli::run` runs it: `ReplayArgs::defaults()`, its
+/// report sent elsewhere) and `cudamem replay` of the built-in trace's file
+/// print the same table, groups, rows and conclusion.
+#[test]
+fn the_bare_command_prints_what_replay_of_its_trace_prints() {
+    use cudamem::cli::replay_command::{self, ReplayArgs};
+
+    let mut bare = ReplayArgs::defaults().unwrap();
+    bare.report = Some(support::temp_path("bare.html"));
+    let mut printed = Vec::new();
+    replay_command::run(bare, &mut printed).unwrap();
+    let bare = String::from_utf8(printed).unwrap();
+    let file = trace("rmm/resnet50_train.csv.gz");
+    let replayed = support::output(&["replay", file.to_str().unwrap()]);
+    assert!(bare.contains("=> "), "{bare}");
+    assert_eq!(rows_but_time(&bare), rows_but_time(&replayed));
+}
