@@ -152,15 +152,23 @@ fn mapped_steps(
 }
 
 /// The peak of each stretch of `values`, at most [`CURVE_POINTS`] points,
-/// each where its stretch starts on `axis`.
+/// each at its own event on `axis` (not the stretch's start: on a time
+/// axis a stretch of a few events can span much of the run).
 fn downsample(values: &[f64], axis: &TimeAxis) -> Vec<(f64, f64)> {
     let stride = values.len().div_ceil(CURVE_POINTS).max(1);
     values
         .chunks(stride)
         .enumerate()
         .map(|(chunk, values)| {
-            let peak = values.iter().copied().fold(f64::MIN, f64::max);
-            (axis.x((chunk * stride) as f64), peak)
+            let (at, peak) =
+                values
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .fold((0, f64::MIN), |best, (at, value)| {
+                        if value > best.1 { (at, value) } else { best }
+                    });
+            (axis.x((chunk * stride + at) as f64), peak)
         })
         .collect()
 }

@@ -54,7 +54,7 @@ pub fn page(title: &str, body: &str) -> String {
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n\
          <style>body{{font-family:sans-serif;font-size:16px;max-width:1180px;margin:2em auto;color:#222}}\
          .conclusion{{background:#eef6ee;border-left:5px solid #0a7f3f;padding:.6em 1em;margin:1em 0}}\
-         td.group{{text-align:left;font-weight:bold;background:#f4f4f4}}dt{{font-weight:bold}}\
+         table td.group{{text-align:left;font-weight:bold;background:#f4f4f4;font-family:sans-serif;word-break:normal}}dt{{font-weight:bold}}\
          .map{{position:relative}}.map svg{{cursor:crosshair;max-width:100%;height:auto}}\
          .tip{{font-size:14px;min-height:1.4em;color:#333;margin:0 0 .3em 80px}}\
          table{{border-collapse:collapse;font-size:14px}}td,th{{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd;white-space:nowrap}}\
