@@ -352,8 +352,9 @@ pub(super) fn memory_map_chart(
                     column += 1;
                 }
                 if let Some(shade) = shade {
-                    let x0 = axis.x(start as f64 * raster.events_per_column);
-                    let x1 = axis.x(column as f64 * raster.events_per_column);
+                    let width = axis.end() / raster.columns as f64;
+                    let x0 = start as f64 * width;
+                    let x1 = column as f64 * width;
                     cells.push(Rectangle::new(
                         [(x0, y0), (x1, y1)],
                         OCCUPANCY_SHADES[shade].filled(),

@@ -1,6 +1,6 @@
 //! A memory map over time, downsampled: a raster of time buckets (event
 //! index) by address buckets, each cell holding the fraction of its
-//! byte-events that live blocks covered. Drawing one rectangle per cell run
+//! byte-columns that live blocks covered. Drawing one rectangle per cell run
 //! keeps the report small however long the trace is.
 
 use crate::replay::Placement;
@@ -12,8 +12,6 @@ pub struct Raster {
     pub columns: usize,
     /// Address buckets.
     pub rows: usize,
-    /// Events per column.
-    pub events_per_column: f64,
     /// Bytes per row.
     pub bytes_per_row: f64,
     /// Occupancy, row-major.
@@ -21,26 +19,26 @@ pub struct Raster {
 }
 
 impl Raster {
-    /// Rasterize `placement` of a trace with `events` events, whose blocks'
+    /// Rasterize `placement` of a trace whose blocks'
     /// lifetimes (`(alloc event, free event)` by id) and sizes are given,
-    /// over addresses `0..address_span` bytes of `bands`.
+    /// over addresses `0..address_span` bytes of `bands`; `column_of`
+    /// says where an event lies, in columns (fractional): columns are
+    /// even stretches of the map's x axis, time or events.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         placement: &Placement,
         bands: &AddressBands,
+        column_of: &dyn Fn(usize) -> f64,
         lifetimes: &[(usize, usize)],
         sizes: &[u64],
-        events: usize,
         address_span: u64,
         columns: usize,
         rows: usize,
     ) -> Self {
-        let events_per_column = (events.max(1) as f64) / columns as f64;
         let bytes_per_row = (address_span.max(1) as f64) / rows as f64;
         let mut raster = Raster {
             columns,
             rows,
-            events_per_column,
             bytes_per_row,
             cells: vec![vec![0.0; columns]; rows],
         };
@@ -66,12 +64,12 @@ impl Raster {
                 // The move happened during event `event`: the block sat at
                 // the old offset before it.
                 let until = event.min(died);
-                raster.cover(&mut spans, from, until, offset, sizes[id]);
+                raster.cover(&mut spans, column_of, from, until, offset, sizes[id]);
                 from = until;
                 offset = bands.map(to);
                 next_move += 1;
             }
-            raster.cover(&mut spans, from, died, offset, sizes[id]);
+            raster.cover(&mut spans, column_of, from, died, offset, sizes[id]);
         }
         for (row, span) in raster.cells.iter_mut().zip(&spans) {
             let mut running = 0.0;
@@ -80,21 +78,31 @@ impl Raster {
                 *cell += running;
             }
         }
-        let area = events_per_column * bytes_per_row;
         for cell in raster.cells.iter_mut().flatten() {
-            *cell = (*cell / area).clamp(0.0, 1.0);
+            *cell = (*cell / bytes_per_row).clamp(0.0, 1.0);
         }
         raster
     }
 
     /// Add a block of `size` bytes at `offset`, alive over events
-    /// `from..until`, in byte-events.
-    fn cover(&mut self, spans: &mut [Vec<f64>], from: usize, until: usize, offset: u64, size: u64) {
+    /// `from..until`, in byte-columns.
+    fn cover(
+        &mut self,
+        spans: &mut [Vec<f64>],
+        column_of: &dyn Fn(usize) -> f64,
+        from: usize,
+        until: usize,
+        offset: u64,
+        size: u64,
+    ) {
         if until <= from || size == 0 {
             return;
         }
-        let x0 = from as f64 / self.events_per_column;
-        let x1 = until as f64 / self.events_per_column;
+        let x0 = column_of(from);
+        let x1 = column_of(until);
+        if x1 <= x0 {
+            return;
+        }
         let first_column = (x0.floor() as usize).min(self.columns - 1);
         let last_column = ((x1.ceil() as usize).max(1) - 1).min(self.columns - 1);
         let low = offset as f64;
@@ -109,7 +117,7 @@ impl Raster {
             if bytes <= 0.0 {
                 continue;
             }
-            let weight = bytes * self.events_per_column;
+            let weight = bytes;
             if first_column == last_column {
                 cells[first_column] += weight * (x1 - x0);
             } else {
@@ -248,9 +256,9 @@ mod tests {
         let raster = Raster::new(
             &placement,
             &bands,
+            &|e| e as f64,
             &[(0, 10), (0, 5)],
             &[50, 50],
-            10,
             100,
             10,
             2,
@@ -274,9 +282,9 @@ mod tests {
         let raster = Raster::new(
             &placement,
             &AddressBands::default(),
+            &|e| e as f64,
             &[(0, 4)],
             &[50],
-            4,
             100,
             4,
             2,

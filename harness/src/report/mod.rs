@@ -257,12 +257,13 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
             AddressBands::of(placement, &sizes)
         };
         let map_span = span.max(bands.span());
+        let columns = MAP_COLUMNS as f64 / axis.end();
         let raster = Raster::new(
             placement,
             &bands,
+            &|event| axis.x(event as f64) * columns,
             &lifetimes,
             &sizes,
-            report.trace.events.len(),
             map_span,
             MAP_COLUMNS,
             MAP_ROWS,
