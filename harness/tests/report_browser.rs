@@ -95,11 +95,13 @@ fn the_rendered_report_has_its_conclusion_axes_legends_and_maps() {
     }
     // Footprint and overhead legends, and a key under each of three maps.
     assert_eq!(dom.matches("<div class=\"legend\">").count(), 2 + 3);
-    // Each map ran the page's script (hover and zoom are wired).
+    // The footprint chart and each map ran the page's script (hover and
+    // zoom are wired).
     assert_eq!(dom.matches("class=\"map\"").count(), 3);
+    assert_eq!(dom.matches("class=\"curves\"").count(), 1);
     assert_eq!(
         dom.matches("data-ready=\"yes\"").count(),
-        3,
+        4,
         "the map script did not run"
     );
     for name in ["pytorch-expandable", "stitch", "tlsf-compact"] {
@@ -246,4 +248,63 @@ impl Png {
             .map(|p| [p[0], p[1], p[2]])
             .collect()
     }
+}
+
+/// A pointer on the page, as the browser moves it: over a map's largest
+/// block it names the block's size and lifetime, over the footprint chart
+/// every curve's bytes.
+#[test]
+fn pointing_at_a_map_names_a_block_and_at_the_curves_their_bytes() {
+    let page = report();
+    // The page with a script after its own that moves the pointer over
+    // each chart and keeps what the chart's line of text then says.
+    let probe = r#"<script>
+document.querySelectorAll('.map, .curves').forEach(function (box) {
+  var svg = box.querySelector('svg'), r = svg.getBoundingClientRect(), d = box.dataset;
+  var scale = r.width / svg.viewBox.baseVal.width;
+  var top = d.py0 === undefined ? 100 : +d.py0, bottom = d.py1 === undefined ? 300 : +d.py1;
+  // The map's block of the largest area, at its middle; the curves at a third.
+  var at = [0.35 * d.x1, 0];
+  if (d.blocks) {
+    var area = function (b) { return (b[1] - b[0]) * (b[3] - b[2]); };
+    var b = JSON.parse(d.blocks).reduce(function (x, y) { return area(y) > area(x) ? y : x; });
+    at = [(b[0] + b[1]) / 2, (b[2] + b[3]) / 2];
+  }
+  var x = r.left + (+d.px0 + (d.px1 - d.px0) * at[0] / d.x1) * scale;
+  var y = r.top + (bottom - (bottom - top) * (d.y1 ? at[1] / d.y1 : 0.5)) * scale;
+  svg.dispatchEvent(new MouseEvent('mousemove', { clientX: x, clientY: y, bubbles: true }));
+  box.setAttribute('data-probe', box.querySelector('.tip').textContent);
+});
+</script></body>"#;
+    let html = std::fs::read_to_string(&page).unwrap();
+    let probed = support::temp_path("probed.html");
+    std::fs::write(&probed, html.replace("</body>", probe)).unwrap();
+    let out = chromium()
+        .arg("--dump-dom")
+        .arg(url(&probed))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let dom = String::from_utf8(out.stdout).unwrap();
+    let said: Vec<&str> = dom
+        .split("data-probe=\"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap())
+        .collect();
+    assert_eq!(said.len(), 4, "{said:?}");
+    assert!(
+        said[0].contains(" s: ")
+            && said[0].contains("pytorch (recorded) ")
+            && said[0].contains("live bytes"),
+        "{}",
+        said[0]
+    );
+    for map in &said[1..] {
+        assert!(
+            map.starts_with("block of ") && map.contains(", live from "),
+            "{map}"
+        );
+    }
+    std::fs::remove_file(&page).unwrap();
+    std::fs::remove_file(&probed).unwrap();
 }

@@ -178,30 +178,71 @@ pub(super) fn footprint_chart(
     live: &[u64],
     span: u64,
     axis: &TimeAxis,
-) -> Result<String> {
+) -> Result<(String, PlotFrame, String)> {
     let events = live.len().max(1);
     let (unit, unit_name) = axis_unit(span);
     let live: Vec<f64> = live.iter().map(|&bytes| bytes as f64 / unit).collect();
     let mut svg = String::new();
+    let frame;
+    // Each curve's points for the page's script: its name and (x, bytes).
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     {
         let root = SVGBackend::with_string(&mut svg, (960, 420)).into_drawing_area();
         root.fill(&WHITE)?;
         let y_desc = format!("bytes ({unit_name})");
-        let mut chart = chart_on(&root, axis, 0.0, span as f64 * 1.05 / unit, &y_desc)?;
+        let y_max = span as f64 * 1.05 / unit;
+        let mut chart = chart_on(&root, axis, 0.0, y_max, &y_desc)?;
+        let (px, py) = chart.plotting_area().get_pixel_range();
+        frame = PlotFrame {
+            px: (px.start, px.end),
+            py: (py.start, py.end),
+            x: (0.0, axis.end()),
+            y: (0.0, y_max),
+            unit,
+        };
         for (index, curve) in curves.iter().enumerate() {
+            let points = mapped_steps(curve.mapped, events, unit, axis);
             chart.draw_series(LineSeries::new(
-                mapped_steps(curve.mapped, events, unit, axis),
+                points.iter().copied(),
                 curve_color(index).stroke_width(2),
             ))?;
+            series.push((curve.name.to_owned(), points));
         }
+        let live = downsample(&live, axis);
         chart.draw_series(LineSeries::new(
-            downsample(&live, axis),
+            live.iter().copied(),
             LIVE_COLOR.stroke_width(1),
         ))?;
+        series.push(("live bytes".to_owned(), live));
         root.present()?;
     }
-    Ok(svg)
+    Ok((svg, frame, series_json(&series, unit)))
 }
+
+/// `series` as JSON for the page's script: `[[name, [[x, bytes], ...]], ...]`,
+/// each curve thinned to at most [`HOVER_POINTS`] points.
+fn series_json(series: &[(String, Vec<(f64, f64)>)], unit: f64) -> String {
+    let curves: Vec<String> = series
+        .iter()
+        .map(|(name, points)| {
+            let stride = points.len().div_ceil(HOVER_POINTS).max(1);
+            let points: Vec<String> = points
+                .iter()
+                .step_by(stride)
+                .map(|&(x, y)| format!("[{x:.6},{:.0}]", y * unit))
+                .collect();
+            format!(
+                "[{},[{}]]",
+                serde_json::to_string(name).unwrap_or_default(),
+                points.join(",")
+            )
+        })
+        .collect();
+    format!("[{}]", curves.join(","))
+}
+
+/// Points of a curve the footprint chart's pointer reads.
+const HOVER_POINTS: usize = 2000;
 
 /// For each event, bytes `mapped` above the highest live bytes up to it, in
 /// percent of `peak_live` bytes.

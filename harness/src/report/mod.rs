@@ -55,7 +55,7 @@ pub fn page(title: &str, body: &str) -> String {
          <style>body{{font-family:sans-serif;font-size:16px;max-width:1180px;margin:2em auto;color:#222}}\
          .conclusion{{background:#eef6ee;border-left:5px solid #0a7f3f;padding:.6em 1em;margin:1em 0}}\
          table td.group{{text-align:left;font-weight:bold;background:#f4f4f4;font-family:sans-serif;word-break:normal}}dt{{font-weight:bold}}\
-         .map{{position:relative}}.map svg{{cursor:crosshair;max-width:100%;height:auto}}\
+         .map svg,.curves svg{{cursor:crosshair;max-width:100%;height:auto}}\
          .tip{{font-size:14px;min-height:1.4em;color:#333;margin:0 0 .3em 80px}}\
          table{{border-collapse:collapse;font-size:14px}}td,th{{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd;white-space:nowrap}}\
          td:last-child{{text-align:left;white-space:normal;word-break:break-all;font-family:monospace}}th{{vertical-align:bottom}}\
@@ -217,7 +217,16 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
     html += "<h3>Peak footprint</h3>\n";
     html += &peak_bars(&curves, summary.peak_live_bytes);
     html += "<h3>Footprint and live bytes over the trace</h3>\n";
-    html += &footprint_chart(&curves, &live, span, &axis)?;
+    let (svg, frame, series) = footprint_chart(&curves, &live, span, &axis)?;
+    html += &format!(
+        "<div class=\"curves\" data-px0=\"{}\" data-px1=\"{}\" data-x1=\"{}\" data-time=\"{}\" \
+         data-series=\"{}\"><div class=\"tip\">{CURVES_HINT}</div>{svg}</div>\n",
+        frame.px.0,
+        frame.px.1,
+        frame.x.1,
+        axis.is_time(),
+        escape(&series)
+    );
     html += &curve_legend("live bytes");
     html += &format!(
         "<h3>Overhead over the trace</h3>\n<p>What each policy had mapped above the highest live \
@@ -326,6 +335,9 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
 const MAP_HINT: &str = "Point at a block for its size and lifetime; scroll to zoom, drag to \
 pan, double-click to reset.";
 
+/// The text over the footprint chart before the pointer is on it.
+const CURVES_HINT: &str = "Point at the chart for every curve's bytes at that moment.";
+
 /// What each map's pointer shows and how it zooms: reads the plotting
 /// area and the largest blocks from the map's data attributes.
 const MAP_SCRIPT: &str = r#"
@@ -367,6 +379,28 @@ document.querySelectorAll('.map').forEach(function (box) {
   svg.addEventListener('mousedown', function (e) { var u = at(e)[2]; drag = [view[0], view[1], u.x, u.y]; });
   window.addEventListener('mouseup', function () { drag = null; });
   svg.addEventListener('dblclick', function () { view = full.slice(); svg.setAttribute('viewBox', view.join(' ')); });
+  box.dataset.ready = 'yes';
+});
+document.querySelectorAll('.curves').forEach(function (box) {
+  var svg = box.querySelector('svg'), tip = box.querySelector('.tip'), d = box.dataset, hint = tip.textContent;
+  var series = JSON.parse(d.series);
+  function size(bytes) {
+    var units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'], i = 0;
+    while (bytes >= 1024 && i < units.length - 1) { bytes /= 1024; i++; }
+    return bytes.toFixed(i ? 2 : 0) + ' ' + units[i];
+  }
+  svg.addEventListener('mousemove', function (e) {
+    var p = svg.createSVGPoint(); p.x = e.clientX; p.y = e.clientY;
+    var u = p.matrixTransform(svg.getScreenCTM().inverse());
+    var x = (u.x - d.px0) / (d.px1 - d.px0) * d.x1;
+    if (x < 0 || x > d.x1) { tip.textContent = hint; return; }
+    var parts = series.map(function (s) {
+      var value = 0;
+      for (var i = 0; i < s[1].length && s[1][i][0] <= x; i++) { value = s[1][i][1]; }
+      return s[0] + ' ' + size(value);
+    });
+    tip.textContent = (d.time === 'true' ? x.toFixed(3) + ' s: ' : 'event ' + Math.round(x) + ': ') + parts.join(', ');
+  });
   box.dataset.ready = 'yes';
 });
 "#;
