@@ -239,3 +239,53 @@ fn the_bare_command_prints_what_replay_of_its_trace_prints() {
     assert!(bare.contains("=> "), "{bare}");
     assert_eq!(rows_but_time(&bare), rows_but_time(&replayed));
 }
+
+/// In a fixed arena the conclusion says who refused and why: below the
+/// peak live bytes nothing can run; just above it, the policies whose gaps
+/// cost more than the room left.
+#[test]
+fn a_fixed_arena_says_who_refused_and_why() {
+    let path = trace("pytorch/resnet50_train.fixture.default.pickle.gz");
+    let peak = replay_json(&path)["peak_live_bytes"].as_u64().unwrap();
+    let in_arena = |bytes: u64| {
+        let capacity = bytes.to_string();
+        support::json(&[
+            "replay",
+            path.to_str().unwrap(),
+            "--json",
+            "--capacity",
+            &capacity,
+        ])
+    };
+    let below = in_arena(peak / (2 << 20) * (2 << 20));
+    let said = sentences(&below);
+    assert!(
+        said.last()
+            .unwrap()
+            .starts_with("No allocator can run this trace in ")
+            && said
+                .last()
+                .unwrap()
+                .contains(&format!("{} live", human(peak))),
+        "{said:?}"
+    );
+    let above = in_arena(peak.div_ceil(2 << 20) * (2 << 20) + (32 << 20));
+    let refused: Vec<&str> = above["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|row| row["failed_allocations"].as_u64().unwrap() > 0)
+        .map(|row| row["name"].as_str().unwrap())
+        .collect();
+    let said = sentences(&above);
+    // This trace's gaps leave some policies short of 32 MiB of room.
+    assert!(!refused.is_empty(), "{above}");
+    let last = said.last().unwrap();
+    assert!(last.contains(&refused.join(", ")), "{said:?}");
+    assert!(last.contains("though the live bytes would fit"), "{said:?}");
+    // The rows that fit still give the conclusion its figures.
+    assert!(
+        said.iter().any(|s| s.starts_with("PyTorch reserved ")),
+        "{said:?}"
+    );
+}

@@ -138,7 +138,42 @@ pub fn conclude(summary: &TraceSummary) -> Vec<String> {
             }
         }
     }
+    if let Some(sentence) = refusals(summary) {
+        sentences.push(sentence);
+    }
     sentences
+}
+
+/// What a fixed arena refused, if it refused anything.
+fn refusals(summary: &TraceSummary) -> Option<String> {
+    let capacity = summary.capacity_bytes?;
+    let refused: Vec<&str> = summary
+        .policies
+        .iter()
+        .filter(|policy| policy.failed_allocations > 0)
+        .map(|policy| policy.name)
+        .collect();
+    if refused.is_empty() {
+        return None;
+    }
+    let arena = human(capacity);
+    Some(if summary.peak_live_bytes > capacity {
+        format!(
+            "No allocator can run this trace in {arena}: it holds {} live at its peak.",
+            human(summary.peak_live_bytes)
+        )
+    } else if refused.len() == summary.policies.len() {
+        format!(
+            "In {arena}, every policy replayed refuses a request though the live bytes would fit: gaps and rounding."
+        )
+    } else {
+        format!(
+            "In {arena}, {} refuse{} requests though the live bytes would fit (gaps and \
+             rounding); the others run it.",
+            refused.join(", "),
+            if refused.len() == 1 { "s" } else { "" }
+        )
+    })
 }
 
 /// Of `rows`, the one with the smallest footprint whose pick `chosen`
