@@ -311,6 +311,8 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
             &axis,
             if outcome.policy.contiguous {
                 "address"
+            } else if bands.starts().is_empty() {
+                "virtual address"
             } else {
                 "virtual address, gaps cut"
             },
