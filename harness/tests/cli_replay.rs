@@ -265,8 +265,8 @@ fn the_report_is_html_with_svg() {
     assert!(html.starts_with("<!DOCTYPE html>"));
     assert_eq!(
         html.matches("<svg").count(),
-        3,
-        "footprint chart, overhead chart and one memory map"
+        4,
+        "peak bars, footprint chart, overhead chart and one memory map"
     );
     assert!(html.contains("Memory map: tlsf-compact"));
 }

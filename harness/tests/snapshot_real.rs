@@ -102,7 +102,7 @@ fn the_report_draws_pytorchs_curve() {
     ]);
     let html = std::fs::read_to_string(&report).unwrap();
     assert!(
-        html.contains("<td>pytorch (recorded)</td><td>3.40 GiB</td>"),
+        html.contains("<td>pytorch (recorded)</td><td>no</td><td>3.40 GiB</td>"),
         "table row"
     );
     assert!(

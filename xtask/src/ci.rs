@@ -2,7 +2,8 @@
 //!
 //! The tools it needs (the pinned CUDA wheels for the PTX checks, the stub
 //! libcuda for building the `cuda` feature without a driver) are installed
-//! first, so a fresh machine with cargo, python3/pip and a C compiler passes.
+//! first, so a fresh machine with cargo, python3/pip and a C compiler passes
+//! (and chromium, from `scripts/install_browser.sh`, for the report tests).
 //! The stub is generated through a `CARGO_HOME` that is empty at the start,
 //! so CI proves on every run that a fresh registry finds `cust_raw`; every
 //! other step uses the user's `CARGO_HOME`. Builds with the `cuda` feature
@@ -25,6 +26,13 @@ pub fn run(root: &Path) -> Result<()> {
     let stub = stub::generate_from_empty_home(root)?;
     println!("    CUDA_LIBRARY_PATH={}", stub.display());
     ptx::run(root, ptx::Mode::Check)?;
+    // The report tests render pages in a real headless browser.
+    step::run(
+        "install the headless browser",
+        Command::new("sh")
+            .current_dir(root)
+            .arg("scripts/install_browser.sh"),
+    )?;
     for (title, mut command) in cargo_steps(root, &stub) {
         step::run(title, &mut command)?;
     }

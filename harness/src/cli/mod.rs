@@ -19,12 +19,13 @@ use clap::{Parser, Subcommand};
 
 /// What `cudamem --help` opens with: what the command is for, and what a
 /// bare `cudamem` does.
-const ABOUT: &str = "Where did my GPU memory go? cudamem replays recorded allocation traces \
-(RMM logs, PyTorch memory snapshots) through allocation policies to compare their footprint \
-and compaction cost, and explains what a CUDA context takes before the first allocation.
+const ABOUT: &str = "Where did my GPU memory go? cudamem explains what a CUDA context and a \
+program's own allocations take (`cudamem run -- PROGRAM` for your own program), and replays recorded \
+allocation traces (RMM logs, PyTorch memory snapshots) through the allocators the program could use \
+instead, ending with which setting saves how much.
 
-With no command, cudamem replays its built-in ResNet-50 training trace, prints the table and \
-writes the HTML report cudamem-report.html in the current directory.";
+With no command, cudamem replays its built-in ResNet-50 training trace, prints the table and its \
+conclusion, and writes the HTML report cudamem-report.html in the current directory.";
 
 /// The command line of `cudamem`.
 #[derive(Debug, Parser)]
@@ -38,8 +39,10 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Replay allocation traces through allocation policies (with no trace:
-    /// the built-in ResNet-50 trace, and an HTML report).
+    /// Replay allocation traces through the allocators a program could use,
+    /// and say which saves how much (with no trace: the built-in ResNet-50
+    /// trace, and an HTML report).
+    #[command(after_long_help = crate::report::summary::columns_help())]
     Replay(replay_command::ReplayArgs),
     /// What a CUDA context costs before the first allocation, item by item.
     Explain(explain::ExplainArgs),

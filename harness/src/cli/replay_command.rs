@@ -5,10 +5,11 @@ use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::byte_size;
 use crate::replay::policy::{Arena, ArenaRefused};
@@ -266,7 +267,10 @@ fn load_traces(args: &ReplayArgs) -> Result<Vec<Trace>> {
     }
     let mut traces = Vec::new();
     for path in &args.traces {
-        let mut loaded = trace::file::load(path)?;
+        let spinner = reading_spinner(path);
+        let loaded = trace::file::load(path);
+        spinner.finish_and_clear();
+        let mut loaded = loaded?;
         if let Some(device) = args.device {
             let present: Vec<String> = loaded
                 .iter()
@@ -356,20 +360,49 @@ impl Drop for ReportFile {
     }
 }
 
-/// A bar over every event of every policy's replay of `trace`, on stderr
-/// when it is a terminal, hidden otherwise (pipes, CI logs, tests).
+/// Work that shows no progress for this long gets a bar on stderr.
+const QUIET_FOR: Duration = Duration::from_secs(1);
+
+/// A bar over every event of every policy's replay of `trace`, drawn once
+/// the replay has taken over [`QUIET_FOR`] (hidden until then, and for good
+/// when stderr is no terminal: pipes, CI logs, tests).
 fn progress_bar(trace: &Trace, policies: usize) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
     let total = (trace.events.len() * policies) as u64;
-    let bar = ProgressBar::new(total);
-    let style = ProgressStyle::with_template("{prefix} {msg:>16} [{bar:40}] {percent:>3}% {eta}")
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
+    let style = ProgressStyle::with_template("{prefix} {msg:>18} [{bar:40}] {percent:>3}% {eta}")
         .map(|style| style.progress_chars("=> "))
         .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar.set_prefix(trace.name.clone());
+    show_if_slow(&bar, std::io::stderr().is_terminal());
     bar
+}
+
+/// A spinner while `path` is read, drawn as [`progress_bar`]'s is.
+fn reading_spinner(path: &Path) -> ProgressBar {
+    let spinner = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+    let style = ProgressStyle::with_template("{spinner} reading {msg} ({elapsed})")
+        .unwrap_or_else(|_| ProgressStyle::default_spinner());
+    spinner.set_style(style);
+    spinner.set_message(path.display().to_string());
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    show_if_slow(&spinner, std::io::stderr().is_terminal());
+    spinner
+}
+
+/// Draw `bar` on stderr once it has run [`QUIET_FOR`] unfinished, if
+/// stderr is a `terminal`.
+fn show_if_slow(bar: &ProgressBar, terminal: bool) {
+    if !terminal {
+        return;
+    }
+    let bar = bar.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(QUIET_FOR);
+        if !bar.is_finished() {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+    });
 }
 
 #[cfg(test)]
@@ -382,6 +415,17 @@ mod tests {
         assert_eq!(defaults.settings().unwrap(), Settings::default());
         assert!(defaults.traces.is_empty() && defaults.policies.is_empty());
         assert_eq!(defaults.chosen_policies(), spec::defaults(false));
+    }
+
+    #[test]
+    fn progress_stays_hidden_off_a_terminal() {
+        let bar = ProgressBar::with_draw_target(Some(10), ProgressDrawTarget::hidden());
+        show_if_slow(&bar, false);
+        bar.inc(5);
+        assert!(bar.is_hidden());
+        let spinner = reading_spinner(Path::new("trace.csv"));
+        spinner.finish_and_clear();
+        assert!(spinner.is_hidden() || std::io::stderr().is_terminal());
     }
 
     #[test]

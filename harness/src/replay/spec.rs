@@ -9,6 +9,7 @@ use anyhow::Result;
 use ctx::CompactionPolicy;
 use memcore::bytes::human;
 use memcore::{Fit, PAGE_BYTES, STITCH_ALIGN, StitchConfig, VIRTUAL_BYTES, pytorch};
+use serde::Serialize;
 
 use crate::replay::baseline::{OffsetAllocatorPolicy, RangeAllocPolicy};
 use crate::replay::device;
@@ -16,6 +17,7 @@ use crate::replay::policy::{self, Arena, GRANULE};
 use crate::replay::pool_policy::{self, PoolPolicy};
 use crate::replay::stitch_policy::{ExpandablePolicy, StitchPolicy};
 use crate::replay::{Done, Pass};
+use crate::trace::Trace;
 
 /// What every policy of one replay is built from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +43,56 @@ impl Default for Settings {
     }
 }
 
+/// The allocator library a trace's program ran on: whose settings a user of
+/// the trace can pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Framework {
+    /// A PyTorch memory snapshot.
+    PyTorch,
+    /// An RMM allocation log.
+    Rmm,
+}
+
+impl Framework {
+    /// The framework `trace` was recorded under: a snapshot names its CUDA
+    /// device (or records PyTorch's reserved bytes), an RMM log does neither.
+    pub fn of(trace: &Trace) -> Self {
+        if trace.device.is_some() || trace.recorded.is_some() {
+            Framework::PyTorch
+        } else {
+            Framework::Rmm
+        }
+    }
+
+    /// "a PyTorch", "an RMM": the article its name takes.
+    pub fn a_program(self) -> &'static str {
+        match self {
+            Framework::PyTorch => "a PyTorch",
+            Framework::Rmm => "an RMM",
+        }
+    }
+
+    /// Its name in sentences.
+    pub fn name(self) -> &'static str {
+        match self {
+            Framework::PyTorch => "PyTorch",
+            Framework::Rmm => "RMM",
+        }
+    }
+}
+
+/// A way for a framework's user to pick a policy without changing the
+/// program's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Pick {
+    /// What to set or use, as the user writes it.
+    pub how: &'static str,
+    /// Whether cudamem ships it (its PyTorch library), rather than the
+    /// framework itself.
+    pub cudamem: bool,
+}
+
 /// One allocation policy: what it is, and how a replay builds it.
 pub struct PolicySpec {
     /// The name on the command line and in reports.
@@ -52,10 +104,15 @@ pub struct PolicySpec {
     /// plain pointers (PyTorch, RMM, most CUDA code) cannot let its blocks
     /// move, so such a policy is only for callers that hold handles.
     pub moves_blocks: bool,
-    /// How a user gets this allocator outside cudamem, where one can: a
-    /// setting, an environment variable, a library type. `None`: a model
-    /// for research and comparison only.
-    pub how_to_use: Option<&'static str>,
+    /// How a PyTorch program gets this allocator, where it can: a setting
+    /// of PyTorch's or a cudamem library. Only a policy that never moves a
+    /// block can have one.
+    pub pytorch: Option<Pick>,
+    /// How an RMM program gets this allocator, where it can.
+    pub rmm: Option<Pick>,
+    /// How Rust code gets it: a crate or a ctx type. `None` with no pick
+    /// either: a model for research and comparison only.
+    pub rust: Option<&'static str>,
     /// Whether a block's offset lies in the bytes the policy maps from 0
     /// (false: a virtual address, whose pages are backed one by one, so
     /// offsets run past the mapped bytes).
@@ -78,11 +135,30 @@ impl PolicySpec {
         } else {
             "Never moves a block."
         };
-        let use_it = match self.how_to_use {
-            Some(how) => format!("To use it: {how}."),
-            None => "A model for comparison: nothing outside cudamem runs it.".to_string(),
+        let mut ways = Vec::new();
+        if let Some(pick) = self.pytorch {
+            ways.push(format!("from PyTorch, {}", pick.how));
+        }
+        if let Some(pick) = self.rmm {
+            ways.push(format!("from RMM, {}", pick.how));
+        }
+        if let Some(how) = self.rust {
+            ways.push(format!("from Rust, {how}"));
+        }
+        let use_it = if ways.is_empty() {
+            "A model for comparison: nothing outside cudamem runs it.".to_string()
+        } else {
+            format!("To use it: {}.", ways.join("; "))
         };
         format!("{}. {moves} {use_it}", (self.describe)(settings))
+    }
+
+    /// How a `framework` program picks this policy, if it can.
+    pub fn pick(&self, framework: Framework) -> Option<Pick> {
+        match framework {
+            Framework::PyTorch => self.pytorch,
+            Framework::Rmm => self.rmm,
+        }
     }
 
     /// Build the policy for `settings` and run `pass` through it.
@@ -133,11 +209,12 @@ pub static POLICIES: &[PolicySpec] = &[
     PolicySpec {
         name: "first-fit",
         describe: |_| {
-            "memcore's reference free list: each request takes the lowest free range that fits"
-                .into()
+            "a reference free list: each request takes the lowest free range that fits".into()
         },
         moves_blocks: false,
-        how_to_use: None,
+        pytorch: None,
+        rmm: None,
+        rust: None,
         contiguous: true,
         by_default: true,
         runs_on_gpu: false,
@@ -145,9 +222,19 @@ pub static POLICIES: &[PolicySpec] = &[
     },
     PolicySpec {
         name: "best-fit",
-        describe: |_| "the same free list, taking the smallest free range that fits".into(),
+        describe: |_| {
+            "the same free list, taking the smallest free range that fits: how RMM's \
+             pool_memory_resource places blocks (that pool grows by whole steps of its own, so \
+             it holds at least this footprint)"
+                .into()
+        },
         moves_blocks: false,
-        how_to_use: None,
+        pytorch: None,
+        rmm: Some(Pick {
+            how: "rmm::mr::pool_memory_resource",
+            cudamem: false,
+        }),
+        rust: None,
         contiguous: true,
         by_default: true,
         runs_on_gpu: false,
@@ -156,15 +243,17 @@ pub static POLICIES: &[PolicySpec] = &[
     PolicySpec {
         name: "tlsf",
         describe: |_| {
-            "memcore's two-level segregated fit: constant-time allocate and free over size \
-             classes, grown at its end"
+            "two-level segregated fit (TLSF): constant-time allocate and free over size \
+             classes, in one address range grown at its end, never moving a block"
                 .into()
         },
         moves_blocks: false,
-        how_to_use: Some(
-            "ctx::Pool with CompactionPolicy::Never places blocks this way; the cudamem PyTorch \
-             library runs it (CUDAMEM_POLICY=tlsf), growing by at least CUDAMEM_MIN_GROWTH",
-        ),
+        pytorch: Some(Pick {
+            how: "CUDAMEM_POLICY=tlsf with cudamem_torch",
+            cudamem: true,
+        }),
+        rmm: None,
+        rust: Some("ctx::Pool with CompactionPolicy::Never"),
         contiguous: true,
         by_default: true,
         runs_on_gpu: false,
@@ -173,13 +262,16 @@ pub static POLICIES: &[PolicySpec] = &[
     PolicySpec {
         name: "tlsf-compact",
         describe: |_| {
-            "ctx's Pool (TLSF behind relocatable handles) on a simulated device, set to grow the \
-             least: when a request does not fit, it first moves the fewest blocks that make room; \
-             when no move can, it slides every block down and grows by what is still missing"
+            "a compacting pool (TLSF whose blocks the caller names by handles, so they can \
+             move), set to grow the least: when a request does not fit, it first moves the \
+             fewest blocks that make room; when no move can, it slides every block down and \
+             grows by what is still missing"
                 .into()
         },
         moves_blocks: true,
-        how_to_use: Some("ctx::Pool with CompactionPolicy::SlideBeforeGrow"),
+        pytorch: None,
+        rmm: None,
+        rust: Some("ctx::Pool with CompactionPolicy::SlideBeforeGrow"),
         contiguous: true,
         by_default: true,
         runs_on_gpu: false,
@@ -192,13 +284,15 @@ pub static POLICIES: &[PolicySpec] = &[
         name: "pool-vmm",
         describe: |_| {
             format!(
-                "ctx's Pool on a simulated device, as it runs on a GPU: compacts before it grows, \
-                 and grows by mapping {} VMM pages",
+                "the compacting pool as it runs on a GPU: moves blocks to close gaps before it \
+                 grows, and grows by mapping {} pages of virtual memory",
                 human(GRANULE)
             )
         },
         moves_blocks: true,
-        how_to_use: Some("ctx::Pool with PoolConfig::vmm (CompactionPolicy::BeforeGrow)"),
+        pytorch: None,
+        rmm: None,
+        rust: Some("ctx::Pool with PoolConfig::vmm"),
         contiguous: true,
         by_default: true,
         runs_on_gpu: false,
@@ -215,7 +309,9 @@ pub static POLICIES: &[PolicySpec] = &[
                 .into()
         },
         moves_blocks: false,
-        how_to_use: Some("the offset-allocator crate, from Rust"),
+        pytorch: None,
+        rmm: None,
+        rust: Some("the offset-allocator crate"),
         contiguous: true,
         by_default: true,
         runs_on_gpu: false,
@@ -227,7 +323,9 @@ pub static POLICIES: &[PolicySpec] = &[
             "the range-alloc crate (wgpu's range allocator): best fit, grown at its end".into()
         },
         moves_blocks: false,
-        how_to_use: Some("the range-alloc crate, from Rust"),
+        pytorch: None,
+        rmm: None,
+        rust: Some("the range-alloc crate"),
         contiguous: true,
         by_default: true,
         runs_on_gpu: false,
@@ -235,9 +333,14 @@ pub static POLICIES: &[PolicySpec] = &[
     },
     PolicySpec {
         name: "stitch",
-        describe: |settings| describe_stitch("memcore's Stitch", &settings.stitch),
+        describe: |settings| describe_stitch("cudamem's stitching allocator", &settings.stitch),
         moves_blocks: false,
-        how_to_use: Some("ctx::StitchedPool runs it on a GPU"),
+        pytorch: Some(Pick {
+            how: "CUDAMEM_POLICY=stitch with cudamem_torch",
+            cudamem: true,
+        }),
+        rmm: None,
+        rust: Some("ctx::StitchedPool"),
         contiguous: false,
         by_default: true,
         runs_on_gpu: false,
@@ -258,7 +361,12 @@ pub static POLICIES: &[PolicySpec] = &[
             )
         },
         moves_blocks: false,
-        how_to_use: Some("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+        pytorch: Some(Pick {
+            how: "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+            cudamem: false,
+        }),
+        rmm: None,
+        rust: None,
         contiguous: false,
         by_default: true,
         runs_on_gpu: false,
@@ -272,13 +380,15 @@ pub static POLICIES: &[PolicySpec] = &[
                 None => "a simulated H200 (with --gpu N, CUDA device N)".to_string(),
             };
             format!(
-                "ctx's StitchedPool on {on}: the stitch policy carried out through the driver's \
-                 VMM calls, each allocate and free timed; its footprint and driver calls are the \
+                "the stitching pool on {on}: the stitch policy carried out through the driver's \
+                 virtual memory calls, each allocate and free timed; its footprint and driver calls are the \
                  stitch row's, and what the device measured is listed under the table"
             )
         },
         moves_blocks: false,
-        how_to_use: Some("ctx::StitchedPool"),
+        pytorch: None,
+        rmm: None,
+        rust: Some("ctx::StitchedPool"),
         contiguous: false,
         by_default: false,
         runs_on_gpu: true,
@@ -449,7 +559,7 @@ mod tests {
             "by 100% of its bytes) or nothing is idle, else",
             "2.00 MiB handles",
             "Never moves a block.",
-            "To use it: ctx::StitchedPool runs it on a GPU.",
+            "To use it: from PyTorch, CUDAMEM_POLICY=stitch with cudamem_torch; from Rust, ctx::StitchedPool.",
         ] {
             assert!(text.contains(said), "{said:?} not in {text}");
         }
@@ -482,10 +592,17 @@ mod tests {
                 "{}: {text}",
                 spec.name
             );
+            let picks = [spec.pytorch, spec.rmm];
             assert_eq!(
                 text.contains("nothing outside cudamem runs it"),
-                spec.how_to_use.is_none(),
+                spec.rust.is_none() && picks.iter().all(Option::is_none),
                 "{}: {text}",
+                spec.name
+            );
+            // A framework's program holds plain pointers: no block may move.
+            assert!(
+                !spec.moves_blocks || picks.iter().all(Option::is_none),
+                "{} moves blocks yet a framework can pick it",
                 spec.name
             );
         }

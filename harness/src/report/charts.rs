@@ -26,15 +26,87 @@ pub(super) const CURVE_COLORS: [RGBColor; 11] = [
     RGBColor(117, 72, 166),
     RGBColor(153, 153, 51),
     RGBColor(136, 34, 85),
-    RGBColor(200, 30, 30),
+    RGBColor(140, 86, 30),
     RGBColor(68, 170, 153),
 ];
 
 /// The live bytes' curve.
 pub(super) const LIVE_COLOR: RGBColor = BLACK;
 
-/// The memory maps' line of mapped bytes.
-pub(super) const MAPPED_COLOR: RGBColor = RED;
+/// The memory maps' line of mapped bytes: red, which no curve uses.
+pub(super) const MAPPED_COLOR: RGBColor = RGBColor(220, 20, 60);
+
+/// Axis labels' and descriptions' font sizes as plotters takes them: its
+/// SVG text comes out at about 0.8 of the size, 12.9 and 14.5 pixels.
+const LABEL_PX: u32 = 16;
+const DESC_PX: u32 = 18;
+
+/// The x axis of a trace's charts: seconds since its first record where
+/// the trace carries time, else the event's index.
+#[derive(Debug, Clone)]
+pub(super) struct TimeAxis {
+    /// (event index, seconds since the first record), both rising.
+    samples: Vec<(f64, f64)>,
+    events: usize,
+}
+
+impl TimeAxis {
+    /// The axis of a trace of `events` events whose [`Trace::clock`] is
+    /// `clock` (times that run backwards are held, so the axis only rises).
+    ///
+    /// [`Trace::clock`]: crate::trace::Trace::clock
+    pub(super) fn new(clock: &[(usize, u64)], events: usize) -> Self {
+        let first = clock.first().map_or(0, |&(_, ns)| ns);
+        let mut latest = 0.0f64;
+        let samples = clock
+            .iter()
+            .map(|&(event, ns)| {
+                latest = latest.max(ns.saturating_sub(first) as f64 / 1e9);
+                (event as f64, latest)
+            })
+            .collect();
+        Self { samples, events }
+    }
+
+    /// Whether the axis is time.
+    pub(super) fn is_time(&self) -> bool {
+        self.samples.len() > 1
+    }
+
+    /// Where event `event` (fractional: a point between two) lies on it.
+    pub(super) fn x(&self, event: f64) -> f64 {
+        if !self.is_time() {
+            return event;
+        }
+        let next = self.samples.partition_point(|&(at, _)| at <= event);
+        match (
+            next.checked_sub(1).map(|i| self.samples[i]),
+            self.samples.get(next),
+        ) {
+            (None, _) => self.samples[0].1,
+            (Some((_, at)), None) => at,
+            (Some((from, t0)), Some(&(to, t1))) => t0 + (event - from) / (to - from) * (t1 - t0),
+        }
+    }
+
+    /// The axis's end: where the last event ends.
+    pub(super) fn end(&self) -> f64 {
+        if self.is_time() {
+            self.samples.last().map_or(0.0, |&(_, t)| t).max(1e-9)
+        } else {
+            self.events.max(1) as f64
+        }
+    }
+
+    /// Its description under the chart.
+    pub(super) fn desc(&self) -> &'static str {
+        if self.is_time() {
+            "time since the first record (s)"
+        } else {
+            "event (each allocate or free, in order; the trace records no time)"
+        }
+    }
+}
 
 /// Occupancy shades of the memory map, from a sliver used to full.
 pub(super) const OCCUPANCY_SHADES: [RGBColor; 4] = [
@@ -57,32 +129,46 @@ fn axis_unit(span: u64) -> (f64, &'static str) {
     }
 }
 
-/// A step curve of mapped bytes, ending at event `events`.
-fn mapped_steps(mapped: &[(usize, u64)], events: usize, unit: f64) -> Vec<(f64, f64)> {
+/// A step curve of mapped bytes, ending at event `events`, on `axis`.
+fn mapped_steps(
+    mapped: &[(usize, u64)],
+    events: usize,
+    unit: f64,
+    axis: &TimeAxis,
+) -> Vec<(f64, f64)> {
     let mut points = Vec::with_capacity(mapped.len() * 2 + 1);
     let mut last = 0.0;
     for &(event, bytes) in mapped {
         let y = bytes as f64 / unit;
+        let x = axis.x(event as f64);
         if !points.is_empty() {
-            points.push((event as f64, last));
+            points.push((x, last));
         }
-        points.push((event as f64, y));
+        points.push((x, y));
         last = y;
     }
-    points.push((events as f64, last));
+    points.push((axis.x(events as f64), last));
     points
 }
 
 /// The peak of each stretch of `values`, at most [`CURVE_POINTS`] points,
-/// each at the event index its stretch starts.
-fn downsample(values: &[f64]) -> Vec<(f64, f64)> {
+/// each at its own event on `axis` (not the stretch's start: on a time
+/// axis a stretch of a few events can span much of the run).
+fn downsample(values: &[f64], axis: &TimeAxis) -> Vec<(f64, f64)> {
     let stride = values.len().div_ceil(CURVE_POINTS).max(1);
     values
         .chunks(stride)
         .enumerate()
         .map(|(chunk, values)| {
-            let peak = values.iter().copied().fold(f64::MIN, f64::max);
-            ((chunk * stride) as f64, peak)
+            let (at, peak) =
+                values
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .fold((0, f64::MIN), |best, (at, value)| {
+                        if value > best.1 { (at, value) } else { best }
+                    });
+            (axis.x((chunk * stride + at) as f64), peak)
         })
         .collect()
 }
@@ -91,30 +177,72 @@ pub(super) fn footprint_chart(
     curves: &[FootprintCurve<'_>],
     live: &[u64],
     span: u64,
-) -> Result<String> {
+    axis: &TimeAxis,
+) -> Result<(String, PlotFrame, String)> {
     let events = live.len().max(1);
     let (unit, unit_name) = axis_unit(span);
     let live: Vec<f64> = live.iter().map(|&bytes| bytes as f64 / unit).collect();
     let mut svg = String::new();
+    let frame;
+    // Each curve's points for the page's script: its name and (x, bytes).
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     {
         let root = SVGBackend::with_string(&mut svg, (960, 420)).into_drawing_area();
         root.fill(&WHITE)?;
         let y_desc = format!("bytes ({unit_name})");
-        let mut chart = chart_on(&root, events, 0.0, span as f64 * 1.05 / unit, &y_desc)?;
+        let y_max = span as f64 * 1.05 / unit;
+        let mut chart = chart_on(&root, axis, 0.0, y_max, &y_desc)?;
+        let (px, py) = chart.plotting_area().get_pixel_range();
+        frame = PlotFrame {
+            px: (px.start, px.end),
+            py: (py.start, py.end),
+            x: (0.0, axis.end()),
+            y: (0.0, y_max),
+            unit,
+        };
         for (index, curve) in curves.iter().enumerate() {
+            let points = mapped_steps(curve.mapped, events, unit, axis);
             chart.draw_series(LineSeries::new(
-                mapped_steps(curve.mapped, events, unit),
+                points.iter().copied(),
                 curve_color(index).stroke_width(2),
             ))?;
+            series.push((curve.name.to_owned(), points));
         }
+        let live = downsample(&live, axis);
         chart.draw_series(LineSeries::new(
-            downsample(&live),
+            live.iter().copied(),
             LIVE_COLOR.stroke_width(1),
         ))?;
+        series.push(("live bytes".to_owned(), live));
         root.present()?;
     }
-    Ok(svg)
+    Ok((svg, frame, series_json(&series, unit)))
 }
+
+/// `series` as JSON for the page's script: `[[name, [[x, bytes], ...]], ...]`,
+/// each curve thinned to at most [`HOVER_POINTS`] points.
+fn series_json(series: &[(String, Vec<(f64, f64)>)], unit: f64) -> String {
+    let curves: Vec<String> = series
+        .iter()
+        .map(|(name, points)| {
+            let stride = points.len().div_ceil(HOVER_POINTS).max(1);
+            let points: Vec<String> = points
+                .iter()
+                .step_by(stride)
+                .map(|&(x, y)| format!("[{x:.6},{:.0}]", y * unit))
+                .collect();
+            format!(
+                "[{},[{}]]",
+                serde_json::to_string(name).unwrap_or_default(),
+                points.join(",")
+            )
+        })
+        .collect();
+    format!("[{}]", curves.join(","))
+}
+
+/// Points of a curve the footprint chart's pointer reads.
+const HOVER_POINTS: usize = 2000;
 
 /// For each event, bytes `mapped` above the highest live bytes up to it, in
 /// percent of `peak_live` bytes.
@@ -142,11 +270,11 @@ pub(super) fn overhead_chart(
     curves: &[FootprintCurve<'_>],
     live: &[u64],
     peak_live: u64,
+    axis: &TimeAxis,
 ) -> Result<String> {
-    let events = live.len().max(1);
     let series: Vec<Vec<(f64, f64)>> = curves
         .iter()
-        .map(|curve| downsample(&overhead_percent(curve.mapped, live, peak_live)))
+        .map(|curve| downsample(&overhead_percent(curve.mapped, live, peak_live), axis))
         .collect();
     let values = || series.iter().flatten().map(|&(_, y)| y);
     let high = values().fold(0.0f64, f64::max);
@@ -158,13 +286,13 @@ pub(super) fn overhead_chart(
         root.fill(&WHITE)?;
         let mut chart = chart_on(
             &root,
-            events,
+            axis,
             low - if low < 0.0 { margin } else { 0.0 },
             high + margin,
             "% of peak live bytes",
         )?;
         chart.draw_series(LineSeries::new(
-            [(0.0, 0.0), (events as f64, 0.0)],
+            [(0.0, 0.0), (axis.end(), 0.0)],
             LIVE_COLOR.stroke_width(1),
         ))?;
         for (index, points) in series.into_iter().enumerate() {
@@ -183,24 +311,49 @@ type Chart<'a, 'b> = ChartContext<
 
 fn chart_on<'a, 'b>(
     root: &'a DrawingArea<SVGBackend<'b>, Shift>,
-    events: usize,
+    axis: &TimeAxis,
     y_min: f64,
     y_max: f64,
     y_desc: &str,
 ) -> Result<Chart<'a, 'b>> {
     let mut chart = ChartBuilder::on(root)
         .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..events as f64, y_min..y_max)?;
+        .x_label_area_size(48)
+        .y_label_area_size(78)
+        .build_cartesian_2d(0f64..axis.end(), y_min..y_max)?;
+    let time = axis.is_time();
     chart
         .configure_mesh()
         .disable_mesh()
-        .x_desc("event index")
+        .label_style(("sans-serif", LABEL_PX))
+        .axis_desc_style(("sans-serif", DESC_PX))
+        .x_desc(axis.desc())
         .y_desc(y_desc)
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_label_formatter(&|x| {
+            if time {
+                format!("{x:.2}")
+            } else {
+                format!("{x:.0}")
+            }
+        })
         .draw()?;
     Ok(chart)
+}
+
+/// Where a chart's plotting area lies: its pixels and the data ranges they
+/// show, for the page's script to read a pointer's position.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct PlotFrame {
+    /// Left and right pixel.
+    pub px: (i32, i32),
+    /// Top and bottom pixel.
+    pub py: (i32, i32),
+    /// The x range shown, axis units.
+    pub x: (f64, f64),
+    /// The y range shown, in `unit` bytes.
+    pub y: (f64, f64),
+    /// Bytes per y unit.
+    pub unit: f64,
 }
 
 pub(super) fn memory_map_chart(
@@ -208,14 +361,26 @@ pub(super) fn memory_map_chart(
     placement: &Placement,
     events: usize,
     span: u64,
-) -> Result<String> {
+    axis: &TimeAxis,
+    address_desc: &str,
+) -> Result<(String, PlotFrame)> {
     let (unit, unit_name) = axis_unit(span);
     let mut svg = String::new();
+    let frame;
     {
-        let root = SVGBackend::with_string(&mut svg, (960, 380)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (960, 400)).into_drawing_area();
         root.fill(&WHITE)?;
-        let y_desc = format!("address ({unit_name})");
-        let mut chart = chart_on(&root, events.max(1), 0.0, span as f64 / unit, &y_desc)?;
+        let y_desc = format!("{address_desc} ({unit_name})");
+        let y_max = span as f64 / unit;
+        let mut chart = chart_on(&root, axis, 0.0, y_max, &y_desc)?;
+        let (px, py) = chart.plotting_area().get_pixel_range();
+        frame = PlotFrame {
+            px: (px.start, px.end),
+            py: (py.start, py.end),
+            x: (0.0, axis.end()),
+            y: (0.0, y_max),
+            unit,
+        };
         let mut cells = Vec::new();
         for (row, occupancy) in raster.cells.iter().enumerate() {
             let y0 = row as f64 * raster.bytes_per_row / unit;
@@ -228,8 +393,9 @@ pub(super) fn memory_map_chart(
                     column += 1;
                 }
                 if let Some(shade) = shade {
-                    let x0 = start as f64 * raster.events_per_column;
-                    let x1 = column as f64 * raster.events_per_column;
+                    let width = axis.end() / raster.columns as f64;
+                    let x0 = start as f64 * width;
+                    let x1 = column as f64 * width;
                     cells.push(Rectangle::new(
                         [(x0, y0), (x1, y1)],
                         OCCUPANCY_SHADES[shade].filled(),
@@ -239,12 +405,12 @@ pub(super) fn memory_map_chart(
         }
         chart.draw_series(cells)?;
         chart.draw_series(LineSeries::new(
-            mapped_steps(&placement.mapped, events, unit),
+            mapped_steps(&placement.mapped, events, unit, axis),
             MAPPED_COLOR.stroke_width(2),
         ))?;
         root.present()?;
     }
-    Ok(svg)
+    Ok((svg, frame))
 }
 
 /// Which shade a cell gets; `None` for an empty one.
@@ -291,5 +457,26 @@ mod tests {
             }
         }
         assert_ne!(curve_color(0), curve_color(crate::replay::POLICIES.len()));
+        // Red is the maps' mapped line and nothing else's.
+        let reddish = |RGBColor(r, g, b): RGBColor| r >= 180 && g < 80 && b < 80;
+        assert!(reddish(MAPPED_COLOR));
+        assert!(CURVE_COLORS.iter().all(|&color| !reddish(color)));
+    }
+
+    #[test]
+    fn the_axis_is_time_where_the_trace_has_it() {
+        let axis = TimeAxis::new(
+            &[(0, 5_000_000_000), (10, 6_000_000_000), (20, 5_500_000_000)],
+            30,
+        );
+        assert!(axis.is_time());
+        assert_eq!(axis.x(0.0), 0.0);
+        assert!((axis.x(5.0) - 0.5).abs() < 1e-12);
+        // A clock that runs back is held.
+        assert_eq!(axis.x(25.0), 1.0);
+        assert_eq!(axis.end(), 1.0);
+        let events = TimeAxis::new(&[], 30);
+        assert!(!events.is_time());
+        assert_eq!((events.x(7.0), events.end()), (7.0, 30.0));
     }
 }

@@ -3,7 +3,10 @@
 //! (charts.rs draws them).
 
 mod charts;
+pub mod conclusion;
+mod figures;
 pub mod memory_map;
+mod script;
 pub mod summary;
 
 use anyhow::Result;
@@ -13,10 +16,12 @@ use plotters::style::RGBColor;
 use crate::replay::policy::FOOTPRINT_RULE;
 use crate::replay::{Outcome, Placement, PolicySpec, Settings};
 use crate::report::charts::{
-    LIVE_COLOR, MAPPED_COLOR, OCCUPANCY_SHADES, curve_color, footprint_chart, memory_map_chart,
-    overhead_chart,
+    LIVE_COLOR, MAPPED_COLOR, OCCUPANCY_SHADES, TimeAxis, curve_color, footprint_chart,
+    memory_map_chart, overhead_chart,
 };
-use crate::report::memory_map::Raster;
+use crate::report::figures::{columns_section, figures_table, peak_bars};
+use crate::report::memory_map::{AddressBands, Raster};
+use crate::report::script::{CURVES_HINT, MAP_HINT, MAP_SCRIPT, hover_blocks};
 use crate::report::summary::TraceSummary;
 use crate::trace::Trace;
 
@@ -51,13 +56,18 @@ pub struct FootprintCurve<'a> {
 pub fn page(title: &str, body: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n\
-         <style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}}\
-         table{{border-collapse:collapse}}td,th{{padding:2px 10px;text-align:right;border-bottom:1px solid #ddd}}\
+         <style>body{{font-family:sans-serif;font-size:16px;max-width:1180px;margin:2em auto;color:#222}}\
+         .conclusion{{background:#eef6ee;border-left:5px solid #0a7f3f;padding:.6em 1em;margin:1em 0}}\
+         table td.group{{text-align:left;font-weight:bold;background:#f4f4f4;font-family:sans-serif;word-break:normal}}dt{{font-weight:bold}}\
+         .map svg,.curves svg{{cursor:crosshair;max-width:100%;height:auto}}\
+         .tip{{font-size:14px;min-height:1.4em;color:#333;margin:0 0 .3em 80px}}\
+         table{{border-collapse:collapse;font-size:14px}}td,th{{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd;white-space:nowrap}}\
+         td:last-child{{text-align:left;white-space:normal;word-break:break-all;font-family:monospace}}th{{vertical-align:bottom}}\
          th:first-child,td:first-child{{text-align:left}}svg{{display:block;margin:1em 0 .3em}}\
          .legend{{margin:0 0 1.5em 70px;line-height:1.8}}.legend span{{display:inline-block;margin-right:1.4em;white-space:nowrap}}\
          .legend i{{display:inline-block;width:24px;height:3px;vertical-align:middle;margin-right:.4em}}\
          .legend i.box{{width:14px;height:14px;border:1px solid #999}}</style>\n\
-         </head><body>\n<h1>{title}</h1>\n{body}</body></html>\n",
+         </head><body>\n<h1>{title}</h1>\n{body}<script>{MAP_SCRIPT}</script></body></html>\n",
         title = escape(title)
     )
 }
@@ -125,8 +135,19 @@ pub fn replay_page(traces: &[TraceReport<'_>], settings: &Settings) -> Result<St
             policies.push(outcome.policy);
         }
     }
-    let mut body = format!("<p>{}</p>\n", escape(FOOTPRINT_RULE));
+    let mut body =
+        String::from("<div class=\"conclusion\" id=\"conclusion\"><h2>What you can do</h2>\n");
+    for report in traces {
+        body += &format!(
+            "<p><b>{}</b>: {}</p>\n",
+            escape(&report.summary.trace),
+            escape(&report.summary.conclusion.join(" "))
+        );
+    }
+    body += "</div>\n";
+    body += &format!("<p>{}</p>\n", escape(FOOTPRINT_RULE));
     body += &policies_section(&policies, settings);
+    body += &columns_section();
     for report in traces {
         body += &trace_section(report)?;
     }
@@ -147,28 +168,7 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
             .map(|bytes| format!(", fixed arena of {}", human(bytes)))
             .unwrap_or_default()
     );
-    html += "<table><tr><th>policy</th><th>peak footprint</th><th>footprint / live</th>\
-             <th>compaction moved</th><th>failed allocations</th><th>ns per op</th></tr>\n";
-    for policy in &summary.policies {
-        html += &format!(
-            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{:.0}</td></tr>\n",
-            policy.name,
-            human(policy.peak_footprint_bytes),
-            policy.footprint_ratio,
-            human(policy.compaction_bytes_moved),
-            policy.failed_allocations,
-            policy.ns_per_op
-        );
-    }
-    if let Some(recorded) = &summary.pytorch_recorded {
-        html += &format!(
-            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>-</td><td>-</td><td>-</td></tr>\n",
-            recorded.name,
-            human(recorded.peak_reserved_bytes),
-            recorded.footprint_ratio
-        );
-    }
-    html += "</table>\n";
+    html += &figures_table(summary);
     if summary.unknown_frees > 0 {
         html += &format!(
             "<p>{} frees of blocks allocated before the trace began: taken as live from the first event.</p>\n",
@@ -208,6 +208,7 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
         .collect();
     curves.extend(report.extra_curves.iter().copied());
     let live = report.trace.live_bytes_curve();
+    let axis = TimeAxis::new(&report.trace.clock, report.trace.events.len());
     let curve_legend = |live_name: &str| {
         let mut entries: Vec<(String, RGBColor, Swatch)> = curves
             .iter()
@@ -217,8 +218,19 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
         entries.push((live_name.to_owned(), LIVE_COLOR, Swatch::Line));
         legend(&entries)
     };
+    html += "<h3>Peak footprint</h3>\n";
+    html += &peak_bars(&curves, summary.peak_live_bytes);
     html += "<h3>Footprint and live bytes over the trace</h3>\n";
-    html += &footprint_chart(&curves, &live, span)?;
+    let (svg, frame, series) = footprint_chart(&curves, &live, span, &axis)?;
+    html += &format!(
+        "<div class=\"curves\" data-px0=\"{}\" data-px1=\"{}\" data-x1=\"{}\" data-time=\"{}\" \
+         data-series=\"{}\"><div class=\"tip\">{CURVES_HINT}</div>{svg}</div>\n",
+        frame.px.0,
+        frame.px.1,
+        frame.x.1,
+        axis.is_time(),
+        escape(&series)
+    );
     html += &curve_legend("live bytes");
     html += &format!(
         "<h3>Overhead over the trace</h3>\n<p>What each policy had mapped above the highest live \
@@ -227,7 +239,7 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
          the table's footprint / live minus 1.</p>\n",
         human(summary.peak_live_bytes)
     );
-    html += &overhead_chart(&curves, &live, summary.peak_live_bytes)?;
+    html += &overhead_chart(&curves, &live, summary.peak_live_bytes, &axis)?;
     html += &curve_legend("0%: the peak live bytes so far");
     let same: Vec<String> = coinciding(&curves)
         .iter()
@@ -252,29 +264,83 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
         escape(MEMORY_MAP_INTRO)
     );
     for (outcome, placement) in &report.policies {
+        let bands = if outcome.policy.contiguous {
+            AddressBands::default()
+        } else {
+            AddressBands::of(placement, &sizes)
+        };
+        let map_span = span.max(bands.span());
+        let columns = MAP_COLUMNS as f64 / axis.end();
         let raster = Raster::new(
             placement,
+            &bands,
+            &|event| axis.x(event as f64) * columns,
             &lifetimes,
             &sizes,
-            report.trace.events.len(),
-            span,
+            map_span,
             MAP_COLUMNS,
             MAP_ROWS,
         );
         html += &format!("<h3>Memory map: {}</h3>\n", outcome.policy.name);
         if !outcome.policy.contiguous {
             html += VIRTUAL_MAP_NOTE;
+            let cuts: Vec<String> = bands
+                .starts()
+                .iter()
+                .skip(1)
+                .map(|&(at, from)| {
+                    format!(
+                        "from {} up: virtual addresses from {}",
+                        human(at),
+                        human(from)
+                    )
+                })
+                .collect();
+            if !cuts.is_empty() {
+                html += &format!(
+                    "<p>The empty virtual addresses between its ranges are cut out: {}.</p>\n",
+                    escape(&cuts.join("; "))
+                );
+            }
         }
-        html += &memory_map_chart(&raster, placement, report.trace.events.len(), span)?;
+        let (svg, frame) = memory_map_chart(
+            &raster,
+            placement,
+            report.trace.events.len(),
+            map_span,
+            &axis,
+            if outcome.policy.contiguous {
+                "address"
+            } else if bands.starts().is_empty() {
+                "virtual address"
+            } else {
+                "virtual address, gaps cut"
+            },
+        )?;
+        let blocks = hover_blocks(placement, &bands, &lifetimes, &sizes, &axis, frame.unit);
+        html += &format!(
+            "<div class=\"map\" data-px0=\"{}\" data-px1=\"{}\" data-py0=\"{}\" data-py1=\"{}\" \
+             data-x1=\"{}\" data-y1=\"{}\" data-unit=\"{}\" data-time=\"{}\" data-blocks=\"{}\">\
+             <div class=\"tip\">{MAP_HINT}</div>{svg}</div>\n",
+            frame.px.0,
+            frame.px.1,
+            frame.py.0,
+            frame.py.1,
+            frame.x.1,
+            frame.y.1,
+            frame.unit,
+            axis.is_time(),
+            escape(&blocks)
+        );
         html += &memory_map_key();
     }
     Ok(html)
 }
 
 /// What the memory maps show and what to compare.
-const MEMORY_MAP_INTRO: &str = "Each map shows where a policy put the blocks: address upwards, event \
-index to the right, every cell shaded by how much of it live blocks filled; the red line is what the \
-policy had mapped. Compare across policies the room between the top of the dark area at its highest \
+const MEMORY_MAP_INTRO: &str = "Each map shows where a policy put the blocks: address upwards, time \
+(or, where the trace records none, the event) to the right, every cell shaded by how much of it live \
+blocks filled; the red line is what the policy had mapped. Compare across policies the room between the top of the dark area at its highest \
 and the red line: memory mapped but not usable when it mattered, which is what costs footprint. \
 Light cells above dense ones are holes left by freed blocks. A policy that compacts (tlsf-compact, \
 pool-vmm) packs its blocks low, so its red line sits just above the dark area.";

@@ -6,7 +6,9 @@ use serde::Serialize;
 
 use crate::replay::device::DeviceFigures;
 use crate::replay::policy::FOOTPRINT_RULE;
+use crate::replay::spec::{Framework, Pick};
 use crate::replay::{Failure, Outcome};
+use crate::report::conclusion;
 use crate::trace::{Skipped, Trace};
 use memcore::bytes::human;
 
@@ -15,6 +17,11 @@ use memcore::bytes::human;
 pub struct PolicySummary {
     /// Policy name as on the command line.
     pub name: &'static str,
+    /// Whether it moves live blocks (only for callers that hold handles).
+    pub moves_blocks: bool,
+    /// How a program of the trace's framework picks it, where it can.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pick: Option<Pick>,
     /// Most bytes mapped at once.
     pub peak_footprint_bytes: u64,
     /// Peak footprint over peak live bytes (1.0 is perfect).
@@ -106,6 +113,11 @@ pub struct SkippedPolicy {
 pub struct TraceSummary {
     /// Trace name.
     pub trace: String,
+    /// The allocator library the trace was recorded under.
+    pub framework: Framework,
+    /// What the replay concluded and what the user can do, in a sentence
+    /// or two with the figures.
+    pub conclusion: Vec<String>,
     /// Allocate and free events replayed.
     pub events: usize,
     /// Largest sum of requested bytes alive at once.
@@ -143,12 +155,15 @@ impl TraceSummary {
         outcomes: &[Outcome],
         skipped_policies: Vec<SkippedPolicy>,
     ) -> Self {
+        let framework = Framework::of(trace);
         let policies = outcomes
             .iter()
             .map(|outcome| {
                 let ns_per_op = outcome.ns_per_op();
                 PolicySummary {
                     name: outcome.policy.name,
+                    moves_blocks: outcome.policy.moves_blocks,
+                    pick: outcome.policy.pick(framework),
                     peak_footprint_bytes: outcome.peak_footprint_bytes,
                     footprint_ratio: ratio(outcome.peak_footprint_bytes, trace.peak_live_bytes),
                     compaction_bytes_moved: outcome.bytes_moved,
@@ -173,8 +188,10 @@ impl TraceSummary {
                 }
             })
             .collect();
-        Self {
+        let mut summary = Self {
             trace: trace.name.clone(),
+            framework,
+            conclusion: Vec::new(),
             events: trace.events.len(),
             peak_live_bytes: trace.peak_live_bytes,
             peak_live_event: trace.peak_live_event,
@@ -191,10 +208,14 @@ impl TraceSummary {
             policies,
             skipped_policies,
             skipped_records: trace.skipped.clone(),
-        }
+        };
+        summary.conclusion = conclusion::conclude(&summary);
+        summary
     }
 
-    /// The table for people.
+    /// The table for people: first the rows a program of the trace's
+    /// framework can use, then the models for comparison, each row saying
+    /// whether it moves blocks; the conclusion under it.
     pub fn table(&self) -> String {
         let mut out = format!(
             "{}: {} events{}, peak live {} ({} bytes){}\n",
@@ -209,52 +230,79 @@ impl TraceSummary {
                 .map(|bytes| format!(", fixed arena {} ({bytes} bytes)", human(bytes)))
                 .unwrap_or_default()
         );
-        let _ = writeln!(
-            out,
-            "  {:<18} {:>16} {:>7} {:>11} {:>6} {:>8} {:>9} {:>10} {:>8} {:>7}",
-            "policy",
-            "peak footprint",
-            "ratio",
-            "moved",
-            "failed",
-            "ns/op",
-            "drv calls",
-            "drv ms",
-            "drv/time",
-            ">=32MiB"
-        );
+        let headers: Vec<&str> = COLUMNS.iter().map(|column| column.header).collect();
+        let _ = writeln!(out, "  {}", row(&headers));
         let percent = |share: Option<f64>| {
             share.map_or_else(|| "-".to_string(), |share| format!("{:.2}%", share * 100.0))
         };
-        for policy in &self.policies {
+        let policy_row = |policy: &PolicySummary| {
             let calls = &policy.driver_calls;
+            row(&[
+                policy.name,
+                if policy.moves_blocks { "yes" } else { "no" },
+                &human(policy.peak_footprint_bytes),
+                &format!("{:.3}", policy.footprint_ratio),
+                &human(policy.compaction_bytes_moved),
+                &policy.failed_allocations.to_string(),
+                &format!("{:.1}", policy.ns_per_op),
+                &(calls.creates + calls.releases + calls.maps + calls.unmaps + calls.set_access)
+                    .to_string(),
+                &format!("{:.2}", calls.modeled_ns as f64 / 1e6),
+                &percent(policy.driver_time_share),
+                &percent(policy.full_bandwidth_share),
+                policy.pick.map_or("", |pick| pick.how),
+            ])
+        };
+        let (mut usable, models): (Vec<&PolicySummary>, Vec<&PolicySummary>) = self
+            .policies
+            .iter()
+            .partition(|policy| policy.pick.is_some());
+        // The framework's own settings first, then cudamem's library.
+        usable.sort_by_key(|policy| policy.pick.is_some_and(|pick| pick.cudamem));
+        if !usable.is_empty() || self.pytorch_recorded.is_some() {
             let _ = writeln!(
                 out,
-                "  {:<18} {:>16} {:>7.3} {:>11} {:>6} {:>8.1} {:>9} {:>10.2} {:>8} {:>7}",
-                policy.name,
-                human(policy.peak_footprint_bytes),
-                policy.footprint_ratio,
-                human(policy.compaction_bytes_moved),
-                policy.failed_allocations,
-                policy.ns_per_op,
-                calls.creates + calls.releases + calls.maps + calls.unmaps + calls.set_access,
-                calls.modeled_ns as f64 / 1e6,
-                percent(policy.driver_time_share),
-                percent(policy.full_bandwidth_share)
+                "  what {} program can use (none moves a block):",
+                self.framework.a_program()
             );
         }
         if let Some(recorded) = &self.pytorch_recorded {
             let _ = writeln!(
                 out,
-                "  {:<18} {:>15} {:>10.3} {:>13} {:>8} {:>9}",
-                recorded.name,
-                human(recorded.peak_reserved_bytes),
-                recorded.footprint_ratio,
-                "-",
-                "-",
-                "-"
+                "  {}",
+                row(&[
+                    recorded.name,
+                    "no",
+                    &human(recorded.peak_reserved_bytes),
+                    &format!("{:.3}", recorded.footprint_ratio),
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "what the program ran: PyTorch's caching allocator",
+                ])
             );
         }
+        for policy in usable {
+            let _ = writeln!(out, "  {}", policy_row(policy));
+        }
+        if !models.is_empty() {
+            let _ = writeln!(
+                out,
+                "  for comparison (research models, libraries {} program cannot pick):",
+                self.framework.a_program()
+            );
+        }
+        for policy in models {
+            let _ = writeln!(out, "  {}", policy_row(policy));
+        }
+        let _ = writeln!(
+            out,
+            "  * {DRIVER_TIME_NOTE}; `cudamem replay --help` explains every column"
+        );
         if self.unknown_frees > 0 {
             let _ = writeln!(
                 out,
@@ -286,6 +334,9 @@ impl TraceSummary {
                 }
             }
         }
+        for sentence in &self.conclusion {
+            let _ = writeln!(out, "  => {sentence}");
+        }
         for policy in &self.skipped_policies {
             let _ = writeln!(out, "  note: {} skipped: {}", policy.name, policy.reason);
         }
@@ -300,6 +351,120 @@ impl TraceSummary {
         }
         out
     }
+}
+
+/// One column of the replay table: its header and what it means, for
+/// `--help` and the report.
+#[derive(Debug, Clone, Copy)]
+pub struct Column {
+    /// The header, as printed.
+    pub header: &'static str,
+    /// Its width in the table; negative: left-aligned.
+    width: i8,
+    /// What its figures mean, in plain words.
+    pub means: &'static str,
+}
+
+/// How the driver time is known.
+pub const DRIVER_TIME_NOTE: &str = "driver time is modelled: the calls counted, each priced at \
+what it cost on an H200 when measured, not timed here";
+
+/// The replay table's columns, in order.
+pub const COLUMNS: &[Column] = &[
+    Column {
+        header: "policy",
+        width: -18,
+        means: "the allocator replayed (its name for --policy); `pytorch (recorded)` is what \
+                PyTorch itself reserved while the snapshot was taken",
+    },
+    Column {
+        header: "moves",
+        width: 5,
+        means: "whether it moves live blocks to close gaps; one that does needs a program that \
+                holds handles, so no PyTorch or RMM program can use it",
+    },
+    Column {
+        header: "peak mapped",
+        width: 11,
+        means: "the most device memory the policy held mapped at once (its footprint): the \
+                figure that decides whether the program runs out of memory",
+    },
+    Column {
+        header: "x live",
+        width: 6,
+        means: "peak mapped over the most bytes the program had allocated at once; 1.000 \
+                wastes nothing, 1.100 holds 10% more than it needs",
+    },
+    Column {
+        header: "copied",
+        width: 9,
+        means: "bytes compaction copied on the device to close gaps (0 for a policy that never \
+                moves a block)",
+    },
+    Column {
+        header: "failed",
+        width: 6,
+        means: "requests refused; only a fixed arena (--capacity) can refuse one",
+    },
+    Column {
+        header: "cpu ns/call",
+        width: 11,
+        means: "host time the allocator's own bookkeeping took per allocate or free, in \
+                nanoseconds, on this machine (driver time not included)",
+    },
+    Column {
+        header: "driver calls",
+        width: 12,
+        means: "calls to the driver's virtual memory API (create, map, set access, unmap, \
+                release) a real pool would make",
+    },
+    Column {
+        header: "driver ms*",
+        width: 10,
+        means: "those calls' time in milliseconds, modelled from their costs measured on an \
+                H200 (not timed here)",
+    },
+    Column {
+        header: "driver %",
+        width: 8,
+        means: "that time as a share of the trace's recorded run time",
+    },
+    Column {
+        header: "in 32 MiB",
+        width: 9,
+        means: "share of the peak live bytes that lie in physical handles of 32 MiB or more, \
+                which the GPU reads at full bandwidth; `-` where the policy has no handles",
+    },
+    Column {
+        header: "how to use it",
+        width: 0,
+        means: "for what the trace's program can use: the setting or library that gives it",
+    },
+];
+
+/// Every column and what it means, for `cudamem replay --help`.
+pub fn columns_help() -> String {
+    let mut text = String::from("Columns of the table:\n");
+    for column in COLUMNS {
+        let _ = writeln!(text, "  {:<13} {}", column.header, column.means);
+    }
+    text + "Rows come in two groups: what the trace's program can use (PyTorch's settings, \
+            cudamem's PyTorch allocator, RMM's resources), then models and libraries for \
+            comparison. The line after `=>` says what the user can do, with the figures."
+}
+
+/// `cells` laid out in [`COLUMNS`]' widths, trailing blanks cut.
+fn row(cells: &[&str]) -> String {
+    let mut line = String::new();
+    for (cell, column) in cells.iter().zip(COLUMNS) {
+        let width = usize::from(column.width.unsigned_abs());
+        if column.width < 0 || width == 0 {
+            let _ = write!(line, "{cell:<width$} ");
+        } else {
+            let _ = write!(line, "{cell:>width$} ");
+        }
+    }
+    line.trim_end().to_string()
 }
 
 /// `bytes` over `live` (0 when nothing was live).

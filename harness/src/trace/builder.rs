@@ -23,6 +23,8 @@ pub struct TraceBuilder {
     peak_live_event: usize,
     /// First and last time seen, nanoseconds.
     times: Option<(u64, u64)>,
+    /// As [`Trace::clock`]: when each run of events was recorded.
+    clock: Vec<(usize, u64)>,
     skipped: Vec<Skipped>,
 }
 
@@ -41,6 +43,7 @@ impl TraceBuilder {
             peak_live_bytes: 0,
             peak_live_event: 0,
             times: None,
+            clock: Vec::new(),
             skipped: Vec::new(),
         }
     }
@@ -63,6 +66,13 @@ impl TraceBuilder {
         let (first, last) = self.times.get_or_insert((ns, ns));
         *first = (*first).min(ns);
         *last = (*last).max(ns);
+        // The record's events come next: they were made at `ns`.
+        let next = self.events.len();
+        match self.clock.last_mut() {
+            Some(sample) if sample.0 == next => sample.1 = ns,
+            Some(&mut (_, at)) if at == ns => {}
+            _ => self.clock.push((next, ns)),
+        }
     }
 
     /// Record an allocation of `size` bytes at `pointer`.
@@ -148,6 +158,7 @@ impl TraceBuilder {
             device: None,
             recorded: None,
             duration_ns: self.times.map(|(first, last)| last - first),
+            clock: self.clock,
             skipped: self.skipped,
         };
         if !self.assumed.is_empty() {
@@ -163,6 +174,9 @@ impl Trace {
     /// peak again (the assumed blocks are live from the start).
     fn prepend_assumed(&mut self, assumed: &[(u32, u64, Location)]) {
         let count = assumed.len() as u32;
+        for sample in &mut self.clock {
+            sample.0 += assumed.len();
+        }
         let mut new_id = vec![u32::MAX; self.allocations as usize];
         for (rank, &(id, _, _)) in assumed.iter().enumerate() {
             new_id[id as usize] = rank as u32;
@@ -277,6 +291,7 @@ mod tests {
         trace.observe_time(25);
         let trace = trace.finish();
         assert_eq!(trace.duration_ns, Some(30));
+        assert_eq!(trace.clock.last().map(|&(_, ns)| ns), Some(25));
         assert_eq!(trace.peak_live_bytes, 40);
         assert_eq!(trace.peak_live_event, 1);
         assert_eq!(trace.allocations, 3);

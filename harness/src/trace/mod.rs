@@ -234,6 +234,10 @@ pub struct Trace {
     /// Time from the first to the last record, nanoseconds, where the
     /// format records time.
     pub duration_ns: Option<u64>,
+    /// When the events were recorded, where the format says: (event index
+    /// from which on, nanoseconds on the trace's clock), in event order;
+    /// empty for a format without time.
+    pub clock: Vec<(usize, u64)>,
     /// Records the reader passed over, by kind, in order of first sight.
     pub skipped: Vec<Skipped>,
 }
