@@ -17,11 +17,21 @@ use crate::cli::byte_size;
 use crate::report::{Swatch, escape, legend, page};
 use memcore::bytes::human;
 
+/// `--profile`'s help: the built-in models, from the profile table.
+fn profile_help() -> String {
+    let names: Vec<&str> = DeviceProfile::all().iter().map(|p| p.name).collect();
+    format!(
+        "GPU model to predict for, without a GPU: {}. A model, not a measurement: only the \
+         h200's driver and context costs were measured; the others' are unknown (free is then \
+         a bound)",
+        names.join(", ")
+    )
+}
+
 /// Arguments of `cudamem explain`.
 #[derive(Debug, clap::Args)]
 pub struct ExplainArgs {
-    /// Built-in device profile: h200, h100, a100-80gb, rtx4090, gtx280.
-    #[arg(long, default_value = "h200", conflicts_with = "device")]
+    #[arg(long, default_value = "h200", conflicts_with = "device", help = profile_help())]
     profile: String,
     /// Measure CUDA device N instead, or `all`: every device's ledger, then
     /// which devices reach which (needs a build with the `cuda` feature).
@@ -33,7 +43,7 @@ pub struct ExplainArgs {
     /// In-kernel malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE); default 8 MiB.
     #[arg(long, value_parser = byte_size::parse)]
     heap_size: Option<u64>,
-    /// A cm_malloc heap (ctx::DeviceHeap) of this much, e.g. 256MiB: a line
+    /// A cm_malloc heap (cudamem's in-kernel allocator) of this much, e.g. 256MiB: a line
     /// for the bytes it takes from the pool (descriptor and regions), beside
     /// CUDA's malloc heap; default none.
     #[arg(long, value_parser = byte_size::parse)]
@@ -144,7 +154,7 @@ pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
             serde_json::to_string(&to_json(&explained, &args.kernel_local_bytes))?
         )?;
     } else {
-        write!(out, "{}", explained.ledger)?;
+        write!(out, "{}", text(&explained))?;
     }
     if let Some(path) = &args.report {
         std::fs::write(path, ledger_page(&explained)?)
@@ -154,6 +164,44 @@ pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a model of a GPU says it is, in a header line.
+pub(crate) fn model_header(profile: &DeviceProfile) -> String {
+    format!(
+        "model for {} (not measured: run `cudamem explain --device N` on the GPU, or `cudamem \
+         run -- PROGRAM`)",
+        profile.full_name
+    )
+}
+
+/// The ledger for people: a model says so first; then the table; what the
+/// model cannot say; and, when local memory is big, how to find and lower it.
+pub(crate) fn text(explained: &Explained) -> String {
+    let ledger = &explained.ledger;
+    let mut out = String::new();
+    if !ledger.is_measured() {
+        out += &model_header(&explained.profile);
+        out.push('\n');
+    }
+    out += &ledger.to_string();
+    let unknown: Vec<&str> = ledger.unknown_items().map(|item| item.name()).collect();
+    if !unknown.is_empty() {
+        out += &format!(
+            "unknown for this model: {}; so free is at most {}\n",
+            unknown.join(", "),
+            human(
+                ledger
+                    .item(LedgerItemKind::Free)
+                    .and_then(|item| item.predicted.most())
+                    .unwrap_or(0)
+            )
+        );
+    }
+    if let Some(advice) = ledger.local_memory_advice() {
+        out += &advice.to_string();
+    }
+    out
 }
 
 /// The ledger the arguments describe, before anything is measured.
@@ -227,7 +275,9 @@ pub(crate) fn to_json(explained: &Explained, kernel_local_bytes: &[u64]) -> Valu
         "local_memory_per_sm_bytes": ledger.local_memory_per_sm_bytes(),
         "local_memory_reservation_bytes": ledger.local_memory_reservation_bytes(),
         "malloc_heap_bytes": ledger.limits().malloc_heap_bytes,
-        "cm_heap_bytes": ledger.item(LedgerItemKind::CmHeap).map_or(0, |item| item.predicted),
+        "cm_heap_bytes": ledger
+            .item(LedgerItemKind::CmHeap)
+            .map_or(0, |item| item.predicted.known_or_zero()),
         "printf_fifo_bytes": ledger.limits().printf_fifo_bytes,
         "items": ledger.items(),
     });
@@ -249,6 +299,26 @@ pub(crate) fn to_json(explained: &Explained, kernel_local_bytes: &[u64]) -> Valu
         object.insert(format!("measured_{name}"), bytes.into());
     }
     object.insert("measured".into(), measured.into());
+    object.insert("model".into(), (!ledger.is_measured()).into());
+    object.insert(
+        "unknown".into(),
+        ledger
+            .unknown_items()
+            .map(|item| kind_key(item.kind))
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    if let Some(advice) = ledger.local_memory_advice() {
+        object.insert(
+            "local_memory_advice".into(),
+            json!({
+                "find": ctx::FIND_LOCAL_MEMORY,
+                "fixes": ctx::REDUCE_LOCAL_MEMORY,
+                "saving_bytes": advice.saving_bytes(),
+                "conclusion": advice.conclusion(),
+            }),
+        );
+    }
     Value::Object(object)
 }
 
@@ -274,7 +344,10 @@ const ITEM_COLORS: [RGBColor; 8] = [
 
 /// The longest bar of the chart, bytes.
 fn rows_span(parts: &[&ctx::LedgerItem], has_measured: bool) -> u64 {
-    let predicted: u64 = parts.iter().map(|item| item.predicted).sum();
+    let predicted: u64 = parts
+        .iter()
+        .map(|item| item.predicted.known_or_zero())
+        .sum();
     let measured: u64 = parts.iter().filter_map(|item| item.measured).sum();
     if has_measured {
         predicted.max(measured)
@@ -294,7 +367,7 @@ impl Column {
     /// The item's bytes in this bar, if known.
     fn bytes(self, item: &ctx::LedgerItem) -> Option<u64> {
         match self {
-            Column::Predicted => Some(item.predicted),
+            Column::Predicted => item.predicted.bytes(),
             Column::Measured => item.measured,
         }
     }
@@ -367,22 +440,38 @@ fn ledger_page(explained: &Explained) -> Result<String> {
             }
             chart.draw_series(bars)?;
             entries.push((
-                format!("{} ({})", item.name(), human(item.predicted)),
+                format!("{} ({})", item.name(), item.predicted),
                 color,
                 Swatch::Box,
             ));
         }
         root.present()?;
     }
-    let mut body = svg;
+    let mut body = String::new();
+    if !ledger.is_measured() {
+        body += &format!(
+            "<p><b>{}</b></p>\n",
+            escape(&model_header(&explained.profile))
+        );
+    }
+    if let Some(advice) = ledger.local_memory_advice() {
+        body += &format!(
+            "<p><b>{}</b></p>\n<pre>{}</pre>\n",
+            escape(&advice.conclusion()),
+            escape(&advice.to_string())
+        );
+    }
+    body += &svg;
     body += &legend(&entries);
     body += "<table><tr><th>item</th><th>predicted</th><th>measured</th><th>why</th></tr>\n";
     for item in ledger.items() {
         body += &format!(
-            "<tr><td>{}</td><td>{} ({} B)</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>\n",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>\n",
             escape(item.name()),
-            human(item.predicted),
-            item.predicted,
+            match item.predicted.most() {
+                Some(bytes) => format!("{} ({bytes} B)", item.predicted),
+                None => item.predicted.to_string(),
+            },
             item.measured.map_or_else(
                 || "-".into(),
                 |bytes| format!("{} ({bytes} B)", human(bytes))
