@@ -15,6 +15,7 @@ use serde_json::{Map, Value, json};
 
 use crate::cli::byte_size;
 use crate::report::{Swatch, escape, legend, page};
+use crate::trace::snapshot::moments;
 use memcore::bytes::human;
 
 /// `--profile`'s help: the built-in models, from the profile table.
@@ -55,11 +56,20 @@ pub struct ExplainArgs {
     /// frame sets the reservation when it exceeds the stack limit.
     #[arg(long = "lmem", value_parser = byte_size::parse)]
     pub(crate) kernel_local_bytes: Vec<u64>,
-    /// Explain a PyTorch memory snapshot's state at the dump instead
-    /// (torch.cuda.memory._dump_snapshot, gzip or plain): segments,
-    /// fragmentation, and the live blocks that pin segments.
+    /// Explain a PyTorch memory snapshot instead
+    /// (torch.cuda.memory._dump_snapshot, gzip or plain): per segment its
+    /// size, allocated, active (allocated or freed but waiting on its
+    /// stream), free and largest free block; what is stranded in segments
+    /// holding live blocks and what PyTorch's retry before an out-of-memory
+    /// would free; and the live blocks that hold segments, with their stacks.
     #[arg(long, conflicts_with = "device")]
     snapshot: Option<PathBuf>,
+    /// Which moment of the snapshot: `dump` (default), `peak` (when the most
+    /// was allocated), `oom` (each out-of-memory entry of its history)
+    /// or N (right after history entry N). All but `dump` need the history
+    /// (_record_memory_history before the dump).
+    #[arg(long, requires = "snapshot", value_parser = moments::parse_moment)]
+    at: Option<moments::Moment>,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -99,7 +109,13 @@ pub(crate) struct Explained {
 /// Run `cudamem explain`, writing the ledger to `out`.
 pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
     if let Some(snapshot) = &args.snapshot {
-        return crate::cli::explain_snapshot::run(snapshot, args.json, args.report.as_deref(), out);
+        return crate::cli::explain_snapshot::run(
+            snapshot,
+            args.at.unwrap_or(moments::Moment::Dump),
+            args.json,
+            args.report.as_deref(),
+            out,
+        );
     }
     let most = kernels::cm_heap::region_bytes(kernels::cm_heap::MAX_CHUNKS);
     if let Some(bytes) = args.cm_heap.filter(|&b| b > most) {

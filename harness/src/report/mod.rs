@@ -4,6 +4,7 @@
 
 mod charts;
 pub mod memory_map;
+pub mod snapshot_map;
 pub mod summary;
 
 use anyhow::Result;
