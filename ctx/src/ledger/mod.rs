@@ -344,8 +344,7 @@ impl Ledger {
         } else {
             format!("stack limit {} B", limits.stack_bytes)
         };
-        let mut lines: Vec<Line> =
-            vec![
+        let mut lines: Vec<Line> = vec![
             (
                 LedgerItemKind::Total,
                 Prediction::Bytes(profile.total_bytes),
@@ -358,13 +357,17 @@ impl Ledger {
                     "taken by creating the context, less its local memory (measured on this model)"
                         .into(),
                 ),
-                None => (LedgerItemKind::ContextBaseline, Prediction::Unknown, UNKNOWN.into()),
+                None => (
+                    LedgerItemKind::ContextBaseline,
+                    Prediction::Unknown,
+                    UNKNOWN.into(),
+                ),
             },
             (
                 LedgerItemKind::LocalMemory,
                 Prediction::Bytes(reservation),
                 format!(
-                    "{per_thread} B/thread ({frame_source}, {} B granule) x {} threads/SM x {} SMs",
+                    "{per_thread} B/thread ({frame_source}, rounded up to {} B) x {} threads/SM x {} SMs",
                     profile.local_memory_granule_bytes,
                     profile.max_threads_per_sm,
                     profile.sm_count

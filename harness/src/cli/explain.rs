@@ -29,8 +29,34 @@ fn profile_help() -> String {
     )
 }
 
+/// What `explain --help` says after the options: every column and line.
+pub const COLUMNS_HELP: &str = "\
+The ledger (every item of the GPU's memory) has four columns:
+  item       what takes the memory
+  predicted  what the model says from the GPU's profile and the limits: bytes, `at most`
+             a bound, or `unknown` where nobody measured it on this model
+  measured   what the GPU showed (--device N); `-` without one
+  why        where the figure comes from
+Its lines: total (the GPU's memory); driver + context (what creating a context takes);
+local memory (stacks and spilled locals, reserved for every thread the GPU can hold at
+once); module code; malloc heap (in-kernel malloc); cm_malloc heap (cudamem's in-kernel
+allocator); printf FIFO; user allocations; fragmentation (free memory no single
+allocation can get); free.
+
+With --snapshot, one row per segment (memory PyTorch got from the driver in one piece):
+  segment       its device address
+  pool          small (requests up to 1 MiB) or large
+  size          its bytes
+  allocated     bytes in blocks handed to tensors
+  active        allocated, or freed but waiting for its stream's work
+  free          bytes in free blocks
+  largest free  the largest free block: the largest request the segment serves
+Stranded bytes are free bytes in segments holding a live block: PyTorch's retry before an
+out-of-memory error cannot return them.";
+
 /// Arguments of `cudamem explain`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = COLUMNS_HELP)]
 pub struct ExplainArgs {
     #[arg(long, default_value = "h200", conflicts_with = "device", help = profile_help())]
     profile: String,
@@ -73,7 +99,8 @@ pub struct ExplainArgs {
     /// One JSON object instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
-    /// Write the ledger as a stacked bar (SVG in HTML) to this file.
+    /// Write an HTML page to this file: the ledger as a stacked bar, or with
+    /// --snapshot the picture of the segments and blocks.
     #[arg(long)]
     report: Option<PathBuf>,
 }
