@@ -332,3 +332,90 @@ fn the_walk_back_finds_pytorchs_own_peak() {
         }
     }
 }
+
+#[test]
+fn snapshot_device_picks_one_device_of_a_snapshot() {
+    let segment = |device: i64, address: i64| {
+        dict(vec![
+            ("device", Py::Int(device)),
+            ("address", Py::Int(address)),
+            ("total_size", Py::Int(2 * MIB)),
+            ("stream", Py::Int(0)),
+            ("segment_type", s("small")),
+            ("is_expandable", Py::Bool(false)),
+            (
+                "blocks",
+                Py::List(vec![dict(vec![
+                    ("address", Py::Int(address)),
+                    ("size", Py::Int(2 * MIB)),
+                    ("requested_size", Py::Int(2 * MIB)),
+                    ("state", s("active_allocated")),
+                ])]),
+            ),
+        ])
+    };
+    let history = |address: i64| {
+        Py::List(vec![
+            entry("segment_alloc", address, 2 * MIB),
+            entry("alloc", address, 2 * MIB),
+        ])
+    };
+    let root = dict(vec![
+        ("segments", Py::List(vec![segment(0, A), segment(1, B)])),
+        ("device_traces", Py::List(vec![history(A), history(B)])),
+    ]);
+    let path = write_file("two-devices.pickle", &Pickler::new().value(&root).finish());
+    let p = path.to_str().unwrap();
+    let both = json(&["explain", "--snapshot", p, "--json"]);
+    assert_eq!(both["reserved_bytes"], 4 * MIB);
+    let one = json(&[
+        "explain",
+        "--snapshot",
+        p,
+        "--snapshot-device",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(one["reserved_bytes"], 2 * MIB);
+    assert_eq!(one["segments"][0]["address"], B);
+    // Walked back on device 1: after its segment, before its block.
+    let at0 = json(&[
+        "explain",
+        "--snapshot",
+        p,
+        "--snapshot-device",
+        "1",
+        "--at",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(at0["moments"][0]["device"], 1);
+    assert_eq!(at0["segments"][0]["address"], B);
+    assert_eq!(at0["allocated_bytes"], 0);
+    let text = output(&[
+        "explain",
+        "--snapshot",
+        p,
+        "--snapshot-device",
+        "1",
+        "--at",
+        "1",
+    ]);
+    assert!(
+        text.starts_with("after history entry 1 (device 1)"),
+        "{text}"
+    );
+    let said = message(&[
+        "explain",
+        "--snapshot",
+        p,
+        "--snapshot-device",
+        "5",
+        "--at",
+        "peak",
+    ]);
+    assert!(
+        said.contains("no events for device 5 (2 devices listed)"),
+        "{said}"
+    );
+}

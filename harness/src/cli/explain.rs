@@ -96,6 +96,11 @@ pub struct ExplainArgs {
     /// (_record_memory_history before the dump).
     #[arg(long, requires = "snapshot", value_parser = moments::parse_moment)]
     at: Option<moments::Moment>,
+    /// Of a multi-device snapshot, only the device N it recorded (default:
+    /// every device at the dump; the first device with a history for the
+    /// other moments).
+    #[arg(long, value_name = "N", requires = "snapshot")]
+    snapshot_device: Option<usize>,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -139,6 +144,7 @@ pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
         return crate::cli::explain_snapshot::run(
             snapshot,
             args.at.unwrap_or(moments::Moment::Dump),
+            args.snapshot_device,
             args.json,
             args.report.as_deref(),
             out,

@@ -41,13 +41,14 @@ with no live block.";
 pub fn run(
     path: &Path,
     at: Moment,
+    device: Option<usize>,
     json: bool,
     report: Option<&Path>,
     out: &mut dyn Write,
 ) -> Result<()> {
     let pickle = trace::file::load_pickle(path)?;
-    let moments = moments::at(path, &pickle, at)?;
-    let ooms = moments::oom_entries(path, &pickle)?;
+    let moments = moments::at(path, &pickle, at, device)?;
+    let ooms = moments::oom_entries(path, &pickle, device)?;
     drop(pickle);
     let name = display_name(path);
     let stories: Vec<OomStory> = moments
@@ -71,6 +72,7 @@ pub fn run(
                 .map(|(moment, story)| {
                     serde_json::json!({
                         "after_entry": moment.after_entry,
+                        "device": moment.device,
                         "oom": moment.oom,
                         "story": story,
                         "state": moment.state,
@@ -106,6 +108,15 @@ fn moment_name(at: Moment) -> String {
 
 /// Where a moment is, for a heading.
 fn moment_heading(moment: &AtMoment) -> String {
+    let when = moment_when(moment);
+    match moment.device {
+        Some(device) => format!("{when} (device {device})"),
+        None => when,
+    }
+}
+
+/// When a moment is.
+fn moment_when(moment: &AtMoment) -> String {
     match (moment.after_entry, &moment.oom) {
         (None, _) => "at the dump".into(),
         (Some(index), Some(oom)) => format!(

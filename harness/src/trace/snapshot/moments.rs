@@ -48,6 +48,8 @@ pub struct OomEntry {
 pub struct AtMoment {
     /// The history entry the state follows; `None` for the dump.
     pub after_entry: Option<usize>,
+    /// The snapshot's device the state is of; `None`: every device.
+    pub device: Option<u64>,
     /// The `oom` entry at this moment, if it is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oom: Option<OomEntry>,
@@ -98,7 +100,7 @@ struct SegmentInfo {
     expandable: bool,
 }
 
-/// The history of the first device with entries, and its `oom` entries.
+/// One device's history, and its `oom` entries.
 struct History {
     device: u64,
     entries: Vec<Entry>,
@@ -106,17 +108,32 @@ struct History {
 }
 
 /// The states of `moment`: one, or one per `oom` entry (none when the
-/// history has none).
-pub fn at(path: &Path, pickle: &Pickle, moment: Moment) -> Result<Vec<AtMoment>, TraceError> {
-    let dump = state::read(path, pickle)?;
+/// history has none). `device` picks the snapshot's device (its segments
+/// and history); `None`: every device at the dump, else the first device
+/// with a history.
+pub fn at(
+    path: &Path,
+    pickle: &Pickle,
+    moment: Moment,
+    device: Option<usize>,
+) -> Result<Vec<AtMoment>, TraceError> {
+    let mut dump = state::read(path, pickle)?;
     if moment == Moment::Dump {
+        if let Some(device) = device {
+            let segments = std::mem::take(&mut dump.segments)
+                .into_iter()
+                .filter(|segment| segment.device == device as u64)
+                .collect();
+            dump = State::from_segments(segments);
+        }
         return Ok(vec![AtMoment {
             after_entry: None,
+            device: device.map(|device| device as u64),
             oom: None,
             state: dump,
         }]);
     }
-    let history = history(path, pickle)?;
+    let history = history(path, pickle, device)?;
     let layout = Layout::of(&dump, history.device);
     let last = history.entries.len();
     let wanted: Vec<(usize, Option<OomEntry>)> = match moment {
@@ -149,6 +166,7 @@ pub fn at(path: &Path, pickle: &Pickle, moment: Moment) -> Result<Vec<AtMoment>,
             }
             AtMoment {
                 after_entry: Some(index),
+                device: Some(history.device),
                 oom,
                 state: layout.state(),
             }
@@ -156,9 +174,14 @@ pub fn at(path: &Path, pickle: &Pickle, moment: Moment) -> Result<Vec<AtMoment>,
         .collect())
 }
 
-/// The `oom` entries of the first device with a history.
-pub fn oom_entries(path: &Path, pickle: &Pickle) -> Result<Vec<OomEntry>, TraceError> {
-    match history(path, pickle) {
+/// The `oom` entries of `device`'s history (`None`: the first device with
+/// a history).
+pub fn oom_entries(
+    path: &Path,
+    pickle: &Pickle,
+    device: Option<usize>,
+) -> Result<Vec<OomEntry>, TraceError> {
+    match history(path, pickle, device) {
         Ok(history) => Ok(history.ooms),
         Err(err) if matches!(err.problem, Problem::NotSnapshot(_)) => Ok(Vec::new()),
         Err(err) => Err(err),
@@ -194,7 +217,7 @@ fn peak(layout: &Layout, entries: &[Entry]) -> usize {
     best.2
 }
 
-fn history(path: &Path, pickle: &Pickle) -> Result<History, TraceError> {
+fn history(path: &Path, pickle: &Pickle, device: Option<usize>) -> Result<History, TraceError> {
     let whole = |problem| TraceError {
         path: path.to_path_buf(),
         location: Location::File,
@@ -211,15 +234,27 @@ fn history(path: &Path, pickle: &Pickle) -> Result<History, TraceError> {
                     .into(),
             ))
         })?;
-    let Some((device, items)) = devices.iter().enumerate().find_map(|(device, &list)| {
+    let with_events = |(device, &list): (usize, &Value)| {
         pickle
             .items(list)
             .filter(|l| !l.is_empty())
             .map(|l| (device, l))
-    }) else {
-        return Err(whole(Problem::NotSnapshot(
-            "device_traces holds no events: --at needs the history".into(),
-        )));
+    };
+    let found = match device {
+        Some(device) => devices
+            .get(device)
+            .and_then(|list| with_events((device, list))),
+        None => devices.iter().enumerate().find_map(with_events),
+    };
+    let Some((device, items)) = found else {
+        return Err(whole(Problem::NotSnapshot(match device {
+            Some(device) => format!(
+                "device_traces holds no events for device {device} ({} devices listed): \
+                 --at needs its history",
+                devices.len()
+            ),
+            None => "device_traces holds no events: --at needs the history".into(),
+        })));
     };
     let mut entries = Vec::with_capacity(items.len());
     let mut ooms = Vec::new();
