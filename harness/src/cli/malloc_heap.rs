@@ -242,7 +242,7 @@ mod gpu {
         threads: u32,
         prediction: &HeapPrediction,
     ) -> Result<HeapMeasurement> {
-        let mib = MIB;
+        let mib = memcore::bytes::MIB;
         let mut tries = Vec::new();
         let mut low = 0u64;
         let mut high = None;
