@@ -288,9 +288,9 @@ fn the_report_draws_segments_and_blocks_to_scale() {
     assert!(html.contains("class=\"snapshot-map\""));
     assert!(html.contains("font-size=\"12\""));
     // B (40 MiB) is the widest row; A (20 MiB) half as wide; Y (30 MiB) three quarters.
-    assert!(html.contains("width=\"900.0\""), "{html}");
-    assert!(html.contains("width=\"450.0\""), "{html}");
-    assert!(html.contains("width=\"675.0\""), "{html}");
+    assert!(html.contains("width=\"700.0\""), "{html}");
+    assert!(html.contains("width=\"350.0\""), "{html}");
+    assert!(html.contains("width=\"525.0\""), "{html}");
     // Hover titles: a block's size and its stack.
     assert!(
         html.contains("<title>block 0x1000200000: 1.00 MiB allocated"),

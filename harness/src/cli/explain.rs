@@ -466,6 +466,8 @@ fn ledger_page(explained: &Explained) -> Result<String> {
         chart
             .configure_mesh()
             .disable_y_mesh()
+            .label_style(("sans-serif", 14))
+            .axis_desc_style(("sans-serif", 14))
             .x_desc("GiB")
             .y_labels(0)
             .draw()?;
@@ -504,10 +506,18 @@ fn ledger_page(explained: &Explained) -> Result<String> {
         );
     }
     if let Some(advice) = ledger.local_memory_advice() {
+        let list = |lines: &[&str]| {
+            lines
+                .iter()
+                .map(|line| format!("<li>{}</li>", escape(line)))
+                .collect::<String>()
+        };
         body += &format!(
-            "<p><b>{}</b></p>\n<pre>{}</pre>\n",
+            "<p><b>{}</b></p>\n<p>How to find a kernel's local memory:</p><ul>{}</ul>\n\
+             <p>What lowers it:</p><ul>{}</ul>\n",
             escape(&advice.conclusion()),
-            escape(&advice.to_string())
+            list(&ctx::FIND_LOCAL_MEMORY),
+            list(&ctx::REDUCE_LOCAL_MEMORY)
         );
     }
     body += &svg;

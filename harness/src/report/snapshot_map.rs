@@ -14,9 +14,9 @@ use crate::trace::snapshot::state::{BlockState, Segment, State};
 /// Rows drawn; the rest are counted under the picture.
 const DRAWN_SEGMENTS: usize = 160;
 /// Width of the bar area, pixels.
-const BAR_WIDTH: f64 = 900.0;
+const BAR_WIDTH: f64 = 700.0;
 /// Width of the label column, pixels.
-const LABEL_WIDTH: f64 = 250.0;
+const LABEL_WIDTH: f64 = 230.0;
 /// Height of a row, pixels.
 const ROW: f64 = 20.0;
 /// Text size, pixels.
@@ -59,7 +59,7 @@ pub fn picture(state: &State) -> String {
             x + 18.0,
             escape(name)
         );
-        x += 30.0 + 7.0 * name.len() as f64;
+        x += 30.0 + 6.5 * name.len() as f64;
     }
     let _ = writeln!(
         svg,
