@@ -298,8 +298,8 @@ pub struct Workload<'a> {
 /// A prediction and the line explaining it.
 type Line = (LedgerItemKind, Prediction, String);
 
-const UNKNOWN: &str = "not known for this model (measured only on the GPUs whose profile says so); \
-                       `cudamem explain --device N` measures it on the GPU";
+const UNKNOWN: &str = "not measured on this model, and no rule gives it: `cudamem explain \
+                       --device N` measures it on the GPU";
 
 impl Ledger {
     /// Predict the ledger of a context on `profile` with `limits`, one
@@ -354,8 +354,10 @@ impl Ledger {
                 Some(bytes) => (
                     LedgerItemKind::ContextBaseline,
                     Prediction::Bytes(bytes),
-                    "taken by creating the context, less its local memory (measured on this model)"
-                        .into(),
+                    format!(
+                        "taken by creating the context, less its local memory (measured on an {})",
+                        profile.full_name
+                    ),
                 ),
                 None => (
                     LedgerItemKind::ContextBaseline,
@@ -628,7 +630,7 @@ fn module_line(profile: &DeviceProfile, workload: &Workload<'_>) -> Line {
         Some(bytes) => (
             kind,
             Prediction::Bytes(bytes),
-            format!("{what}, as measured on this model"),
+            format!("{what}, as measured on an {}", profile.full_name),
         ),
         None => (kind, Prediction::Unknown, UNKNOWN.into()),
     }

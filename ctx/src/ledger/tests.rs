@@ -184,7 +184,7 @@ fn printf_and_malloc_bring_their_module_and_heap_costs() {
         a100.item(LedgerItemKind::ModuleCode)
             .unwrap()
             .explanation
-            .contains("not known")
+            .contains("not measured on this model")
     );
 }
 

@@ -93,7 +93,8 @@ pub struct ExplainArgs {
     /// Which moment of the snapshot: `dump` (default), `peak` (when the most
     /// was allocated), `oom` (each out-of-memory entry of its history)
     /// or N (right after history entry N). All but `dump` need the history
-    /// (_record_memory_history before the dump).
+    /// (_record_memory_history before the dump); --report draws the first
+    /// moment.
     #[arg(long, requires = "snapshot", value_parser = moments::parse_moment)]
     at: Option<moments::Moment>,
     /// Of a multi-device snapshot, only the device N it recorded (default:
