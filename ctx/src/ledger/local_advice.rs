@@ -38,7 +38,8 @@ pub const REDUCE_LOCAL_MEMORY: [&str; 3] = [
 /// Why local memory is big, and what it would be at the default stack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalMemoryAdvice {
-    /// The reservation, bytes.
+    /// The reservation, bytes: measured where a device showed it, else
+    /// predicted.
     pub reservation_bytes: u64,
     /// Bytes per thread it is made of.
     pub per_thread_bytes: u64,
@@ -122,9 +123,17 @@ impl Ledger {
     /// let advice = big.local_memory_advice().unwrap();
     /// assert!(advice.set_by_kernel);
     /// assert_eq!(advice.saving_bytes(), 270_336 * (16384 - 1024));
+    /// // A measurement wins.
+    /// let mut measured = big.clone();
+    /// measured.set_measured(ctx::LedgerItemKind::LocalMemory, 4 << 30);
+    /// assert_eq!(measured.local_memory_advice().unwrap().reservation_bytes, 4 << 30);
     /// ```
     pub fn local_memory_advice(&self) -> Option<LocalMemoryAdvice> {
-        let reservation = self.local_memory_reservation_bytes();
+        // What a device measured wins over the prediction.
+        let reservation = self
+            .item(LedgerItemKind::LocalMemory)
+            .and_then(|item| item.figure().bytes())
+            .unwrap_or_else(|| self.local_memory_reservation_bytes());
         let total = self
             .item(LedgerItemKind::Total)
             .and_then(|item| item.figure().bytes())
