@@ -27,8 +27,9 @@ pub use driver_code::DriverCode;
 pub use error::{Error, Result};
 pub use kernels::moves::BlockMove;
 pub use ledger::{
-    Ledger, LedgerItem, LedgerItemKind, LedgerRow, Limits, Workload,
-    local_memory_reservation_bytes, per_thread_local_bytes, render_rows,
+    BIG_LOCAL_BYTES, BIG_LOCAL_SHARE, FIND_LOCAL_MEMORY, Figure, Ledger, LedgerItem,
+    LedgerItemKind, LedgerRow, Limits, LocalMemoryAdvice, Prediction, REDUCE_LOCAL_MEMORY,
+    Workload, local_memory_reservation_bytes, per_thread_local_bytes, render_rows,
 };
 /// The stitching policy's types a stitched pool user meets, and the record
 /// of driver calls every pool keeps.

@@ -1,10 +1,11 @@
 //! What the ledger needs to know about a GPU model, for the models it knows
 //! without a device at hand.
 //!
-//! Sources differ per figure and are named on each profile: "measured" means
-//! read from the device with the driver on the lent H200 machine; "datasheet"
-//! means NVIDIA's published specifications; "reported" means the total that
-//! `nvidia-smi` prints for such a card in public reports, not measured here.
+//! Sources differ per figure and are named on each profile: the H200's were
+//! measured on such a GPU with the driver; every other model's come from
+//! NVIDIA's spec sheets and the CUDA programming guide's compute capability
+//! table, and what only a device can show (the driver and context, module
+//! costs) is unknown for them, never 0.
 //!
 //! The H200 costs were measured on 2026-11-30 (driver 580.159.04) with small
 //! driver-API programs, each step in a fresh primary context, as the drop of
@@ -23,6 +24,8 @@
 //! - the malloc heap is taken at the first launch of a kernel that calls
 //!   `malloc`: the heap limit (at least 4 MiB) plus 2 MiB.
 
+use memcore::bytes::GIB;
+
 /// The default rounding of per-thread local memory, in bytes: on the H200
 /// the reservation grows in steps of 16 bytes per thread (measured).
 pub const LOCAL_MEMORY_GRANULE: u64 = 16;
@@ -31,7 +34,7 @@ pub const LOCAL_MEMORY_GRANULE: u64 = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DeviceProfile {
-    /// Short lowercase name: `h200`, `h100`, `a100-80gb`, `rtx4090`, `gtx280`.
+    /// Short lowercase name: `h200`, `h100`, `a100-80gb`, `rtx4090`, ...
     pub name: &'static str,
     /// The marketing name.
     pub full_name: &'static str,
@@ -64,7 +67,42 @@ pub struct DeviceProfile {
     pub source: &'static str,
 }
 
-static BUILTIN: [DeviceProfile; 5] = [
+/// What the data sheets give: SMs and memory from NVIDIA's product
+/// specifications, threads per SM from the CUDA C++ Programming Guide's
+/// table of compute capabilities. Memory is the nominal capacity; the
+/// driver's total is a little lower (ECC and reserved pages).
+const SPEC_SHEET: &str = "NVIDIA spec sheet (SMs, memory: nominal capacity, the driver's total \
+                          is a little lower); CUDA programming guide, compute capability table \
+                          (threads per SM); driver and context costs not measured on this model";
+
+/// A model known only from its data sheets.
+const fn spec_sheet(
+    name: &'static str,
+    full_name: &'static str,
+    sm_count: u32,
+    max_threads_per_sm: u32,
+    total_bytes: u64,
+    compute_capability: (u32, u32),
+) -> DeviceProfile {
+    DeviceProfile {
+        name,
+        full_name,
+        sm_count,
+        max_threads_per_sm,
+        total_bytes,
+        compute_capability,
+        context_baseline_bytes: None,
+        first_module_bytes: None,
+        printf_module_bytes: None,
+        malloc_module_bytes: None,
+        local_memory_granule_bytes: LOCAL_MEMORY_GRANULE,
+        source: SPEC_SHEET,
+    }
+}
+
+/// The built-in profiles, one row per model; only the H200's driver and
+/// context costs were measured.
+static BUILTIN: [DeviceProfile; 13] = [
     DeviceProfile {
         name: "h200",
         full_name: "NVIDIA H200",
@@ -79,73 +117,42 @@ static BUILTIN: [DeviceProfile; 5] = [
         printf_module_bytes: Some(67_108_864),
         malloc_module_bytes: Some(144_703_488),
         local_memory_granule_bytes: LOCAL_MEMORY_GRANULE,
-        source: "measured on the lent H200 (driver 580.159.04): SMs, threads, total, \
-                 context baseline, module costs, local memory granule",
+        source: "measured on an H200 with driver 580.159.04: SMs, threads per SM, the \
+                 driver's total, driver and context, module costs, local memory granule",
     },
-    DeviceProfile {
-        name: "h100",
-        full_name: "NVIDIA H100 SXM5 80GB",
-        sm_count: 132,
-        max_threads_per_sm: 2048,
-        // 81,559 MiB.
-        total_bytes: 85_520_809_984,
-        compute_capability: (9, 0),
-        context_baseline_bytes: None,
-        first_module_bytes: None,
-        printf_module_bytes: None,
-        malloc_module_bytes: None,
-        local_memory_granule_bytes: LOCAL_MEMORY_GRANULE,
-        source: "datasheet: SMs, threads, compute capability; total as reported \
-                 (81,559 MiB), not measured here",
-    },
-    DeviceProfile {
-        name: "a100-80gb",
-        full_name: "NVIDIA A100 80GB",
-        sm_count: 108,
-        max_threads_per_sm: 2048,
-        // 80 GiB.
-        total_bytes: 85_899_345_920,
-        compute_capability: (8, 0),
-        context_baseline_bytes: None,
-        first_module_bytes: None,
-        printf_module_bytes: None,
-        malloc_module_bytes: None,
-        local_memory_granule_bytes: LOCAL_MEMORY_GRANULE,
-        source: "datasheet: SMs, threads, compute capability; total is the vendor \
-                 figure of 80 GiB, not measured here",
-    },
-    DeviceProfile {
-        name: "rtx4090",
-        full_name: "NVIDIA GeForce RTX 4090",
-        sm_count: 128,
-        max_threads_per_sm: 1536,
-        // 24,564 MiB.
-        total_bytes: 25_757_220_864,
-        compute_capability: (8, 9),
-        context_baseline_bytes: None,
-        first_module_bytes: None,
-        printf_module_bytes: None,
-        malloc_module_bytes: None,
-        local_memory_granule_bytes: LOCAL_MEMORY_GRANULE,
-        source: "datasheet: SMs, threads, compute capability; total as reported \
-                 (24,564 MiB), not measured here",
-    },
-    DeviceProfile {
-        name: "gtx280",
-        full_name: "NVIDIA GeForce GTX 280",
-        sm_count: 30,
-        max_threads_per_sm: 1024,
-        // 1 GiB.
-        total_bytes: 1_073_741_824,
-        compute_capability: (1, 3),
-        context_baseline_bytes: None,
-        first_module_bytes: None,
-        printf_module_bytes: None,
-        malloc_module_bytes: None,
-        local_memory_granule_bytes: LOCAL_MEMORY_GRANULE,
-        source: "datasheet: 30 SMs, 1024 threads per SM (compute capability 1.3), \
-                 1 GiB; not measured here",
-    },
+    spec_sheet("a100-40gb", "NVIDIA A100 40GB", 108, 2048, 40 * GIB, (8, 0)),
+    spec_sheet("a100-80gb", "NVIDIA A100 80GB", 108, 2048, 80 * GIB, (8, 0)),
+    spec_sheet("h100", "NVIDIA H100 SXM5 80GB", 132, 2048, 80 * GIB, (9, 0)),
+    spec_sheet(
+        "h100-pcie",
+        "NVIDIA H100 PCIe 80GB",
+        114,
+        2048,
+        80 * GIB,
+        (9, 0),
+    ),
+    spec_sheet("l40s", "NVIDIA L40S", 142, 1536, 48 * GIB, (8, 9)),
+    spec_sheet("l4", "NVIDIA L4", 58, 1536, 24 * GIB, (8, 9)),
+    spec_sheet("a10", "NVIDIA A10", 72, 1536, 24 * GIB, (8, 6)),
+    spec_sheet("t4", "NVIDIA T4", 40, 1024, 16 * GIB, (7, 5)),
+    spec_sheet("v100", "NVIDIA V100 SXM2 32GB", 80, 2048, 32 * GIB, (7, 0)),
+    spec_sheet(
+        "rtx4090",
+        "NVIDIA GeForce RTX 4090",
+        128,
+        1536,
+        24 * GIB,
+        (8, 9),
+    ),
+    spec_sheet(
+        "rtx3090",
+        "NVIDIA GeForce RTX 3090",
+        82,
+        1536,
+        24 * GIB,
+        (8, 6),
+    ),
+    spec_sheet("gtx280", "NVIDIA GeForce GTX 280", 30, 1024, GIB, (1, 3)),
 ];
 
 impl DeviceProfile {
@@ -183,6 +190,39 @@ mod tests {
             assert_eq!(DeviceProfile::builtin(p.name), Some(*p));
             assert!(DeviceProfile::all()[..i].iter().all(|q| q.name != p.name));
             assert!(p.local_memory_granule_bytes.is_power_of_two());
+        }
+    }
+
+    #[test]
+    fn the_common_models_are_there_and_only_the_h200_is_measured() {
+        for name in [
+            "a100-40gb",
+            "a100-80gb",
+            "h100",
+            "h100-pcie",
+            "h200",
+            "l40s",
+            "l4",
+            "t4",
+            "a10",
+            "v100",
+            "rtx4090",
+            "rtx3090",
+        ] {
+            let p = DeviceProfile::builtin(name).unwrap_or_else(|| panic!("no {name}"));
+            assert!(p.sm_count > 0 && p.max_threads_per_sm >= 1024, "{name}");
+            assert!(p.total_bytes >= 16 * GIB, "{name}");
+            assert_eq!(p.context_baseline_bytes.is_some(), name == "h200", "{name}");
+            assert!(!p.source.is_empty());
+        }
+        // The programming guide's threads per SM for each compute capability.
+        for p in DeviceProfile::all() {
+            let threads = match p.compute_capability {
+                (7, 5) | (1, _) => 1024,
+                (8, 6) | (8, 9) => 1536,
+                _ => 2048,
+            };
+            assert_eq!(p.max_threads_per_sm, threads, "{}", p.name);
         }
     }
 

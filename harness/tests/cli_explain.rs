@@ -193,3 +193,123 @@ fn a_cm_heap_is_a_ledger_line_beside_cudas_malloc_heap() {
     let said = message(&["explain", "--cm-heap", "100GiB"]);
     assert!(said.contains("at most 65536 chunks"), "{said}");
 }
+
+#[test]
+fn a_model_says_so_and_what_it_does_not_know_is_unknown_not_zero() {
+    let text = output(&["explain", "--profile", "rtx4090"]);
+    assert!(
+        text.starts_with(
+            "model for NVIDIA GeForce RTX 4090 (not measured: run `cudamem explain --device N` \
+             on the GPU, or `cudamem run -- PROGRAM`)"
+        ),
+        "{text}"
+    );
+    let driver = text
+        .lines()
+        .find(|l| l.starts_with("driver + context"))
+        .expect("a driver line");
+    assert!(
+        driver.contains("unknown") && !driver.contains(" 0 (0.0 MiB)"),
+        "{driver}"
+    );
+    let free = text.lines().find(|l| l.starts_with("free")).unwrap();
+    assert!(free.contains("at most"), "{free}");
+    assert!(text.contains("so free is at most"), "{text}");
+
+    let model = json(&["explain", "--profile", "rtx4090", "--json"]);
+    assert_eq!(model["model"], true);
+    let item = |kind: &str| {
+        model["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|item| item["kind"] == kind)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(item("context_baseline")["state"], "unknown");
+    assert!(item("context_baseline")["predicted"].is_null());
+    assert_eq!(item("local_memory")["state"], "predicted");
+    assert_eq!(item("free")["state"], "at_most");
+    assert!(item("free")["at_most"].as_u64().unwrap() > 20 << 30);
+    assert_eq!(model["unknown"], serde_json::json!(["context_baseline"]));
+
+    // The measured model knows every line: free is a figure, not a bound.
+    let h200 = json(&["explain", "--json"]);
+    assert_eq!(h200["unknown"], serde_json::json!([]));
+    assert!(output(&["explain"]).starts_with("model for NVIDIA H200 (not measured"));
+}
+
+#[test]
+fn the_common_gpus_have_profiles_with_a_source() {
+    for (name, sms, threads) in [
+        ("a100-40gb", 108, 2048),
+        ("a100-80gb", 108, 2048),
+        ("h100", 132, 2048),
+        ("h100-pcie", 114, 2048),
+        ("h200", 132, 2048),
+        ("l40s", 142, 1536),
+        ("l4", 58, 1536),
+        ("t4", 40, 1024),
+        ("a10", 72, 1536),
+        ("v100", 80, 2048),
+        ("rtx4090", 128, 1536),
+        ("rtx3090", 82, 1536),
+    ] {
+        let json = json(&["explain", "--profile", name, "--json"]);
+        assert_eq!(json["sm_count"], sms, "{name}");
+        assert_eq!(json["max_threads_per_sm"], threads, "{name}");
+        let total = &json["items"][0];
+        assert_eq!(total["kind"], "total");
+        let why = total["explanation"].as_str().unwrap();
+        let source = if name == "h200" {
+            "measured on an H200"
+        } else {
+            "NVIDIA spec sheet"
+        };
+        assert!(why.contains(source), "{name}: {why}");
+    }
+    // Every profile is named in the help.
+    let said = message(&["explain", "--profile", "voodoo2"]);
+    for name in ["a100-40gb", "l40s", "l4", "t4"] {
+        assert!(said.contains(name), "{said}");
+    }
+}
+
+#[test]
+fn big_local_memory_says_how_to_find_it_and_what_to_do() {
+    let text = output(&["explain", "--lmem", "16KiB"]);
+    for needed in [
+        "ptxas -v",
+        "nvcc -Xptxas -v",
+        "cuobjdump --dump-resource-usage",
+        "CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES",
+        "cudaDeviceSetLimit(cudaLimitStackSize",
+        "fewer resident threads",
+    ] {
+        assert!(text.contains(needed), "{needed}: {text}");
+    }
+    let conclusion = text
+        .lines()
+        .find(|l| l.starts_with("conclusion:"))
+        .expect("a conclusion");
+    assert!(
+        conclusion.contains("local memory is the big item, 4.12 GiB")
+            && conclusion.contains("largest kernel frame, 16384 B per thread")
+            && conclusion.contains("270336 resident threads")
+            && conclusion.contains("shrink that kernel's frame")
+            && conclusion.contains("264 MiB, 3.87 GiB back"),
+        "{conclusion}"
+    );
+    let json = json(&["explain", "--lmem", "16KiB", "--json"]);
+    assert_eq!(
+        json["local_memory_advice"]["saving_bytes"],
+        270_336u64 * (16384 - 1024)
+    );
+    // A raised stack limit is the cause when no kernel frame is larger.
+    let stack = output(&["explain", "--stack-size", "8KiB"]);
+    assert!(stack.contains("set by the stack limit, 8192 B"), "{stack}");
+    assert!(stack.contains("lower the stack limit"), "{stack}");
+    // The default stack is no big item: no advice.
+    assert!(!output(&["explain"]).contains("how to find a kernel's local memory"));
+}

@@ -393,7 +393,7 @@ pub fn html(command: &str, reports: &[ProcessReport]) -> String {
                     out,
                     "<tr><td>{}</td><td class=n>{}</td><td class=n>{}</td><td>{}</td></tr>",
                     escape(item.name()),
-                    human(item.predicted),
+                    item.predicted,
                     item.measured.map_or_else(|| "-".into(), human),
                     escape(&item.explanation)
                 );

@@ -113,7 +113,7 @@ impl Explanation {
             ),
             LedgerRow {
                 item: "  outside the pool".into(),
-                predicted: Some(self.outside_bytes),
+                predicted: Some(ctx::Prediction::Bytes(self.outside_bytes)),
                 measured: None,
                 why: "used - context - pool: cuBLAS/cuDNN workspaces, NCCL, module code, \
                       other allocators"

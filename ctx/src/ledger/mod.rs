@@ -1,12 +1,19 @@
 //! The context ledger ([`Ledger`]) and the local-memory rule it is built on;
-//! table.rs writes it (and any rows like its own) as text.
+//! figure.rs says what is known of each item, table.rs writes it (and any
+//! rows like its own) as text.
 
+mod figure;
+mod local_advice;
 mod table;
 
 use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::profile::DeviceProfile;
+pub use figure::{Figure, Prediction};
+pub use local_advice::{
+    BIG_LOCAL_BYTES, BIG_LOCAL_SHARE, FIND_LOCAL_MEMORY, LocalMemoryAdvice, REDUCE_LOCAL_MEMORY,
+};
 pub use table::{LedgerRow, render_rows};
 
 /// Context limits that cost device memory (`cuCtxGetLimit`), bytes.
@@ -116,8 +123,9 @@ impl LedgerItemKind {
 pub struct LedgerItem {
     /// Which line.
     pub kind: LedgerItemKind,
-    /// What the model predicts.
-    pub predicted: u64,
+    /// What the model says: bytes, a bound, or unknown where the profile
+    /// lacks the figure.
+    pub predicted: Prediction,
     /// What a real device showed, where someone measured it.
     pub measured: Option<u64>,
     /// Where the prediction comes from, one line.
@@ -128,6 +136,12 @@ impl LedgerItem {
     /// Its short name ([`LedgerItemKind::name`]).
     pub const fn name(&self) -> &'static str {
         self.kind.name()
+    }
+
+    /// What a reader should take the line's bytes for: measured where a
+    /// device showed them, else the prediction.
+    pub const fn figure(&self) -> Figure {
+        Figure::new(self.predicted, self.measured)
     }
 
     /// The line as a row of a ledger table.
@@ -141,16 +155,25 @@ impl LedgerItem {
     }
 }
 
-/// As a JSON object: `kind`, `name`, `predicted`, `measured`, `explanation`.
+/// As a JSON object: `kind`, `name`, `predicted` (bytes, or null where the
+/// model has no exact figure), `at_most` (the bound of a bounded line, else
+/// null), `measured`, `state` (`measured`, `predicted`, `at_most` or
+/// `unknown`: what a reader should take the line for), `explanation`.
 #[cfg(feature = "serde")]
 impl serde::Serialize for LedgerItem {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut item = serializer.serialize_struct("LedgerItem", 5)?;
+        let bound = match self.predicted {
+            Prediction::AtMost(bytes) => Some(bytes),
+            Prediction::Bytes(_) | Prediction::Unknown => None,
+        };
+        let mut item = serializer.serialize_struct("LedgerItem", 7)?;
         item.serialize_field("kind", &self.kind)?;
         item.serialize_field("name", self.name())?;
-        item.serialize_field("predicted", &self.predicted)?;
+        item.serialize_field("predicted", &self.predicted.bytes())?;
+        item.serialize_field("at_most", &bound)?;
         item.serialize_field("measured", &self.measured)?;
+        item.serialize_field("state", self.figure().state())?;
         item.serialize_field("explanation", &self.explanation)?;
         item.end()
     }
@@ -173,7 +196,8 @@ impl serde::Serialize for LedgerItem {
 /// // One kernel with a 16 KiB local frame: 16 KiB for each of 270,336 threads.
 /// let ledger = Ledger::predict(&h200, &Limits::cuda_default(), &[16 << 10], 0);
 /// assert_eq!(ledger.local_memory_reservation_bytes(), 4_429_185_024);
-/// assert_eq!(ledger.item(LedgerItemKind::LocalMemory).unwrap().predicted, 4_429_185_024);
+/// let local = ledger.item(LedgerItemKind::LocalMemory).unwrap();
+/// assert_eq!(local.predicted, ctx::Prediction::Bytes(4_429_185_024));
 /// println!("{ledger}");
 /// ```
 ///
@@ -196,6 +220,9 @@ pub struct Ledger {
     /// largest kernel frame, rounded up to the profile's granule. The
     /// `LocalMemory` item predicts `sm_count * max_threads_per_sm *` this.
     per_thread_local_bytes: u64,
+    /// The largest local frame of a loaded kernel, bytes per thread (0 for
+    /// none).
+    largest_frame_bytes: u64,
     /// The lines, one per kind, in [`LedgerItemKind::ALL`] order.
     items: Vec<LedgerItem>,
 }
@@ -269,9 +296,10 @@ pub struct Workload<'a> {
 }
 
 /// A prediction and the line explaining it.
-type Line = (LedgerItemKind, u64, String);
+type Line = (LedgerItemKind, Prediction, String);
 
-const UNKNOWN: &str = "not known for this device; the CUDA backend measures it";
+const UNKNOWN: &str = "not measured on this model, and no rule gives it: `cudamem explain \
+                       --device N` measures it on the GPU";
 
 impl Ledger {
     /// Predict the ledger of a context on `profile` with `limits`, one
@@ -319,22 +347,29 @@ impl Ledger {
         let mut lines: Vec<Line> = vec![
             (
                 LedgerItemKind::Total,
-                profile.total_bytes,
+                Prediction::Bytes(profile.total_bytes),
                 format!("{}: {}", profile.full_name, profile.source),
             ),
             match profile.context_baseline_bytes {
                 Some(bytes) => (
                     LedgerItemKind::ContextBaseline,
-                    bytes,
-                    "taken by creating the context, less its local memory (measured)".into(),
+                    Prediction::Bytes(bytes),
+                    format!(
+                        "taken by creating the context, less its local memory (measured on an {})",
+                        profile.full_name
+                    ),
                 ),
-                None => (LedgerItemKind::ContextBaseline, 0, UNKNOWN.into()),
+                None => (
+                    LedgerItemKind::ContextBaseline,
+                    Prediction::Unknown,
+                    UNKNOWN.into(),
+                ),
             },
             (
                 LedgerItemKind::LocalMemory,
-                reservation,
+                Prediction::Bytes(reservation),
                 format!(
-                    "{per_thread} B/thread ({frame_source}, {} B granule) x {} threads/SM x {} SMs",
+                    "{per_thread} B/thread ({frame_source}, rounded up to {} B) x {} threads/SM x {} SMs",
                     profile.local_memory_granule_bytes,
                     profile.max_threads_per_sm,
                     profile.sm_count
@@ -344,13 +379,13 @@ impl Ledger {
             if workload.calls_malloc {
                 (
                     LedgerItemKind::MallocHeap,
-                    limits.malloc_heap_bytes,
+                    Prediction::Bytes(limits.malloc_heap_bytes),
                     "heap limit, taken at the first launch of a kernel calling malloc".into(),
                 )
             } else {
                 (
                     LedgerItemKind::MallocHeap,
-                    0,
+                    Prediction::Bytes(0),
                     format!(
                         "limit {} B, taken only once a kernel calling malloc runs",
                         limits.malloc_heap_bytes
@@ -359,11 +394,11 @@ impl Ledger {
             },
             (
                 LedgerItemKind::CmHeap,
-                workload.cm_heap_bytes,
+                Prediction::Bytes(workload.cm_heap_bytes),
                 if workload.cm_heap_bytes == 0 {
-                    "none (a cm_malloc DeviceHeap takes its regions from the pool)".into()
+                    "none (a cm_malloc heap takes its regions from the pool)".into()
                 } else {
-                    "cm_malloc's DeviceHeap: descriptor and regions (1 MiB chunks and their \
+                    "cm_malloc's heap: descriptor and regions (1 MiB chunks and their \
                      maps), taken from the pool; it grows between launches"
                         .into()
                 },
@@ -371,30 +406,47 @@ impl Ledger {
             fifo_line(profile, limits, workload),
             (
                 LedgerItemKind::UserAllocations,
-                workload.user_bytes,
+                Prediction::Bytes(workload.user_bytes),
                 "the program's own allocations".into(),
             ),
             (
                 LedgerItemKind::Fragmentation,
-                0,
-                "free memory no single allocation can get; a probe on a real GPU fills it in"
-                    .into(),
+                Prediction::Bytes(0),
+                "none in a fresh context; a probe on the GPU measures it".into(),
             ),
         ];
-        let spent = lines[1..]
+        let spent = lines[1..].iter().fold(0u64, |sum, (_, predicted, _)| {
+            sum.saturating_add(predicted.known_or_zero())
+        });
+        let left = profile.total_bytes.saturating_sub(spent);
+        let unknown: Vec<&'static str> = lines
             .iter()
-            .fold(0u64, |sum, (_, bytes, _)| sum.saturating_add(*bytes));
-        lines.push((
-            LedgerItemKind::Free,
-            profile.total_bytes.saturating_sub(spent),
-            "total minus everything above".into(),
-        ));
+            .filter(|(_, predicted, _)| predicted.bytes().is_none())
+            .map(|(kind, _, _)| kind.name())
+            .collect();
+        lines.push(if unknown.is_empty() {
+            (
+                LedgerItemKind::Free,
+                Prediction::Bytes(left),
+                "total minus everything above".into(),
+            )
+        } else {
+            (
+                LedgerItemKind::Free,
+                Prediction::AtMost(left),
+                format!(
+                    "total minus the known items above; the unknown {} take more",
+                    unknown.join(" and ")
+                ),
+            )
+        });
         Ledger {
             device: profile.name,
             limits: *limits,
             sm_count: profile.sm_count,
             max_threads_per_sm: profile.max_threads_per_sm,
             per_thread_local_bytes: per_thread,
+            largest_frame_bytes: largest_frame,
             items: lines
                 .into_iter()
                 .map(|(kind, predicted, explanation)| LedgerItem {
@@ -443,7 +495,7 @@ impl Ledger {
     /// `LocalMemory` item predicts, `sm_count * local_memory_per_sm_bytes`.
     pub fn local_memory_reservation_bytes(&self) -> u64 {
         self.item(LedgerItemKind::LocalMemory)
-            .map_or(0, |item| item.predicted)
+            .map_or(0, |item| item.predicted.known_or_zero())
     }
 
     /// The lines, in [`LedgerItemKind::ALL`] order.
@@ -462,7 +514,9 @@ impl Ledger {
     }
 
     /// What the context's own terms take together, predicted, bytes
-    /// (saturating).
+    /// (saturating); a term the model does not know counts 0, so on a
+    /// profile lacking a figure this is a lower bound
+    /// ([`Ledger::unknown_items`] names what it leaves out).
     ///
     /// ```
     /// use ctx::{DeviceProfile, Ledger, Limits};
@@ -474,8 +528,22 @@ impl Ledger {
     /// assert_eq!(ledger.context_bytes(), 552_402_944);
     /// ```
     pub fn context_bytes(&self) -> u64 {
-        self.context_items()
-            .fold(0u64, |sum, item| sum.saturating_add(item.predicted))
+        self.context_items().fold(0u64, |sum, item| {
+            sum.saturating_add(item.predicted.known_or_zero())
+        })
+    }
+
+    /// The lines neither measured nor predicted: what a model of this
+    /// profile cannot say.
+    pub fn unknown_items(&self) -> impl Iterator<Item = &LedgerItem> {
+        self.items
+            .iter()
+            .filter(|item| item.figure() == Figure::Unknown)
+    }
+
+    /// Whether a device measured any line: otherwise the ledger is a model.
+    pub fn is_measured(&self) -> bool {
+        self.items.iter().any(|item| item.measured.is_some())
     }
 
     /// Every line as a row of a ledger table ([`render_rows`]).
@@ -500,7 +568,10 @@ impl Ledger {
     /// assert!(huge.check_fits().is_err());
     /// ```
     pub fn check_fits(&self) -> Result<()> {
-        let Some(total) = self.item(LedgerItemKind::Total).map(|item| item.predicted) else {
+        let Some(total) = self
+            .item(LedgerItemKind::Total)
+            .and_then(|item| item.predicted.bytes())
+        else {
             return Ok(());
         };
         let taken = self
@@ -509,14 +580,15 @@ impl Ledger {
             .filter(|item| !matches!(item.kind, LedgerItemKind::Total | LedgerItemKind::Free));
         let mut sum = 0u64;
         for item in taken {
-            if item.predicted > total {
+            let bytes = item.predicted.known_or_zero();
+            if bytes > total {
                 return Err(Error::ExceedsDevice {
                     what: item.name(),
-                    bytes: item.predicted,
+                    bytes,
                     total_bytes: total,
                 });
             }
-            sum = sum.saturating_add(item.predicted);
+            sum = sum.saturating_add(bytes);
         }
         if sum > total {
             return Err(Error::ExceedsDevice {
@@ -543,7 +615,7 @@ fn module_line(profile: &DeviceProfile, workload: &Workload<'_>) -> Line {
     let loaded =
         !workload.kernels_local_bytes.is_empty() || workload.calls_printf || workload.calls_malloc;
     if !loaded {
-        return (kind, 0, "no module loaded".into());
+        return (kind, Prediction::Bytes(0), "no module loaded".into());
     }
     let (cost, what) = match (workload.calls_printf, workload.calls_malloc) {
         (false, false) => (profile.first_module_bytes, "first module loaded"),
@@ -555,8 +627,12 @@ fn module_line(profile: &DeviceProfile, workload: &Workload<'_>) -> Line {
         ),
     };
     match cost {
-        Some(bytes) => (kind, bytes, format!("{what}, as measured")),
-        None => (kind, 0, UNKNOWN.into()),
+        Some(bytes) => (
+            kind,
+            Prediction::Bytes(bytes),
+            format!("{what}, as measured on an {}", profile.full_name),
+        ),
+        None => (kind, Prediction::Unknown, UNKNOWN.into()),
     }
 }
 
@@ -567,7 +643,7 @@ fn fifo_line(profile: &DeviceProfile, limits: &Limits, workload: &Workload<'_>) 
     match (workload.calls_printf, profile.printf_module_bytes) {
         (false, _) => (
             kind,
-            0,
+            Prediction::Bytes(0),
             format!(
                 "limit {} B; no kernel calls printf",
                 limits.printf_fifo_bytes
@@ -575,13 +651,17 @@ fn fifo_line(profile: &DeviceProfile, limits: &Limits, workload: &Workload<'_>) 
         ),
         (true, Some(_)) => (
             kind,
-            0,
+            Prediction::Bytes(0),
             format!(
                 "limit {} B; no cost apart from the printf module load (measured)",
                 limits.printf_fifo_bytes
             ),
         ),
-        (true, None) => (kind, limits.printf_fifo_bytes, "printf FIFO limit".into()),
+        (true, None) => (
+            kind,
+            Prediction::Bytes(limits.printf_fifo_bytes),
+            "printf FIFO limit".into(),
+        ),
     }
 }
 

@@ -6,14 +6,17 @@
 
 use std::fmt;
 
+use super::Prediction;
+
 /// One row of a ledger table. Sizes in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerRow {
     /// What the bytes are (an item's name; leading spaces indent a part of
     /// the row above).
     pub item: String,
-    /// What a model predicts, if anything does.
-    pub predicted: Option<u64>,
+    /// What a model says (bytes, a bound, or unknown), if a model covers
+    /// the row at all.
+    pub predicted: Option<Prediction>,
     /// What a device or pool showed, where someone measured it.
     pub measured: Option<u64>,
     /// Where the figures come from, one line.
@@ -23,11 +26,13 @@ pub struct LedgerRow {
 /// The narrowest the item column gets, characters: as wide as the ledger's
 /// own names need.
 const ITEM_WIDTH: usize = 18;
-/// Width of each figure column, characters.
-const FIGURE_WIDTH: usize = 30;
+/// Width of each figure column, characters: a bound on a device of a
+/// hundred-odd GiB fits.
+const FIGURE_WIDTH: usize = 36;
 
 /// Writes `rows` under a header line (`item  predicted  measured  why`),
-/// one a line; a figure nobody has is `-`.
+/// one a line; a row no model covers shows `-`, a model's unknown shows
+/// `unknown`, a bound `at most ...`.
 ///
 /// ```
 /// use ctx::{LedgerRow, render_rows};
@@ -60,7 +65,7 @@ pub fn render_rows(out: &mut impl fmt::Write, rows: &[LedgerRow]) -> fmt::Result
             out,
             "{:<width$} {:>FIGURE_WIDTH$} {:>FIGURE_WIDTH$}  {}",
             row.item,
-            figure(row.predicted),
+            prediction(row.predicted),
             figure(row.measured),
             row.why
         )?;
@@ -73,6 +78,16 @@ fn figure(bytes: Option<u64>) -> String {
     match bytes {
         Some(bytes) => format!("{bytes} ({})", memcore::bytes::mib(bytes)),
         None => "-".into(),
+    }
+}
+
+/// A prediction as [`figure`] writes bytes, a bound prefixed `at most`.
+fn prediction(predicted: Option<Prediction>) -> String {
+    match predicted {
+        None => "-".into(),
+        Some(Prediction::Bytes(bytes)) => figure(Some(bytes)),
+        Some(Prediction::AtMost(bytes)) => format!("at most {}", figure(Some(bytes))),
+        Some(Prediction::Unknown) => "unknown".into(),
     }
 }
 
@@ -92,17 +107,21 @@ mod tests {
         render_rows(
             &mut text,
             &[
-                row("total", Some(1 << 30), None),
+                row("total", Some(Prediction::Bytes(1 << 30)), None),
                 row("    freed, waiting on streams", None, Some(512)),
+                row("driver + context", Some(Prediction::Unknown), None),
+                row("free", Some(Prediction::AtMost(1 << 20)), None),
             ],
         )
         .unwrap();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 3);
+        assert_eq!(lines.len(), 5);
         let why_at: Vec<usize> = lines.iter().map(|l| l.rfind("  ").unwrap()).collect();
         assert!(why_at.windows(2).all(|w| w[0] == w[1]), "{text}");
         assert!(lines[1].contains("1073741824 (1024.0 MiB)"), "{text}");
         assert!(lines[2].contains("512 (0.0 MiB)  because"), "{text}");
         assert!(lines[1].trim_end().ends_with("-  because"), "{text}");
+        assert!(lines[3].contains("unknown"), "{text}");
+        assert!(lines[4].contains("at most 1048576 (1.0 MiB)"), "{text}");
     }
 }

@@ -5,6 +5,13 @@ fn profile(name: &str) -> DeviceProfile {
 }
 
 fn predicted(ledger: &Ledger, kind: LedgerItemKind) -> u64 {
+    let item = ledger.item(kind).unwrap();
+    item.predicted
+        .bytes()
+        .unwrap_or_else(|| panic!("{} is {:?}", item.name(), item.predicted))
+}
+
+fn prediction(ledger: &Ledger, kind: LedgerItemKind) -> Prediction {
     ledger.item(kind).unwrap().predicted
 }
 
@@ -36,7 +43,18 @@ fn a_16_kib_frame_raises_the_h200_reservation_to_4_gb() {
 fn gtx280_with_one_kib_per_thread() {
     let ledger = Ledger::predict(&profile("gtx280"), &Limits::cuda_default(), &[1024], 0);
     assert_eq!(ledger.local_memory_reservation_bytes(), 30 * 1024 * 1024);
-    assert_eq!(predicted(&ledger, LedgerItemKind::ContextBaseline), 0);
+    // Nobody measured a GTX 280's context: unknown, not 0, and free is a bound.
+    assert_eq!(
+        prediction(&ledger, LedgerItemKind::ContextBaseline),
+        Prediction::Unknown
+    );
+    assert_eq!(
+        prediction(&ledger, LedgerItemKind::Free),
+        Prediction::AtMost((1 << 30) - 30 * 1024 * 1024)
+    );
+    let unknown: Vec<_> = ledger.unknown_items().map(LedgerItem::name).collect();
+    assert_eq!(unknown, ["driver + context", "module code"]);
+    assert!(!ledger.is_measured());
 }
 
 #[test]
@@ -158,19 +176,25 @@ fn printf_and_malloc_bring_their_module_and_heap_costs() {
     // Unmeasured devices count the FIFO at its limit.
     let a100 = Ledger::predict_workload(&profile("a100-80gb"), &limits, &workload(true, true));
     assert_eq!(predicted(&a100, LedgerItemKind::PrintfFifo), 8_650_752);
-    assert_eq!(predicted(&a100, LedgerItemKind::ModuleCode), 0);
+    assert_eq!(
+        prediction(&a100, LedgerItemKind::ModuleCode),
+        Prediction::Unknown
+    );
     assert!(
         a100.item(LedgerItemKind::ModuleCode)
             .unwrap()
             .explanation
-            .contains("not known")
+            .contains("not measured on this model")
     );
 }
 
 #[test]
 fn a_tiny_device_saturates_free_at_zero() {
     let ledger = Ledger::predict(&profile("gtx280"), &Limits::cuda_default(), &[1 << 20], 0);
-    assert_eq!(predicted(&ledger, LedgerItemKind::Free), 0);
+    assert_eq!(
+        prediction(&ledger, LedgerItemKind::Free),
+        Prediction::AtMost(0)
+    );
     // ... and the check says the reservation cannot happen.
     assert_eq!(
         ledger.check_fits(),

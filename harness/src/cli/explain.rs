@@ -15,13 +15,50 @@ use serde_json::{Map, Value, json};
 
 use crate::cli::byte_size;
 use crate::report::{Swatch, escape, legend, page};
+use crate::trace::snapshot::moments;
 use memcore::bytes::human;
+
+/// `--profile`'s help: the built-in models, from the profile table.
+fn profile_help() -> String {
+    let names: Vec<&str> = DeviceProfile::all().iter().map(|p| p.name).collect();
+    format!(
+        "GPU model to predict for, without a GPU: {}. A model, not a measurement: only the \
+         h200's driver and context costs were measured; the others' are unknown (free is then \
+         a bound)",
+        names.join(", ")
+    )
+}
+
+/// What `explain --help` says after the options: every column and line.
+pub const COLUMNS_HELP: &str = "\
+The ledger (every item of the GPU's memory) has four columns:
+  item       what takes the memory
+  predicted  what the model says from the GPU's profile and the limits: bytes, `at most`
+             a bound, or `unknown` where nobody measured it on this model
+  measured   what the GPU showed (--device N); `-` without one
+  why        where the figure comes from
+Its lines: total (the GPU's memory); driver + context (what creating a context takes);
+local memory (stacks and spilled locals, reserved for every thread the GPU can hold at
+once); module code; malloc heap (in-kernel malloc); cm_malloc heap (cudamem's in-kernel
+allocator); printf FIFO; user allocations; fragmentation (free memory no single
+allocation can get); free.
+
+With --snapshot, one row per segment (memory PyTorch got from the driver in one piece):
+  segment       its device address
+  pool          small (requests up to 1 MiB) or large
+  size          its bytes
+  allocated     bytes in blocks handed to tensors
+  active        allocated, or freed but waiting for its stream's work
+  free          bytes in free blocks
+  largest free  the largest free block: the largest request the segment serves
+Stranded bytes are free bytes in segments holding a live block: PyTorch's retry before an
+out-of-memory error cannot return them.";
 
 /// Arguments of `cudamem explain`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = COLUMNS_HELP)]
 pub struct ExplainArgs {
-    /// Built-in device profile: h200, h100, a100-80gb, rtx4090, gtx280.
-    #[arg(long, default_value = "h200", conflicts_with = "device")]
+    #[arg(long, default_value = "h200", conflicts_with = "device", help = profile_help())]
     profile: String,
     /// Measure CUDA device N instead, or `all`: every device's ledger, then
     /// which devices reach which (needs a build with the `cuda` feature).
@@ -33,7 +70,7 @@ pub struct ExplainArgs {
     /// In-kernel malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE); default 8 MiB.
     #[arg(long, value_parser = byte_size::parse)]
     heap_size: Option<u64>,
-    /// A cm_malloc heap (ctx::DeviceHeap) of this much, e.g. 256MiB: a line
+    /// A cm_malloc heap (cudamem's in-kernel allocator) of this much, e.g. 256MiB: a line
     /// for the bytes it takes from the pool (descriptor and regions), beside
     /// CUDA's malloc heap; default none.
     #[arg(long, value_parser = byte_size::parse)]
@@ -45,15 +82,31 @@ pub struct ExplainArgs {
     /// frame sets the reservation when it exceeds the stack limit.
     #[arg(long = "lmem", value_parser = byte_size::parse)]
     pub(crate) kernel_local_bytes: Vec<u64>,
-    /// Explain a PyTorch memory snapshot's state at the dump instead
-    /// (torch.cuda.memory._dump_snapshot, gzip or plain): segments,
-    /// fragmentation, and the live blocks that pin segments.
+    /// Explain a PyTorch memory snapshot instead
+    /// (torch.cuda.memory._dump_snapshot, gzip or plain): per segment its
+    /// size, allocated, active (allocated or freed but waiting on its
+    /// stream), free and largest free block; what is stranded in segments
+    /// holding live blocks and what PyTorch's retry before an out-of-memory
+    /// would free; and the live blocks that hold segments, with their stacks.
     #[arg(long, conflicts_with = "device")]
     snapshot: Option<PathBuf>,
+    /// Which moment of the snapshot: `dump` (default), `peak` (when the most
+    /// was allocated), `oom` (each out-of-memory entry of its history)
+    /// or N (right after history entry N). All but `dump` need the history
+    /// (_record_memory_history before the dump); --report draws the first
+    /// moment.
+    #[arg(long, requires = "snapshot", value_parser = moments::parse_moment)]
+    at: Option<moments::Moment>,
+    /// Of a multi-device snapshot, only the device N it recorded (default:
+    /// every device at the dump; the first device with a history for the
+    /// other moments).
+    #[arg(long, value_name = "N", requires = "snapshot")]
+    snapshot_device: Option<usize>,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
-    /// Write the ledger as a stacked bar (SVG in HTML) to this file.
+    /// Write an HTML page to this file: the ledger as a stacked bar, or with
+    /// --snapshot the picture of the segments and blocks.
     #[arg(long)]
     report: Option<PathBuf>,
 }
@@ -89,7 +142,14 @@ pub(crate) struct Explained {
 /// Run `cudamem explain`, writing the ledger to `out`.
 pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
     if let Some(snapshot) = &args.snapshot {
-        return crate::cli::explain_snapshot::run(snapshot, args.json, args.report.as_deref(), out);
+        return crate::cli::explain_snapshot::run(
+            snapshot,
+            args.at.unwrap_or(moments::Moment::Dump),
+            args.snapshot_device,
+            args.json,
+            args.report.as_deref(),
+            out,
+        );
     }
     let most = kernels::cm_heap::region_bytes(kernels::cm_heap::MAX_CHUNKS);
     if let Some(bytes) = args.cm_heap.filter(|&b| b > most) {
@@ -144,7 +204,7 @@ pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
             serde_json::to_string(&to_json(&explained, &args.kernel_local_bytes))?
         )?;
     } else {
-        write!(out, "{}", explained.ledger)?;
+        write!(out, "{}", text(&explained))?;
     }
     if let Some(path) = &args.report {
         std::fs::write(path, ledger_page(&explained)?)
@@ -154,6 +214,44 @@ pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a model of a GPU says it is, in a header line.
+pub(crate) fn model_header(profile: &DeviceProfile) -> String {
+    format!(
+        "model for {} (not measured: run `cudamem explain --device N` on the GPU, or `cudamem \
+         run -- PROGRAM`)",
+        profile.full_name
+    )
+}
+
+/// The ledger for people: a model says so first; then the table; what the
+/// model cannot say; and, when local memory is big, how to find and lower it.
+pub(crate) fn text(explained: &Explained) -> String {
+    let ledger = &explained.ledger;
+    let mut out = String::new();
+    if !ledger.is_measured() {
+        out += &model_header(&explained.profile);
+        out.push('\n');
+    }
+    out += &ledger.to_string();
+    let unknown: Vec<&str> = ledger.unknown_items().map(|item| item.name()).collect();
+    if !unknown.is_empty() {
+        out += &format!(
+            "unknown for this model: {}; so free is at most {}\n",
+            unknown.join(", "),
+            human(
+                ledger
+                    .item(LedgerItemKind::Free)
+                    .and_then(|item| item.predicted.most())
+                    .unwrap_or(0)
+            )
+        );
+    }
+    if let Some(advice) = ledger.local_memory_advice() {
+        out += &advice.to_string();
+    }
+    out
 }
 
 /// The ledger the arguments describe, before anything is measured.
@@ -227,7 +325,9 @@ pub(crate) fn to_json(explained: &Explained, kernel_local_bytes: &[u64]) -> Valu
         "local_memory_per_sm_bytes": ledger.local_memory_per_sm_bytes(),
         "local_memory_reservation_bytes": ledger.local_memory_reservation_bytes(),
         "malloc_heap_bytes": ledger.limits().malloc_heap_bytes,
-        "cm_heap_bytes": ledger.item(LedgerItemKind::CmHeap).map_or(0, |item| item.predicted),
+        "cm_heap_bytes": ledger
+            .item(LedgerItemKind::CmHeap)
+            .map_or(0, |item| item.predicted.known_or_zero()),
         "printf_fifo_bytes": ledger.limits().printf_fifo_bytes,
         "items": ledger.items(),
     });
@@ -249,6 +349,26 @@ pub(crate) fn to_json(explained: &Explained, kernel_local_bytes: &[u64]) -> Valu
         object.insert(format!("measured_{name}"), bytes.into());
     }
     object.insert("measured".into(), measured.into());
+    object.insert("model".into(), (!ledger.is_measured()).into());
+    object.insert(
+        "unknown".into(),
+        ledger
+            .unknown_items()
+            .map(|item| kind_key(item.kind))
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    if let Some(advice) = ledger.local_memory_advice() {
+        object.insert(
+            "local_memory_advice".into(),
+            json!({
+                "find": ctx::FIND_LOCAL_MEMORY,
+                "fixes": ctx::REDUCE_LOCAL_MEMORY,
+                "saving_bytes": advice.saving_bytes(),
+                "conclusion": advice.conclusion(),
+            }),
+        );
+    }
     Value::Object(object)
 }
 
@@ -274,7 +394,10 @@ const ITEM_COLORS: [RGBColor; 8] = [
 
 /// The longest bar of the chart, bytes.
 fn rows_span(parts: &[&ctx::LedgerItem], has_measured: bool) -> u64 {
-    let predicted: u64 = parts.iter().map(|item| item.predicted).sum();
+    let predicted: u64 = parts
+        .iter()
+        .map(|item| item.predicted.known_or_zero())
+        .sum();
     let measured: u64 = parts.iter().filter_map(|item| item.measured).sum();
     if has_measured {
         predicted.max(measured)
@@ -294,7 +417,7 @@ impl Column {
     /// The item's bytes in this bar, if known.
     fn bytes(self, item: &ctx::LedgerItem) -> Option<u64> {
         match self {
-            Column::Predicted => Some(item.predicted),
+            Column::Predicted => item.predicted.bytes(),
             Column::Measured => item.measured,
         }
     }
@@ -344,6 +467,8 @@ fn ledger_page(explained: &Explained) -> Result<String> {
         chart
             .configure_mesh()
             .disable_y_mesh()
+            .label_style(("sans-serif", 14))
+            .axis_desc_style(("sans-serif", 14))
             .x_desc("GiB")
             .y_labels(0)
             .draw()?;
@@ -367,22 +492,46 @@ fn ledger_page(explained: &Explained) -> Result<String> {
             }
             chart.draw_series(bars)?;
             entries.push((
-                format!("{} ({})", item.name(), human(item.predicted)),
+                format!("{} ({})", item.name(), item.predicted),
                 color,
                 Swatch::Box,
             ));
         }
         root.present()?;
     }
-    let mut body = svg;
+    let mut body = String::new();
+    if !ledger.is_measured() {
+        body += &format!(
+            "<p><b>{}</b></p>\n",
+            escape(&model_header(&explained.profile))
+        );
+    }
+    if let Some(advice) = ledger.local_memory_advice() {
+        let list = |lines: &[&str]| {
+            lines
+                .iter()
+                .map(|line| format!("<li>{}</li>", escape(line)))
+                .collect::<String>()
+        };
+        body += &format!(
+            "<p><b>{}</b></p>\n<p>How to find a kernel's local memory:</p><ul>{}</ul>\n\
+             <p>What lowers it:</p><ul>{}</ul>\n",
+            escape(&advice.conclusion()),
+            list(&ctx::FIND_LOCAL_MEMORY),
+            list(&ctx::REDUCE_LOCAL_MEMORY)
+        );
+    }
+    body += &svg;
     body += &legend(&entries);
     body += "<table><tr><th>item</th><th>predicted</th><th>measured</th><th>why</th></tr>\n";
     for item in ledger.items() {
         body += &format!(
-            "<tr><td>{}</td><td>{} ({} B)</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>\n",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>\n",
             escape(item.name()),
-            human(item.predicted),
-            item.predicted,
+            match item.predicted.most() {
+                Some(bytes) => format!("{} ({bytes} B)", item.predicted),
+                None => item.predicted.to_string(),
+            },
             item.measured.map_or_else(
                 || "-".into(),
                 |bytes| format!("{} ({bytes} B)", human(bytes))

@@ -82,7 +82,7 @@ pub fn run(args: &ExplainArgs, out: &mut dyn std::io::Write) -> Result<()> {
                 "== device {ordinal}: {} ==",
                 explained.profile.full_name
             )?;
-            write!(out, "{}", explained.ledger)?;
+            write!(out, "{}", crate::cli::explain::text(explained))?;
             writeln!(out)?;
         }
         write!(out, "{}", links_text(&links, &grants))?;

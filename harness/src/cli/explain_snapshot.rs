@@ -1,9 +1,10 @@
-//! `cudamem explain --snapshot FILE`: the state a PyTorch memory snapshot
-//! captured. Per segment its bytes (allocated, active, free, largest free
-//! block); the free bytes no request larger than the largest free block
-//! could use; and the live blocks that keep otherwise-empty segments from
-//! being returned by `torch.cuda.empty_cache()`, with the frame of the
-//! user's code that allocated each.
+//! `cudamem explain --snapshot FILE [--at dump|peak|oom|N]`: the state a
+//! PyTorch memory snapshot captured, at the dump or (walked back through its
+//! history) at the peak, at each `oom` entry or after entry N. Per segment
+//! its bytes (allocated, active, free, largest free block); what is truly
+//! stranded and what PyTorch's retry before an out-of-memory would free
+//! (snapshot_oom.rs); and the live blocks that keep segments from being
+//! returned, with the stack that allocated each.
 
 use std::fmt::Write as _;
 use std::io::Write;
@@ -11,9 +12,11 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use crate::cli::snapshot_oom::{self, OOM_RULE, OomStory};
 use crate::report::{escape, page};
 use crate::trace;
 use crate::trace::display_name;
+use crate::trace::snapshot::moments::{self, AtMoment, Moment, OomEntry};
 use crate::trace::snapshot::state::{self, Segment, State};
 use memcore::bytes::human;
 
@@ -21,36 +24,147 @@ use memcore::bytes::human;
 const LISTED_SEGMENTS: usize = 10;
 /// Live blocks listed per pinned segment in the text.
 const LISTED_BLOCKS: usize = 5;
+/// Frames of a holder's stack shown in the text (all kept ones in JSON and
+/// in the report's hover titles).
+const LISTED_FRAMES: usize = 4;
+/// `oom` entries told one by one.
+const LISTED_OOMS: usize = 10;
 
 /// How fragmentation is measured, said the same way in text, JSON and HTML.
 pub const FRAGMENTATION_RULE: &str = "Fragmented bytes: free bytes PyTorch holds outside the \
-largest free block; a request larger than that block can use none of them. Pinned free bytes: free \
-bytes of segments that hold a live block; empty_cache() returns only segments with no live block.";
+largest free block. Pinned (stranded) free bytes: free bytes of segments that hold a live block; \
+empty_cache(), and the retry PyTorch makes before it raises out of memory, return only segments \
+with no live block.";
 
-/// Run `cudamem explain --snapshot FILE`, writing what it found to `out`.
-pub fn run(path: &Path, json: bool, report: Option<&Path>, out: &mut dyn Write) -> Result<()> {
+/// Run `cudamem explain --snapshot FILE --at MOMENT`, writing what it found
+/// to `out`.
+pub fn run(
+    path: &Path,
+    at: Moment,
+    device: Option<usize>,
+    json: bool,
+    report: Option<&Path>,
+    out: &mut dyn Write,
+) -> Result<()> {
     let pickle = trace::file::load_pickle(path)?;
-    let state = state::read(path, &pickle)?;
+    let moments = moments::at(path, &pickle, at, device)?;
+    let ooms = moments::oom_entries(path, &pickle, device)?;
     drop(pickle);
     let name = display_name(path);
+    let stories: Vec<OomStory> = moments
+        .iter()
+        .map(|moment| snapshot_oom::story(&moment.state, moment.oom.as_ref()))
+        .collect();
     if json {
-        let mut value = serde_json::to_value(&state)?;
+        let mut value = match moments.first() {
+            Some(first) => serde_json::to_value(&first.state)?,
+            None => serde_json::json!({}),
+        };
         if let Some(object) = value.as_object_mut() {
             object.insert("snapshot".into(), name.clone().into());
+            object.insert("at".into(), moment_name(at).into());
             object.insert("fragmentation_rule".into(), FRAGMENTATION_RULE.into());
+            object.insert("oom_rule".into(), OOM_RULE.into());
+            object.insert("oom_entries".into(), serde_json::to_value(&ooms)?);
+            let listed: Vec<serde_json::Value> = moments
+                .iter()
+                .zip(&stories)
+                .map(|(moment, story)| {
+                    serde_json::json!({
+                        "after_entry": moment.after_entry,
+                        "device": moment.device,
+                        "oom": moment.oom,
+                        "story": story,
+                        "state": moment.state,
+                    })
+                })
+                .collect();
+            object.insert("moments".into(), listed.into());
         }
         writeln!(out, "{}", serde_json::to_string(&value)?)?;
     } else {
-        write!(out, "{}", text(&name, &state))?;
+        write!(out, "{}", text_at(&name, at, &moments, &stories, &ooms))?;
     }
     if let Some(report) = report {
-        std::fs::write(report, html(&name, &state))
+        let first = moments.first().map(|moment| (&moment.state, &stories[0]));
+        std::fs::write(report, html(&name, at, first, &ooms))
             .with_context(|| format!("writing the report to {}", report.display()))?;
         if !json {
             writeln!(out, "report: {}", report.display())?;
         }
     }
     Ok(())
+}
+
+/// `--at`'s value as the output names it.
+fn moment_name(at: Moment) -> String {
+    match at {
+        Moment::Dump => "dump".into(),
+        Moment::Peak => "peak".into(),
+        Moment::Oom => "oom".into(),
+        Moment::After(index) => index.to_string(),
+    }
+}
+
+/// Where a moment is, for a heading.
+fn moment_heading(moment: &AtMoment) -> String {
+    let when = moment_when(moment);
+    match moment.device {
+        Some(device) => format!("{when} (device {device})"),
+        None => when,
+    }
+}
+
+/// When a moment is.
+fn moment_when(moment: &AtMoment) -> String {
+    match (moment.after_entry, &moment.oom) {
+        (None, _) => "at the dump".into(),
+        (Some(index), Some(oom)) => format!(
+            "at oom entry {index}: {} requested, {} free on the device",
+            human(oom.requested_bytes),
+            human(oom.device_free_bytes)
+        ),
+        (Some(index), None) => format!("after history entry {index}"),
+    }
+}
+
+/// Every moment asked for, for people.
+fn text_at(
+    name: &str,
+    at: Moment,
+    moments: &[AtMoment],
+    stories: &[OomStory],
+    ooms: &[OomEntry],
+) -> String {
+    let mut out = String::new();
+    if moments.is_empty() {
+        let _ = writeln!(
+            out,
+            "{name}: the history holds no oom entry (--at {} found nothing)",
+            moment_name(at)
+        );
+    }
+    for (index, (moment, story)) in moments.iter().zip(stories).enumerate() {
+        if index == LISTED_OOMS {
+            let _ = writeln!(
+                out,
+                "and {} more oom entries (all in --json)",
+                moments.len() - LISTED_OOMS
+            );
+            break;
+        }
+        let _ = writeln!(out, "{}", moment_heading(moment));
+        out += &text(name, &moment.state, story);
+    }
+    if at != Moment::Oom && !ooms.is_empty() {
+        let _ = writeln!(
+            out,
+            "the history has {} oom entries (the first at entry {}): --at oom explains each",
+            ooms.len(),
+            ooms[0].index
+        );
+    }
+    out
 }
 
 fn share(part: u64, whole: u64) -> f64 {
@@ -63,9 +177,36 @@ fn share(part: u64, whole: u64) -> f64 {
 
 fn block_origin(block: &state::LiveBlock) -> String {
     match &block.frame {
-        Some(frame) => format!("{}:{} in {}", frame.file, frame.line, frame.function),
+        Some(frame) => frame_text(frame),
         None => "(no frames recorded)".into(),
     }
+}
+
+/// A frame as `file:line in function`, control characters escaped.
+fn frame_text(frame: &state::Frame) -> String {
+    printable(&format!(
+        "{}:{} in {}",
+        frame.file, frame.line, frame.function
+    ))
+}
+
+/// `text` with control characters written as escapes, so a recorded name
+/// cannot move the terminal's cursor.
+fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
+/// A block's stack, innermost first, one frame a line.
+pub(crate) fn stack_text(block: &state::LiveBlock, frames: usize) -> Vec<String> {
+    block.stack.iter().take(frames).map(frame_text).collect()
 }
 
 fn segment_line(segment: &Segment) -> String {
@@ -86,8 +227,8 @@ fn segment_line(segment: &Segment) -> String {
     )
 }
 
-/// The state for people.
-pub fn text(name: &str, state: &State) -> String {
+/// The state for people, with its out-of-memory story.
+pub fn text(name: &str, state: &State, story: &OomStory) -> String {
     let mut out = format!(
         "{name}: {} segments, {} reserved, {} allocated, {} active, {} free\n",
         state.segments.len(),
@@ -98,12 +239,12 @@ pub fn text(name: &str, state: &State) -> String {
     );
     let _ = writeln!(
         out,
-        "fragmentation: largest free block {}; {} of free bytes lie outside it ({:.1}% of reserved): \
-         a request over {} can use none of them",
-        human(state.largest_free_bytes),
-        human(state.fragmented_bytes),
-        100.0 * state.fragmented_share,
-        human(state.largest_free_bytes),
+        "free: {} truly stranded in segments holding live blocks (largest free block there {}); \
+         {} in segments with no live block, which PyTorch frees and retries with before it \
+         raises out of memory",
+        human(story.stranded_bytes),
+        human(story.largest_stranded_block_bytes),
+        human(story.retry_frees_bytes),
     );
     let _ = writeln!(
         out,
@@ -139,6 +280,9 @@ pub fn text(name: &str, state: &State) -> String {
                 block.address,
                 block_origin(block)
             );
+            for frame in stack_text(block, LISTED_FRAMES) {
+                let _ = writeln!(out, "        at {frame}");
+            }
         }
         if segment.live_blocks.len() > LISTED_BLOCKS {
             let _ = writeln!(
@@ -155,11 +299,46 @@ pub fn text(name: &str, state: &State) -> String {
             pinned.len() - LISTED_SEGMENTS
         );
     }
+    let _ = writeln!(out, "{}", story.conclusion);
     out
 }
 
-/// The state as an HTML page.
-pub fn html(name: &str, state: &State) -> String {
+/// The moment asked for as an HTML page: the conclusion, the picture of its
+/// segments and blocks, the `oom` entries, and the tables.
+pub fn html(
+    name: &str,
+    at: Moment,
+    first: Option<(&State, &OomStory)>,
+    ooms: &[OomEntry],
+) -> String {
+    let mut body = format!("<p>moment: --at {}</p>\n", escape(&moment_name(at)));
+    let Some((state, story)) = first else {
+        body += "<p>The history holds no oom entry.</p>\n";
+        return page(&format!("cudamem explain: {name}"), &body);
+    };
+    let _ = writeln!(body, "<p><b>{}</b></p>", escape(&story.conclusion));
+    body += &crate::report::snapshot_map::picture(state);
+    if !ooms.is_empty() {
+        body += "<h2>Out-of-memory entries</h2>\n<table><tr><th>entry</th><th>requested</th>\
+                 <th>free on the device</th></tr>\n";
+        for oom in ooms {
+            let _ = writeln!(
+                body,
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                oom.index,
+                human(oom.requested_bytes),
+                human(oom.device_free_bytes)
+            );
+        }
+        body += "</table>\n";
+    }
+    let _ = writeln!(body, "<p>{}</p>", escape(OOM_RULE));
+    body += &state_html(state);
+    page(&format!("cudamem explain: {name}"), &body)
+}
+
+/// The state's figures and tables, for the page.
+fn state_html(state: &State) -> String {
     let mut body = format!(
         "<p>{} segments, {} reserved, {} allocated, {} active, {} free. Largest free block {}; \
          fragmented {} ({:.1}% of reserved); pinned free {} ({:.1}% of reserved).</p>\n<p>{}</p>\n",
@@ -202,15 +381,16 @@ pub fn html(name: &str, state: &State) -> String {
         for block in &segment.live_blocks {
             let _ = writeln!(
                 body,
-                "<tr><td>{:#x}</td><td>{}</td><td>{}</td><td>{:#x}</td><td style=\"text-align:left\">{}</td></tr>",
+                "<tr><td>{:#x}</td><td>{}</td><td>{}</td><td>{:#x}</td><td style=\"text-align:left\" title=\"{}\">{}</td></tr>",
                 segment.address,
                 human(segment.free_bytes),
                 human(block.size_bytes),
                 block.address,
+                escape(&stack_text(block, state::STACK_FRAMES).join("\n")),
                 escape(&block_origin(block))
             );
         }
     }
     body += "</table>\n";
-    page(&format!("cudamem explain: {name}"), &body)
+    body
 }

@@ -16,7 +16,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::cli::byte_size;
-use memcore::bytes::human;
+use memcore::bytes::{MIB, human};
 
 /// Assumed header of every device-heap block, bytes.
 pub const BLOCK_HEADER_BYTES: u64 = 16;
@@ -77,7 +77,7 @@ pub fn predict(sizes: &[u64], threads: u32) -> Result<HeapPrediction> {
     let per_thread: u128 = sizes.iter().map(|&size| block_bytes(size)).sum();
     let minimum = per_thread * u128::from(threads);
     let recommended = minimum * u128::from(100 + HEADROOM_PERCENT) / 100;
-    let mib = |bytes: u128| bytes.div_ceil(1 << 20) * (1 << 20);
+    let mib = |bytes: u128| bytes.div_ceil(u128::from(MIB)) * u128::from(MIB);
     // The figure as worked out goes in the message; the rounded one in the result.
     let fit = |what: &str, bytes: u128, shown: u128| {
         u64::try_from(shown).map_err(|_| {
@@ -242,7 +242,7 @@ mod gpu {
         threads: u32,
         prediction: &HeapPrediction,
     ) -> Result<HeapMeasurement> {
-        let mib = 1u64 << 20;
+        let mib = memcore::bytes::MIB;
         let mut tries = Vec::new();
         let mut low = 0u64;
         let mut high = None;

@@ -11,6 +11,7 @@ pub mod malloc_heap;
 pub mod output;
 pub mod replay_command;
 pub mod run;
+pub mod snapshot_oom;
 
 use std::io::Write;
 

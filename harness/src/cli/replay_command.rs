@@ -64,14 +64,23 @@ pub struct ReplayArgs {
     /// Write an HTML report (memory maps, footprint curves) to this file.
     #[arg(long)]
     pub report: Option<PathBuf>,
-    /// Of a multi-device PyTorch snapshot, replay only CUDA device N.
-    #[arg(long)]
-    pub device: Option<usize>,
+    /// Of a multi-device PyTorch snapshot, replay only the device N it
+    /// recorded (a device of the snapshot, not a GPU of this machine).
+    #[arg(long, value_name = "N")]
+    pub snapshot_device: Option<usize>,
+    /// The old spelling of --snapshot-device: hidden, and warned about.
+    #[arg(
+        long = "device",
+        value_name = "N",
+        hide = true,
+        conflicts_with = "snapshot_device"
+    )]
+    pub old_device: Option<usize>,
     /// Run the stitched-pool policy on CUDA device N, on the real driver (a
     /// cudamem built with the `cuda` feature): footprint by cuMemGetInfo,
     /// time per allocate and free, copy bandwidth at the peak against
     /// cuMemAlloc memory. Alone it replays through stitched-pool only.
-    /// (`--device` picks a snapshot's device.)
+    /// (`--snapshot-device` picks a snapshot's device.)
     #[arg(long, value_name = "N")]
     pub gpu: Option<u32>,
     /// The stitch policies' large handles, in bytes (a multiple of 2 MiB;
@@ -112,6 +121,22 @@ impl ReplayArgs {
             args: ReplayArgs,
         }
         Ok(Bare::try_parse_from(["replay"])?.args)
+    }
+
+    /// The snapshot device to replay, and the warning to give when the old
+    /// `--device` spelling named it.
+    pub fn snapshot_device(&self) -> (Option<usize>, Option<String>) {
+        match (self.snapshot_device, self.old_device) {
+            (Some(device), _) => (Some(device), None),
+            (None, Some(device)) => (
+                Some(device),
+                Some(format!(
+                    "replay's --device {device} is now --snapshot-device {device} (--device names \
+                     a GPU in explain and heap); the old spelling will go"
+                )),
+            ),
+            (None, None) => (None, None),
+        }
     }
 
     /// What the policies are built from.
@@ -265,13 +290,17 @@ fn load_traces(args: &ReplayArgs) -> Result<Vec<Trace>> {
     if args.traces.is_empty() {
         return Ok(trace::file::load_embedded()?);
     }
+    let (snapshot_device, warning) = args.snapshot_device();
+    if let Some(warning) = warning {
+        eprintln!("cudamem: warning: {warning}");
+    }
     let mut traces = Vec::new();
     for path in &args.traces {
         let spinner = reading_spinner(path);
         let loaded = trace::file::load(path);
         spinner.finish_and_clear();
         let mut loaded = loaded?;
-        if let Some(device) = args.device {
+        if let Some(device) = snapshot_device {
             let present: Vec<String> = loaded
                 .iter()
                 .filter_map(|trace| trace.device.map(|device| device.to_string()))

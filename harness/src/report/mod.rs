@@ -7,6 +7,7 @@ pub mod conclusion;
 mod figures;
 pub mod memory_map;
 mod script;
+pub mod snapshot_map;
 pub mod summary;
 
 use anyhow::Result;

@@ -87,7 +87,7 @@ pub fn run(out: &mut Checks) -> Result<()> {
         compare(
             out,
             &format!("ledger {kind:?}, measured as `cudamem explain --device` does"),
-            Some(item.predicted),
+            item.predicted.bytes(),
             item.measured.unwrap_or(0),
         );
     }

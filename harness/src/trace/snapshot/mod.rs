@@ -13,6 +13,7 @@
 //! segments) give the bytes PyTorch itself reserved over time.
 
 pub mod blocks;
+pub mod moments;
 pub mod pickle;
 pub mod state;
 

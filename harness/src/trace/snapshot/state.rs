@@ -45,7 +45,15 @@ pub struct LiveBlock {
     /// The innermost user frame that allocated it, when frames were recorded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frame: Option<Frame>,
+    /// The top of the stack that allocated it, innermost first (at most
+    /// [`STACK_FRAMES`]; Python frames only where there are any), when
+    /// frames were recorded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stack: Vec<Frame>,
 }
+
+/// Frames of a block's stack kept for people.
+pub const STACK_FRAMES: usize = 8;
 
 /// One segment (a `cudaMalloc` or an expandable segment's mapped range).
 #[derive(Debug, Clone, serde::Serialize)]
@@ -121,6 +129,33 @@ impl State {
 /// outside installed packages, else the first Python frame outside torch,
 /// else the first frame with a file.
 pub fn top_user_frame(pickle: &Pickle, frames: Value) -> Option<Frame> {
+    let frames = read_frames(pickle, frames)?;
+    pick_user_frame(&frames)
+}
+
+/// The top of a recorded stack, innermost first: its Python frames where it
+/// has any, else every frame with a file; at most [`STACK_FRAMES`].
+pub fn top_frames(pickle: &Pickle, frames: Value) -> Vec<Frame> {
+    let Some(frames) = read_frames(pickle, frames) else {
+        return Vec::new();
+    };
+    let python = frames.iter().any(|frame| frame.file.ends_with(".py"));
+    frames
+        .into_iter()
+        .filter(|frame| {
+            if python {
+                frame.file.ends_with(".py")
+            } else {
+                !frame.file.is_empty() && frame.file != "??"
+            }
+        })
+        .take(STACK_FRAMES)
+        .collect()
+}
+
+/// A recorded stack's frames, innermost first; `None` where `frames` is not
+/// a list.
+fn read_frames(pickle: &Pickle, frames: Value) -> Option<Vec<Frame>> {
     let items = pickle.items(frames)?;
     let read = |frame: Value| -> Option<Frame> {
         let file = pickle.text(pickle.get(frame, "filename")?)?;
@@ -138,7 +173,11 @@ pub fn top_user_frame(pickle: &Pickle, frames: Value) -> Option<Frame> {
             function: cut(function),
         })
     };
-    let frames: Vec<Frame> = items.iter().filter_map(|&frame| read(frame)).collect();
+    Some(items.iter().filter_map(|&frame| read(frame)).collect())
+}
+
+/// The innermost frame of the user's own code among `frames`.
+fn pick_user_frame(frames: &[Frame]) -> Option<Frame> {
     let python = |frame: &&Frame| frame.file.ends_with(".py");
     let installed = |frame: &&Frame| {
         frame.file.contains("site-packages") || frame.file.contains("dist-packages")
@@ -186,39 +225,46 @@ pub fn read(path: &Path, pickle: &Pickle) -> Result<State, TraceError> {
     for (index, &value) in items.iter().enumerate() {
         segments.push(segment(pickle, value).map_err(|problem| at(index, problem))?);
     }
-    segments.sort_by_key(|segment| (segment.device, segment.address));
-    let sum =
-        |field: fn(&Segment) -> u64| segments.iter().map(field).fold(0u64, u64::saturating_add);
-    let reserved_bytes = sum(|segment| segment.total_bytes);
-    let free_bytes = sum(|segment| segment.free_bytes);
-    let largest_free_bytes = segments
-        .iter()
-        .map(|segment| segment.largest_free_bytes)
-        .max()
-        .unwrap_or(0);
-    let fragmented_bytes = free_bytes - largest_free_bytes;
-    let pinned_free_bytes = sum(|segment| {
-        if segment.live_blocks.is_empty() {
-            0
-        } else {
-            segment.free_bytes
+    Ok(State::from_segments(segments))
+}
+
+impl State {
+    /// The state of `segments`, the sums and shares derived from them.
+    pub fn from_segments(mut segments: Vec<Segment>) -> State {
+        segments.sort_by_key(|segment| (segment.device, segment.address));
+        let sum =
+            |field: fn(&Segment) -> u64| segments.iter().map(field).fold(0u64, u64::saturating_add);
+        let reserved_bytes = sum(|segment| segment.total_bytes);
+        let free_bytes = sum(|segment| segment.free_bytes);
+        let largest_free_bytes = segments
+            .iter()
+            .map(|segment| segment.largest_free_bytes)
+            .max()
+            .unwrap_or(0);
+        let fragmented_bytes = free_bytes.saturating_sub(largest_free_bytes);
+        let pinned_free_bytes = sum(|segment| {
+            if segment.live_blocks.is_empty() {
+                0
+            } else {
+                segment.free_bytes
+            }
+        });
+        State {
+            reserved_bytes,
+            allocated_bytes: sum(|segment| segment.allocated_bytes),
+            active_bytes: sum(|segment| segment.active_bytes),
+            free_bytes,
+            largest_free_bytes,
+            fragmented_bytes,
+            fragmented_share: if reserved_bytes == 0 {
+                0.0
+            } else {
+                fragmented_bytes as f64 / reserved_bytes as f64
+            },
+            pinned_free_bytes,
+            segments,
         }
-    });
-    Ok(State {
-        reserved_bytes,
-        allocated_bytes: sum(|segment| segment.allocated_bytes),
-        active_bytes: sum(|segment| segment.active_bytes),
-        free_bytes,
-        largest_free_bytes,
-        fragmented_bytes,
-        fragmented_share: if reserved_bytes == 0 {
-            0.0
-        } else {
-            fragmented_bytes as f64 / reserved_bytes as f64
-        },
-        pinned_free_bytes,
-        segments,
-    })
+    }
 }
 
 fn segment(pickle: &Pickle, value: Value) -> Result<Segment, Problem> {
@@ -302,6 +348,9 @@ fn segment(pickle: &Pickle, value: Value) -> Result<Segment, Problem> {
                     frame: pickle
                         .get(block, "frames")
                         .and_then(|frames| top_user_frame(pickle, frames)),
+                    stack: pickle
+                        .get(block, "frames")
+                        .map_or_else(Vec::new, |frames| top_frames(pickle, frames)),
                 });
             }
         }

@@ -1,0 +1,91 @@
+//! One name per concept across subcommands, and every column of `explain`
+//! explained in its help.
+
+mod support;
+
+use clap::Parser;
+use cudamem::cli::{Cli, Command};
+
+fn help(args: &[&str]) -> String {
+    let mut argv = vec!["cudamem"];
+    argv.extend_from_slice(args);
+    argv.push("--help");
+    let err = Cli::try_parse_from(argv).unwrap_err();
+    assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp);
+    err.to_string()
+}
+
+fn replay_args(args: &[&str]) -> cudamem::cli::replay_command::ReplayArgs {
+    let mut argv = vec!["cudamem", "replay", "trace.csv"];
+    argv.extend_from_slice(args);
+    match Cli::try_parse_from(argv).unwrap().command {
+        Some(Command::Replay(args)) => args,
+        other => panic!("not a replay: {other:?}"),
+    }
+}
+
+#[test]
+fn a_snapshots_device_is_snapshot_device_and_the_old_spelling_warns() {
+    let new = replay_args(&["--snapshot-device", "1"]);
+    assert_eq!(new.snapshot_device(), (Some(1), None));
+    let old = replay_args(&["--device", "1"]);
+    let (device, warning) = old.snapshot_device();
+    assert_eq!(device, Some(1));
+    let warning = warning.expect("a deprecation warning");
+    assert!(warning.contains("--snapshot-device 1"), "{warning}");
+    assert_eq!(replay_args(&[]).snapshot_device(), (None, None));
+    let both = Cli::try_parse_from([
+        "cudamem",
+        "replay",
+        "t.csv",
+        "--device",
+        "1",
+        "--snapshot-device",
+        "2",
+    ])
+    .unwrap_err();
+    assert_eq!(both.kind(), clap::error::ErrorKind::ArgumentConflict);
+
+    let replay = help(&["replay"]);
+    assert!(replay.contains("--snapshot-device <N>"), "{replay}");
+    assert!(!replay.contains("--device"), "{replay}");
+    // In explain and heap, --device is a GPU of this machine.
+    assert!(help(&["explain"]).contains("--device <DEVICE>"));
+    assert!(help(&["heap"]).contains("--device"));
+}
+
+#[test]
+fn explains_help_names_every_column_it_prints() {
+    let help = help(&["explain"]);
+    let ledger = support::output(&["explain"]);
+    let header = ledger
+        .lines()
+        .find(|line| line.starts_with("item"))
+        .expect("a header");
+    for column in header.split_whitespace() {
+        assert!(help.contains(&format!("  {column} ")), "{column}: {help}");
+    }
+    for line in [
+        "driver + context",
+        "local memory",
+        "fragmentation",
+        "cm_malloc heap",
+    ] {
+        assert!(help.contains(line), "{line}");
+    }
+    for column in [
+        "segment",
+        "pool",
+        "size",
+        "allocated",
+        "active",
+        "free",
+        "largest free",
+    ] {
+        assert!(help.contains(&format!("  {column} ")), "{column}: {help}");
+    }
+    // Plain words: no internal type names.
+    for internal in ["ctx::", "DeviceHeap", "Ledger::", "memcore"] {
+        assert!(!help.contains(internal), "{internal}: {help}");
+    }
+}
