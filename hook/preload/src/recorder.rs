@@ -607,6 +607,13 @@ pub fn program_read(free: u64, total: u64) {
     let device = read::current_device().unwrap_or(-1);
     let thread = thread_id();
     with(|state| {
+        // The program's reading may be the peak: the pool's reserve is part
+        // of what it saw in use.
+        let pool_reserved = if state.async_seen && device >= 0 {
+            read::pool_reserved(device)
+        } else {
+            None
+        };
         state.emit(
             thread,
             Event::MemInfo {
@@ -614,7 +621,7 @@ pub fn program_read(free: u64, total: u64) {
                 device,
                 free,
                 total,
-                pool_reserved: None,
+                pool_reserved,
             },
         );
     });

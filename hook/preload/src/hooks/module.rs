@@ -1,13 +1,19 @@
 //! Module and library loads, function lookups (where lazy loading loads
 //! code), and launches: the first launch of each function reads its local
 //! memory per thread and what the launch took.
+//!
+//! Lookups and launches are on the program's hot path (a runtime looks a
+//! function up again, and launches it, at every call): only the first
+//! lookup of a name in a module (of a kernel in a context) and the first
+//! launch of a function are measured and recorded; every later one is a
+//! lock-free check of a [`Seen`] set and the driver's call.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 use hook::event::{Call, Event, LimitKind, Window};
 
 use crate::driver::{CuResult, SUCCESS, read};
-use crate::hooks::{enter, first_launch, hook, real};
+use crate::hooks::{Seen, enter, first_launch, hook, key_of, real};
 use crate::recorder::{self, Measure};
 
 /// Run a call that may load code, recording free memory around it.
@@ -190,6 +196,23 @@ unsafe fn library_load_from_file(
     }
 }
 
+/// Lookups seen: (module or library, name) and (kernel, context).
+static LOOKED_UP: Seen<{ 1 << 14 }> = Seen::new();
+
+/// Whether this is the first lookup of `name` in `scope`.
+///
+/// # Safety
+/// `name` is null or a C string.
+unsafe fn first_lookup(scope: *mut c_void, name: *const c_char) -> bool {
+    let name = if name.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: the program passed a C string.
+        unsafe { CStr::from_ptr(name) }.to_bytes()
+    };
+    LOOKED_UP.first(key_of(scope as u64, name))
+}
+
 /// Remember the name a lookup gave the handle it wrote.
 ///
 /// # Safety
@@ -212,6 +235,11 @@ unsafe fn module_get_function(
     name: *const c_char,
 ) -> CuResult {
     let real = real!(real, fn(*mut *mut c_void, *mut c_void, *const c_char));
+    // SAFETY: the program's C string.
+    if !unsafe { first_lookup(module, name) } {
+        // SAFETY: the program's arguments.
+        return unsafe { real(function, module, name) };
+    }
     // SAFETY: the program's arguments.
     let result = measured(Call::ModuleGetFunction, || unsafe {
         real(function, module, name)
@@ -229,6 +257,11 @@ unsafe fn library_get_kernel(
     name: *const c_char,
 ) -> CuResult {
     let real = real!(real, fn(*mut *mut c_void, *mut c_void, *const c_char));
+    // SAFETY: the program's C string.
+    if !unsafe { first_lookup(library, name) } {
+        // SAFETY: the program's arguments.
+        return unsafe { real(kernel, library, name) };
+    }
     // SAFETY: the program's arguments.
     let result = measured(Call::LibraryGetKernel, || unsafe {
         real(kernel, library, name)
@@ -245,6 +278,12 @@ unsafe fn kernel_get_function(
     kernel: *mut c_void,
 ) -> CuResult {
     let real = real!(real, fn(*mut *mut c_void, *mut c_void));
+    // A kernel's function is one per context: the context is the name.
+    let context = read::current_context().unwrap_or(0);
+    if !LOOKED_UP.first(key_of(kernel as u64, &context.to_le_bytes())) {
+        // SAFETY: the program's arguments.
+        return unsafe { real(function, kernel) };
+    }
     // SAFETY: the program's arguments.
     let result = measured(Call::KernelGetFunction, || unsafe {
         real(function, kernel)
@@ -267,12 +306,13 @@ fn launch_with(
     stream: *mut c_void,
     launch: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    let Some(_inside) = enter() else {
-        return launch();
-    };
+    // Every launch after a function's first: one lock-free check.
     if !first_launch(function as u64) {
         return launch();
     }
+    let Some(_inside) = enter() else {
+        return launch();
+    };
     let known = recorder::function_name(function as u64);
     let kernel = known.as_ref().is_some_and(|(_, kernel)| *kernel);
     let local_bytes = read::local_bytes(function, kernel);
