@@ -33,10 +33,10 @@
 //! | `unmap` | ptr size | `cuMemUnmap` is about to be made |
 //! | `context` | how device ctx result sms threads_per_sm total free stack heap fifo | a context was created (`create`) or a primary context retained (`primary`), with the device's facts and the context's limits read right after |
 //! | `limit` | which requested result value free_before free_after live_change | `cuCtxSetLimit`, the limit read back, and free memory around it |
-//! | `module` | call result free_before free_after live_change | a module or library load, or a function looked up in one (lazy loading loads its code then), and free memory around it |
+//! | `module` | call result free_before free_after live_change | a module or library load, or the first lookup of a function in one (lazy loading loads its code then; later lookups of the same name are not recorded), and free memory around it |
 //! | `launch` | call handle local_bytes stack_before stack_after free_before free_after live_change result name | the first launch of a function: its local bytes per thread, the stack limit and free memory around it |
 //! | `meminfo` | why device free total pool_reserved | free and total memory: what the program itself read (`program`), or what the interposer read at a chosen moment (`peak`, `exit`, `oom`) |
-//! | `resolve` | name version flags how | a driver entry point handed out through `cuGetProcAddress` |
+//! | `resolve` | name version flags how | a driver entry point handed out through `cuGetProcAddress` (each distinct answer once) |
 //! | `signal` | number | a fatal signal reached the process |
 //! | `exit` | dropped | the process exits; `dropped` records did not fit the size bound |
 //!
