@@ -417,12 +417,18 @@ impl Accounting {
                     LimitKind::Other(_) => {}
                 }
             }
-            Event::Module { result, window, .. } => {
+            Event::Module {
+                call,
+                result,
+                window,
+            } => {
                 if *result != 0 {
                     self.failed(*result);
                 }
                 let state = self.current_device_mut();
-                state.module_loads += 1;
+                if call.is_load() {
+                    state.module_loads += 1;
+                }
                 state.module_measured += window.taken_bytes().unwrap_or(0);
             }
             Event::Launch {

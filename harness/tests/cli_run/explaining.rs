@@ -127,3 +127,46 @@ fn the_advice_is_for_the_framework_of_the_library_that_asked() {
         }
     }
 }
+
+#[test]
+fn code_loaded_lazily_by_an_attribute_query_is_module_code_not_unexplained() {
+    let run = traced(
+        "lazy",
+        &[&program("cuda_linked"), "lazy"],
+        &[("FAKE_CUDA_LAZY", "1")],
+    );
+    assert_eq!(run.status(), Some(0), "{}", run.stderr());
+    assert!(run.stdout().contains("lazy: local 64"), "{}", run.stdout());
+    let log = run.log();
+    // The load took nothing; the first query loaded the code; the second
+    // query is not recorded.
+    let modules = records(&log, "module");
+    let taken: Vec<(&str, u64)> = modules
+        .iter()
+        .map(|r| {
+            let before: u64 = r[5].parse().unwrap();
+            let after: u64 = r[6].parse().unwrap();
+            (r[3], before - after)
+        })
+        .collect();
+    assert_eq!(
+        taken,
+        [
+            ("cuModuleLoadData", 0),
+            ("cuModuleGetFunction", 0),
+            ("cuFuncGetAttribute", 2 << 20)
+        ],
+        "{log}"
+    );
+    let stderr = run.stderr();
+    let module_row = stderr
+        .lines()
+        .find(|line| line.starts_with("module code"))
+        .unwrap_or_else(|| panic!("no module code row in {stderr}"));
+    assert!(module_row.contains("2097152 (2.0 MiB)"), "{module_row}");
+    let unexplained = stderr
+        .lines()
+        .find(|line| line.starts_with("unexplained"))
+        .unwrap();
+    assert!(unexplained.contains(" 0.0% of the"), "{unexplained}");
+}
