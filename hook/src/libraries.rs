@@ -120,7 +120,7 @@ mod tests {
     fn a_framework_is_told_by_its_package_not_by_the_environment_above_it() {
         let venv = "/opt/torch/.venv/lib/python3.12/site-packages";
         assert_eq!(
-            Framework::of(&format!("{venv}/jaxlib/mosaic/libtpu_helper.so")),
+            Framework::of(&format!("{venv}/jaxlib/mosaic/libmosaic_gpu.so")),
             Some(Framework::Xla)
         );
         assert_eq!(
