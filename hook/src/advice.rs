@@ -145,12 +145,11 @@ pub fn advice(snapshot: &Snapshot, request: Option<u64>, caller: Option<&str>) -
         let name = file_name(path);
         let held = human(bytes.device_bytes);
         match Framework::of(path) {
-            Some(framework) => {
-                if !advised.contains(&framework) {
-                    advised.push(framework);
-                    advice.push(framework_advice(framework, &format!("{name} holds {held}")));
-                }
+            Some(framework) if !advised.contains(&framework) => {
+                advised.push(framework);
+                advice.push(framework_advice(framework, &format!("{name} holds {held}")));
             }
+            Some(_) => {}
             None if share(bytes.largest) >= 0.5 => advice.push(format!(
                 "{name} holds one block of {} ({:.0}% of the device): a framework or library \
                  preallocating?",
