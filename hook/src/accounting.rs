@@ -474,6 +474,11 @@ impl Accounting {
             } => {
                 let state = self.device_mut(device);
                 state.facts.total.get_or_insert(total);
+                // A reading without the pool's (the program's own) keeps the
+                // last one read: the reserve changes only as the pool grows
+                // or is trimmed, which the next peak reading sees.
+                let pool_reserved = pool_reserved
+                    .or_else(|| state.last_reading.and_then(|last| last.pool_reserved));
                 state.last_reading = Some(Reading {
                     why,
                     free,

@@ -638,11 +638,20 @@ mod tests {
                 },
                 // The pool keeps 64 MiB: 10 live, 54 freed and kept.
                 Event::MemInfo {
-                    why: MemInfoWhy::Program,
+                    why: MemInfoWhy::Peak,
                     device: 0,
                     free: at_context - (64 << 20),
                     total: TOTAL,
                     pool_reserved: Some(64 << 20),
+                },
+                // The program's own reading does not read the pool: the
+                // last reserve read still holds.
+                Event::MemInfo {
+                    why: MemInfoWhy::Program,
+                    device: 0,
+                    free: at_context - (64 << 20),
+                    total: TOTAL,
+                    pool_reserved: None,
                 },
             ]),
             0,
