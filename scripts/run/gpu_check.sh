@@ -21,7 +21,7 @@
 # usage: gpu_check.sh BUNDLE OUTDIR
 #   PYTHON (default /opt/torch/.venv/bin/python3), NVCC (default nvcc, else
 #   /usr/local/cuda/bin/nvcc), ROUNDS (alternations of the call benchmark,
-#   default 5), STEP_ROUNDS (of the training step, default 3), WORKLOAD
+#   default 5), STEP_ROUNDS (of the training step, default 5), WORKLOAD
 #   (default resnet50_train), CASE_TIMEOUT (seconds per case, default 120).
 set -u
 if [ $# -ne 2 ]; then
@@ -36,7 +36,7 @@ here="$bundle/scripts/run"
 python="${PYTHON:-/opt/torch/.venv/bin/python3}"
 nvcc="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 rounds="${ROUNDS:-5}"
-step_rounds="${STEP_ROUNDS:-3}"
+step_rounds="${STEP_ROUNDS:-5}"
 workload="${WORKLOAD:-resnet50_train}"
 case_timeout="${CASE_TIMEOUT:-120}"
 summary="$out/summary.md"
@@ -142,11 +142,10 @@ for round in $(seq "$rounds"); do
   "$out/build/alloc_pairs" 20000 | sed "s/^/bare $round /" >> "$out/calls.log"
   "$cudamem" run -- "$out/build/alloc_pairs" 20000 2> /dev/null | sed "s/^/hooked $round /" >> "$out/calls.log"
 done
-echo "==> overhead: a ResNet-50 training step, bare, preloaded without a log, and under cudamem run, $step_rounds rounds"
+echo "==> overhead: a ResNet-50 training step, bare and under cudamem run, $step_rounds rounds"
 : > "$out/step.log"
 for round in $(seq "$step_rounds"); do
   echo "bare $round $("$python" "$here/torch_step.py" loop 20 2> /dev/null)" >> "$out/step.log"
-  echo "preloaded $round $(LD_PRELOAD="$bundle/bin/libcudamem_hook.so" "$python" "$here/torch_step.py" loop 20 2> /dev/null)" >> "$out/step.log"
   echo "hooked $round $("$cudamem" run -- "$python" "$here/torch_step.py" loop 20 2> /dev/null)" >> "$out/step.log"
 done
 # The workload's own median step, bare, beside the traced case's.
@@ -180,9 +179,6 @@ for line in open(step):
 bare, hooked = median(steps.get("bare", [])), median(steps.get("hooked", []))
 print(f"| ResNet-50 training step, batch 32 (median of 20 steps per run) | {len(steps.get('bare', []))} "
       f"| {bare * 1e9:.0f} | {hooked * 1e9:.0f} | {(hooked / bare - 1) * 100:+.2f}% of the step |")
-preloaded = median(steps.get("preloaded", []))
-print(f"| the same, preloaded without a log (LD_PRELOAD alone) | {len(steps.get('preloaded', []))} "
-      f"| {bare * 1e9:.0f} | {preloaded * 1e9:.0f} | {(preloaded / bare - 1) * 100:+.2f}% of the step |")
 wb, wh = median(steps.get("bare-workload", [])), median(steps.get("hooked-workload", []))
 print(f"| workload's median step (scripts/torch/workloads.py, one run each) | 1 "
       f"| {wb * 1e9:.0f} | {wh * 1e9:.0f} | {(wh / wb - 1) * 100:+.2f}% of the step |")
