@@ -327,3 +327,34 @@ static LAUNCHED: Seen<{ 1 << 14 }> = Seen::new();
 pub fn first_launch(handle: u64) -> bool {
     handle != 0 && LAUNCHED.first(handle)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_key_is_first_once_however_many_threads_ask() {
+        static SET: Seen<{ 1 << 10 }> = Seen::new();
+        let firsts: usize = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| (1..=200u64).filter(|&key| SET.first(key * 4096)).count()))
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        assert_eq!(firsts, 200);
+        assert!(!SET.first(4096));
+        assert!(SET.first(7));
+    }
+
+    #[test]
+    fn a_full_table_answers_seen_rather_than_first_again() {
+        static SMALL: Seen<16> = Seen::new();
+        let firsts = (1..=40u64).filter(|&key| SMALL.first(key)).count();
+        assert_eq!(firsts, 16);
+        // Every slot is taken: a new key is taken as seen, an old one is.
+        assert!(!SMALL.first(1000));
+        assert!((1..=40u64).all(|key| !SMALL.first(key)));
+        assert_ne!(key_of(1, b"f"), key_of(1, b"g"));
+        assert_ne!(key_of(1, b"f"), key_of(2, b"f"));
+    }
+}
