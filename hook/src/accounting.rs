@@ -417,12 +417,18 @@ impl Accounting {
                     LimitKind::Other(_) => {}
                 }
             }
-            Event::Module { result, window, .. } => {
+            Event::Module {
+                call,
+                result,
+                window,
+            } => {
                 if *result != 0 {
                     self.failed(*result);
                 }
                 let state = self.current_device_mut();
-                state.module_loads += 1;
+                if call.is_load() {
+                    state.module_loads += 1;
+                }
                 state.module_measured += window.taken_bytes().unwrap_or(0);
             }
             Event::Launch {
@@ -468,6 +474,11 @@ impl Accounting {
             } => {
                 let state = self.device_mut(device);
                 state.facts.total.get_or_insert(total);
+                // A reading without the pool's (the program's own) keeps the
+                // last one read: the reserve changes only as the pool grows
+                // or is trimmed, which the next peak reading sees.
+                let pool_reserved = pool_reserved
+                    .or_else(|| state.last_reading.and_then(|last| last.pool_reserved));
                 state.last_reading = Some(Reading {
                     why,
                     free,

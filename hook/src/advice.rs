@@ -57,7 +57,7 @@ pub fn holders(snapshot: &Snapshot) -> Vec<Holder> {
     }
     if let Some(held) = snapshot.pool_held().filter(|&held| held > 0) {
         holders.push(Holder {
-            name: "the stream-ordered pool's reserve of freed memory".into(),
+            name: "held by the driver's async pool (freed memory it keeps)".into(),
             bytes: held,
         });
     }
@@ -71,9 +71,36 @@ pub fn holders(snapshot: &Snapshot) -> Vec<Holder> {
     holders
 }
 
+/// What a framework's user can set, after `subject` (which library holds
+/// or asked for what).
+fn framework_advice(framework: Framework, subject: &str) -> String {
+    match framework {
+        Framework::Xla => format!(
+            "{subject}: XLA (JAX) preallocates 75% of the device at start. Set \
+             XLA_PYTHON_CLIENT_PREALLOCATE=false to allocate on demand, \
+             XLA_PYTHON_CLIENT_MEM_FRACTION to take a smaller share, or \
+             XLA_PYTHON_CLIENT_ALLOCATOR=platform to allocate and free exactly what is asked \
+             (slower)."
+        ),
+        Framework::PyTorch => format!(
+            "{subject}: PyTorch's caching allocator keeps freed blocks reserved \
+             (torch.cuda.memory_reserved() against memory_allocated()). \
+             torch.cuda.empty_cache() returns them; \
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps reserved memory close to \
+             what is allocated."
+        ),
+        Framework::CuPy => format!(
+            "{subject}: CuPy's memory pool keeps freed blocks; \
+             cupy.get_default_memory_pool().free_all_blocks() returns them, and \
+             set_limit(size=...) caps what the pool may hold."
+        ),
+    }
+}
+
 /// Advice that fits `snapshot`, for a request of `request` bytes that failed
-/// (or none: advice at the peak).
-pub fn advice(snapshot: &Snapshot, request: Option<u64>) -> Vec<String> {
+/// (or none: advice at the peak), made by the library at `caller` (where
+/// one call is explained).
+pub fn advice(snapshot: &Snapshot, request: Option<u64>, caller: Option<&str>) -> Vec<String> {
     let total = snapshot
         .reading
         .map(|r| r.total)
@@ -110,6 +137,7 @@ pub fn advice(snapshot: &Snapshot, request: Option<u64>) -> Vec<String> {
             share(local) * 100.0
         ));
     }
+    let mut advised = Vec::new();
     for (path, bytes) in &snapshot.callers {
         if share(bytes.device_bytes) < NOTABLE_SHARE {
             continue;
@@ -117,22 +145,11 @@ pub fn advice(snapshot: &Snapshot, request: Option<u64>) -> Vec<String> {
         let name = file_name(path);
         let held = human(bytes.device_bytes);
         match Framework::of(path) {
-            Some(Framework::Xla) => advice.push(format!(
-                "{name} holds {held}: XLA (JAX) preallocates 75% of the device at start. Set \
-                 XLA_PYTHON_CLIENT_PREALLOCATE=false to allocate on demand, or \
-                 XLA_PYTHON_CLIENT_MEM_FRACTION to take less."
-            )),
-            Some(Framework::PyTorch) => advice.push(format!(
-                "{name} holds {held}: PyTorch's caching allocator keeps freed blocks reserved \
-                 (torch.cuda.memory_reserved() against memory_allocated()). \
-                 torch.cuda.empty_cache() returns them; \
-                 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps reserved memory close to \
-                 what is allocated."
-            )),
-            Some(Framework::CuPy) => advice.push(format!(
-                "{name} holds {held}: CuPy's memory pool keeps freed blocks; \
-                 cupy.get_default_memory_pool().free_all_blocks() returns them."
-            )),
+            Some(framework) if !advised.contains(&framework) => {
+                advised.push(framework);
+                advice.push(framework_advice(framework, &format!("{name} holds {held}")));
+            }
+            Some(_) => {}
             None if share(bytes.largest) >= 0.5 => advice.push(format!(
                 "{name} holds one block of {} ({:.0}% of the device): a framework or library \
                  preallocating?",
@@ -141,6 +158,15 @@ pub fn advice(snapshot: &Snapshot, request: Option<u64>) -> Vec<String> {
             )),
             None => {}
         }
+    }
+    // The library that asked gets its framework's advice even when it holds
+    // little itself: its allocator's settings decide how it asks.
+    if let Some(caller) = caller
+        && let Some(framework) = Framework::of(caller)
+        && !advised.contains(&framework)
+    {
+        let subject = format!("the request came from {}", file_name(caller));
+        advice.push(framework_advice(framework, &subject));
     }
     if let Some(held) = snapshot.pool_held().filter(|&held| share(held) >= 0.1) {
         advice.push(format!(
@@ -281,7 +307,7 @@ pub fn explain(oom: &OutOfMemory, snapshot: Option<&Snapshot>) -> String {
             holder.name
         );
     }
-    for line in advice(snapshot, oom.request) {
+    for line in advice(snapshot, oom.request, Some(&oom.caller)) {
         let _ = writeln!(out, "cudamem: advice: {line}");
     }
     let _ = writeln!(out, "cudamem: the ledger at this moment:");

@@ -33,10 +33,10 @@
 //! | `unmap` | ptr size | `cuMemUnmap` is about to be made |
 //! | `context` | how device ctx result sms threads_per_sm total free stack heap fifo | a context was created (`create`) or a primary context retained (`primary`), with the device's facts and the context's limits read right after |
 //! | `limit` | which requested result value free_before free_after live_change | `cuCtxSetLimit`, the limit read back, and free memory around it |
-//! | `module` | call result free_before free_after live_change | a module or library load, or a function looked up in one (lazy loading loads its code then), and free memory around it |
+//! | `module` | call result free_before free_after live_change | a module or library load, or the first lookup, attribute query or explicit load of a function (lazy loading loads its code then; later ones of the same function are not recorded), and free memory around it |
 //! | `launch` | call handle local_bytes stack_before stack_after free_before free_after live_change result name | the first launch of a function: its local bytes per thread, the stack limit and free memory around it |
 //! | `meminfo` | why device free total pool_reserved | free and total memory: what the program itself read (`program`), or what the interposer read at a chosen moment (`peak`, `exit`, `oom`) |
-//! | `resolve` | name version flags how | a driver entry point handed out through `cuGetProcAddress` |
+//! | `resolve` | name version flags how | a driver entry point handed out through `cuGetProcAddress` (each distinct answer once) |
 //! | `signal` | number | a fatal signal reached the process |
 //! | `exit` | dropped | the process exits; `dropped` records did not fit the size bound |
 //!
@@ -98,11 +98,17 @@ pub enum Call {
     LaunchKernel,
     LaunchKernelEx,
     LaunchCooperativeKernel,
+    FuncGetAttribute,
+    FuncSetAttribute,
+    KernelGetAttribute,
+    KernelSetAttribute,
+    FuncLoad,
+    OccupancyMaxActiveBlocksPerMultiprocessor,
 }
 
 impl Call {
     /// Every call, for parsing.
-    pub const ALL: [Call; 32] = [
+    pub const ALL: [Call; 38] = [
         Call::MemAlloc,
         Call::MemAllocPitch,
         Call::MemAllocManaged,
@@ -135,6 +141,12 @@ impl Call {
         Call::LaunchKernel,
         Call::LaunchKernelEx,
         Call::LaunchCooperativeKernel,
+        Call::FuncGetAttribute,
+        Call::FuncSetAttribute,
+        Call::KernelGetAttribute,
+        Call::KernelSetAttribute,
+        Call::FuncLoad,
+        Call::OccupancyMaxActiveBlocksPerMultiprocessor,
     ];
 
     /// The driver's name of the function (the ABI's base name: the
@@ -173,12 +185,35 @@ impl Call {
             Call::LaunchKernel => "cuLaunchKernel",
             Call::LaunchKernelEx => "cuLaunchKernelEx",
             Call::LaunchCooperativeKernel => "cuLaunchCooperativeKernel",
+            Call::FuncGetAttribute => "cuFuncGetAttribute",
+            Call::FuncSetAttribute => "cuFuncSetAttribute",
+            Call::KernelGetAttribute => "cuKernelGetAttribute",
+            Call::KernelSetAttribute => "cuKernelSetAttribute",
+            Call::FuncLoad => "cuFuncLoad",
+            Call::OccupancyMaxActiveBlocksPerMultiprocessor => {
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor"
+            }
         }
     }
 
     /// The call named `name`.
     pub fn from_name(name: &str) -> Option<Call> {
         Call::ALL.into_iter().find(|call| call.name() == name)
+    }
+
+    /// Whether the call loads a module or library (rather than looking a
+    /// function up in one, or using one, where lazy loading loads code
+    /// too).
+    pub const fn is_load(self) -> bool {
+        matches!(
+            self,
+            Call::ModuleLoad
+                | Call::ModuleLoadData
+                | Call::ModuleLoadDataEx
+                | Call::ModuleLoadFatBinary
+                | Call::LibraryLoadData
+                | Call::LibraryLoadFromFile
+        )
     }
 
     /// Whether the memory this call allocates is pinned host memory

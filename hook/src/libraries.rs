@@ -54,7 +54,11 @@ pub enum Framework {
 }
 
 impl Framework {
-    /// The framework the library at `path` belongs to, if any.
+    /// The framework the library at `path` belongs to, if any: by its file
+    /// name, or by the package folders it lies in. Only the folders below
+    /// the last `site-packages`/`dist-packages` count where there is one
+    /// (a virtual environment under `/opt/torch` says nothing of the JAX
+    /// installed in it).
     ///
     /// ```
     /// use cudamem_hook::libraries::Framework;
@@ -62,20 +66,30 @@ impl Framework {
     /// assert_eq!(Framework::of("/x/torch/lib/libc10_cuda.so"), Some(Framework::PyTorch));
     /// assert_eq!(Framework::of("/x/jaxlib/xla_extension.so"), Some(Framework::Xla));
     /// assert_eq!(Framework::of("/x/jax_plugins/xla_cuda13/xla_cuda_plugin.so"), Some(Framework::Xla));
+    /// assert_eq!(
+    ///     Framework::of("/opt/torch/.venv/lib/python3.12/site-packages/jaxlib/libjax_common.so"),
+    ///     Some(Framework::Xla)
+    /// );
     /// assert_eq!(Framework::of("/x/cupy/cuda/memory.cpython-312-x86_64-linux-gnu.so"), Some(Framework::CuPy));
     /// assert_eq!(Framework::of("/usr/bin/my_app"), None);
     /// ```
     pub fn of(path: &str) -> Option<Framework> {
         let lower = path.to_ascii_lowercase();
         let name = file_name(&lower);
-        if name.starts_with("libc10") || name.starts_with("libtorch") || lower.contains("/torch/") {
-            Some(Framework::PyTorch)
-        } else if name.contains("xla")
-            || lower.contains("/jaxlib/")
-            || lower.contains("jax_plugins")
-        {
+        let folders = match (lower.rfind("site-packages/"), lower.rfind("dist-packages/")) {
+            (None, None) => &lower[..],
+            (a, b) => &lower[a.max(b).unwrap_or(0) + "site-packages/".len()..],
+        };
+        let folders = folders.split('/');
+        let in_package = |names: &[&str]| folders.clone().any(|folder| names.contains(&folder));
+        if name.contains("xla") || in_package(&["jaxlib", "jax_plugins", "jax"]) {
             Some(Framework::Xla)
-        } else if lower.contains("/cupy/") || name.starts_with("cupy") {
+        } else if name.starts_with("libc10")
+            || name.starts_with("libtorch")
+            || in_package(&["torch"])
+        {
+            Some(Framework::PyTorch)
+        } else if name.starts_with("cupy") || in_package(&["cupy", "cupy_backends"]) {
             Some(Framework::CuPy)
         } else {
             None
@@ -100,5 +114,30 @@ mod tests {
         assert_eq!(classify("/home/libcuda.so.dir/app"), LibraryClass::Other);
         assert_eq!(classify("/t/libcudamem_hook.so"), LibraryClass::Cuda);
         assert_eq!(classify("/usr/lib/libcublasLt.so.13"), LibraryClass::Other);
+    }
+
+    #[test]
+    fn a_framework_is_told_by_its_package_not_by_the_environment_above_it() {
+        let venv = "/opt/torch/.venv/lib/python3.12/site-packages";
+        assert_eq!(
+            Framework::of(&format!("{venv}/jaxlib/mosaic/libmosaic_gpu.so")),
+            Some(Framework::Xla)
+        );
+        assert_eq!(
+            Framework::of(&format!("{venv}/cupy_backends/cuda/api/driver.so")),
+            Some(Framework::CuPy)
+        );
+        assert_eq!(
+            Framework::of(&format!("{venv}/torch/lib/libshm.so")),
+            Some(Framework::PyTorch)
+        );
+        assert_eq!(
+            Framework::of(&format!("{venv}/nvidia/cublas/lib/libcublasLt.so.13")),
+            None
+        );
+        assert_eq!(
+            Framework::of("/tmp/fixtures/libxla_probe.so"),
+            Some(Framework::Xla)
+        );
     }
 }

@@ -336,7 +336,7 @@ impl ProcessReport {
                 .map(|holder| format!("{} {}", human(holder.bytes), holder.name))
                 .collect();
             let _ = writeln!(out, "biggest holders: {}", top.join("; "));
-            for line in advice(snapshot, None) {
+            for line in advice(snapshot, None, None) {
                 let _ = writeln!(out, "advice: {line}");
             }
         }
@@ -382,20 +382,19 @@ pub fn html(command: &str, reports: &[ProcessReport]) -> String {
             escape(&report.ending())
         );
         for snapshot in &report.peaks {
-            let ledger = snapshot.ledger();
             let _ = writeln!(
                 out,
                 "<h3>device {}</h3>\n<table><tr><th>item</th><th>predicted</th><th>measured</th><th>why</th></tr>",
                 snapshot.facts.ordinal
             );
-            for item in ledger.items() {
+            for row in snapshot.ledger_rows() {
                 let _ = writeln!(
                     out,
                     "<tr><td>{}</td><td class=n>{}</td><td class=n>{}</td><td>{}</td></tr>",
-                    escape(item.name()),
-                    item.predicted,
-                    item.measured.map_or_else(|| "-".into(), human),
-                    escape(&item.explanation)
+                    escape(&row.item),
+                    row.predicted.map_or_else(|| "-".into(), |p| p.to_string()),
+                    row.measured.map_or_else(|| "-".into(), human),
+                    escape(&row.why)
                 );
             }
             for line in snapshot.extra_lines() {
@@ -421,7 +420,7 @@ pub fn html(command: &str, reports: &[ProcessReport]) -> String {
                 escape(&snapshot.local_memory_cause())
             );
             let _ = writeln!(out, "<ul>");
-            for line in advice(snapshot, None) {
+            for line in advice(snapshot, None, None) {
                 let _ = writeln!(out, "<li>{}</li>", escape(&line));
             }
             let _ = writeln!(out, "</ul>");

@@ -10,8 +10,8 @@
 use std::fmt::Write as _;
 
 use ctx::{
-    DeviceProfile, LOCAL_MEMORY_GRANULE, Ledger, LedgerItemKind, Limits, Workload,
-    local_memory_reservation_bytes, per_thread_local_bytes,
+    DeviceProfile, LOCAL_MEMORY_GRANULE, Ledger, LedgerItemKind, LedgerRow, Limits, Workload,
+    local_memory_reservation_bytes, per_thread_local_bytes, render_rows,
 };
 use memcore::bytes::human;
 
@@ -213,6 +213,35 @@ impl Snapshot {
         ledger
     }
 
+    /// The ledger's rows as a process's ledger shows them: ctx's, except
+    /// module code, whose prediction (ctx's rule knows the first module a
+    /// context loads, not a program's many, lazily loaded ones) is left
+    /// unknown where more than one module was loaded or the rule has no
+    /// figure, beside what was measured.
+    pub fn ledger_rows(&self) -> Vec<LedgerRow> {
+        let ledger = self.ledger();
+        ledger
+            .items()
+            .iter()
+            .map(|item| {
+                let mut row = item.row();
+                let modules = item.kind == LedgerItemKind::ModuleCode
+                    && (self.module_loads > 0 || self.kernels_launched > 0);
+                if modules
+                    && (self.module_loads > 1 || item.predicted.bytes().is_none_or(|b| b == 0))
+                {
+                    row.predicted = Some(ctx::Prediction::Unknown);
+                    row.why = format!(
+                        "unknown before the run ({} module loads, {} kernels launched); measured \
+                         as free memory taken around each load and first launch",
+                        self.module_loads, self.kernels_launched
+                    );
+                }
+                row
+            })
+            .collect()
+    }
+
     /// The lines ctx's ledger has no place for.
     pub fn extra_lines(&self) -> Vec<ExtraLine> {
         let mut lines = Vec::new();
@@ -241,10 +270,11 @@ impl Snapshot {
         }
         if let Some(held) = self.pool_held().filter(|&held| held > 0) {
             lines.push(ExtraLine {
-                name: "async pool reserve".into(),
+                name: "held by the driver's async pool".into(),
                 bytes: held,
                 why: format!(
-                    "the stream-ordered pool holds this beyond its {} live (freed memory it keeps)",
+                    "CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT less the {} live in cuMemAllocAsync \
+                     blocks: freed memory the stream-ordered pool keeps",
                     human(self.live_async)
                 ),
             });
@@ -323,7 +353,15 @@ impl Snapshot {
             return out;
         }
         let ledger = self.ledger();
-        let _ = write!(out, "{ledger}");
+        let _ = writeln!(
+            out,
+            "ledger of {}: stack {} B/thread, malloc heap {} B, printf FIFO {} B",
+            ledger.device(),
+            self.limits.stack_bytes,
+            self.limits.malloc_heap_bytes,
+            self.limits.printf_fifo_bytes
+        );
+        let _ = render_rows(&mut out, &self.ledger_rows());
         let _ = writeln!(out, "local memory cause: {}", self.local_memory_cause());
         for line in self.extra_lines() {
             let _ = writeln!(
@@ -538,10 +576,148 @@ mod tests {
             "{}",
             snapshot.local_memory_cause()
         );
-        let advice = crate::advice::advice(&snapshot, None);
+        let advice = crate::advice::advice(&snapshot, None, None);
         assert!(
             advice[0].contains("local memory takes 512 MiB"),
             "{advice:?}"
+        );
+    }
+
+    fn module_load(free_before: u64, taken: u64) -> Event<'static> {
+        Event::Module {
+            call: Call::ModuleLoadData,
+            result: 0,
+            window: Window {
+                free_before: Some(free_before),
+                free_after: Some(free_before - taken),
+                live_change: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn many_modules_leave_module_code_unpredicted_beside_its_measure() {
+        let at_context = TOTAL - (40 << 20);
+        let snapshot = Snapshot::of(
+            &accounting(vec![
+                context(at_context),
+                module_load(at_context, 2 << 20),
+                module_load(at_context - (2 << 20), 4 << 20),
+                module_load(at_context - (6 << 20), 0),
+                reading(at_context - (6 << 20)),
+            ]),
+            0,
+        )
+        .unwrap();
+        let rows = snapshot.ledger_rows();
+        let module = rows
+            .iter()
+            .find(|row| row.item == LedgerItemKind::ModuleCode.name())
+            .unwrap();
+        assert_eq!(module.predicted, Some(ctx::Prediction::Unknown));
+        assert_eq!(module.measured, Some(6 << 20));
+        assert!(
+            module
+                .why
+                .starts_with("unknown before the run (3 module loads")
+        );
+        assert_eq!(snapshot.unexplained(), Some(0));
+    }
+
+    #[test]
+    fn the_async_pools_reserve_is_its_own_line_and_not_unexplained() {
+        let at_context = TOTAL - (40 << 20);
+        let snapshot = Snapshot::of(
+            &accounting(vec![
+                context(at_context),
+                Event::Alloc {
+                    call: Call::MemAllocAsync,
+                    ptr: 0x1000,
+                    size: 10 << 20,
+                    stream: 7,
+                    caller: 0,
+                    result: 0,
+                },
+                // The pool keeps 64 MiB: 10 live, 54 freed and kept.
+                Event::MemInfo {
+                    why: MemInfoWhy::Peak,
+                    device: 0,
+                    free: at_context - (64 << 20),
+                    total: TOTAL,
+                    pool_reserved: Some(64 << 20),
+                },
+                // The program's own reading does not read the pool: the
+                // last reserve read still holds.
+                Event::MemInfo {
+                    why: MemInfoWhy::Program,
+                    device: 0,
+                    free: at_context - (64 << 20),
+                    total: TOTAL,
+                    pool_reserved: None,
+                },
+            ]),
+            0,
+        )
+        .unwrap();
+        assert_eq!(snapshot.pool_held(), Some(54 << 20));
+        assert_eq!(snapshot.unexplained(), Some(0));
+        let line = snapshot
+            .extra_lines()
+            .into_iter()
+            .find(|line| line.name == "held by the driver's async pool")
+            .unwrap();
+        assert_eq!(line.bytes, 54 << 20);
+    }
+
+    #[test]
+    fn advice_follows_the_library_that_allocated_and_the_one_that_asked() {
+        let venv = "/opt/torch/.venv/lib/python3.12/site-packages";
+        let at_context = TOTAL - (40 << 20);
+        let events = |caller_path: String, size: u64| {
+            vec![
+                context(at_context),
+                Event::Library {
+                    id: 1,
+                    path: caller_path.into(),
+                },
+                alloc(0x1000, size, 1),
+                reading(at_context - size),
+            ]
+        };
+        // JAX's preallocation, in an environment under /opt/torch.
+        let xla = Snapshot::of(
+            &accounting(events(format!("{venv}/jaxlib/libjax_common.so"), TOTAL / 2)),
+            0,
+        )
+        .unwrap();
+        let advice = crate::advice::advice(&xla, Some(1 << 30), None).join("\n");
+        assert!(
+            advice.contains("XLA_PYTHON_CLIENT_PREALLOCATE=false"),
+            "{advice}"
+        );
+        assert!(
+            advice.contains("XLA_PYTHON_CLIENT_ALLOCATOR=platform"),
+            "{advice}"
+        );
+        assert!(!advice.contains("PyTorch"), "{advice}");
+        // A small holder gets no framework advice at the peak, but the one
+        // whose request failed does.
+        let cupy_path = format!("{venv}/cupy_backends/cuda/api/driver.so");
+        let cupy = Snapshot::of(&accounting(events(cupy_path.clone(), 1 << 20)), 0).unwrap();
+        let at_peak = crate::advice::advice(&cupy, None, None).join("\n");
+        assert!(!at_peak.contains("CuPy"), "{at_peak}");
+        let asked = crate::advice::advice(&cupy, Some(1 << 20), Some(&cupy_path)).join("\n");
+        assert!(
+            asked.contains("the request came from driver.so: CuPy's memory pool"),
+            "{asked}"
+        );
+        assert!(
+            asked.contains("free_all_blocks()") && asked.contains("set_limit"),
+            "{asked}"
+        );
+        assert!(
+            !asked.contains("XLA") && !asked.contains("PyTorch"),
+            "{asked}"
         );
     }
 

@@ -9,15 +9,20 @@
 #   out of memory), CuPy, JAX (with and without its preallocation), and one
 #   of the repository's PyTorch workloads (its peak ledger);
 # each traced, the trace replayed with `cudamem replay`;
-# - the interposer's overhead: cudaMalloc/cudaFree pairs and a PyTorch
-#   training step, each bare and under `cudamem run`, alternating.
-# Logs go to OUTDIR, with summary.md. Exits non-zero if a case did not end
-# as expected.
+# - the interposer's overhead: the cheap calls it wraps (alloc_pairs.cu:
+#   allocation pairs, stream-ordered pairs, cudaMemGetInfo, launches) and a
+#   PyTorch ResNet-50 training step, each bare and under `cudamem run`,
+#   alternating, medians of the rounds.
+# Logs go to OUTDIR, with summary.md: the cases, the overhead table, and the
+# PyTorch workload's ledger at its peak with its unexplained share. Meant to
+# end within 300 s on one H200. Exits non-zero if a case did not end as
+# expected.
 #
 # usage: gpu_check.sh BUNDLE OUTDIR
 #   PYTHON (default /opt/torch/.venv/bin/python3), NVCC (default nvcc, else
-#   /usr/local/cuda/bin/nvcc), ROUNDS (overhead alternations, default 5),
-#   WORKLOAD (default resnet50_train).
+#   /usr/local/cuda/bin/nvcc), ROUNDS (alternations of the call benchmark,
+#   default 5), STEP_ROUNDS (of the training step, default 5), WORKLOAD
+#   (default resnet50_train), CASE_TIMEOUT (seconds per case, default 120).
 set -u
 if [ $# -ne 2 ]; then
   echo "usage: gpu_check.sh BUNDLE OUTDIR" >&2
@@ -31,7 +36,9 @@ here="$bundle/scripts/run"
 python="${PYTHON:-/opt/torch/.venv/bin/python3}"
 nvcc="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 rounds="${ROUNDS:-5}"
+step_rounds="${STEP_ROUNDS:-5}"
 workload="${WORKLOAD:-resnet50_train}"
+case_timeout="${CASE_TIMEOUT:-120}"
 summary="$out/summary.md"
 failed=0
 
@@ -49,7 +56,7 @@ failed=0
 echo "==> building the CUDA programs with $nvcc"
 mkdir -p "$out/build"
 "$nvcc" -O2 -arch=sm_90 -o "$out/build/seed_local_memory" "$here/seed_local_memory.cu" > "$out/build/nvcc.log" 2>&1 \
-  && "$nvcc" -O2 -o "$out/build/alloc_pairs" "$here/alloc_pairs.cu" >> "$out/build/nvcc.log" 2>&1
+  && "$nvcc" -O2 -arch=sm_90 -o "$out/build/alloc_pairs" "$here/alloc_pairs.cu" >> "$out/build/nvcc.log" 2>&1
 if [ $? -ne 0 ]; then
   echo "nvcc failed: see build/nvcc.log" | tee -a "$summary"
   exit 1
@@ -70,10 +77,10 @@ case_run() {
   mkdir -p "$dir"
   echo "==> $name: $*"
   local start=$SECONDS
-  env ${env[@]+"${env[@]}"} timeout 600 "$cudamem" run --trace "$dir/trace.csv" --report "$dir/report.html" -- "$@" \
+  env ${env[@]+"${env[@]}"} timeout "$case_timeout" "$cudamem" run --trace "$dir/trace.csv" --report "$dir/report.html" -- "$@" \
     > "$dir/stdout.log" 2> "$dir/stderr.log"
   local status=$?
-  timeout 600 "$cudamem" replay "$dir/trace.csv" > "$dir/replay.log" 2>&1
+  timeout "$case_timeout" "$cudamem" replay "$dir/trace.csv" > "$dir/replay.log" 2>&1
   local replay=$?
   local verdict="$status ($expected)"
   if [ "$status" -ne "$expected" ]; then
@@ -110,55 +117,80 @@ case_run "torch-$workload" 0 -- "$python" "$here/torch_step.py" "$workload" full
   for dir in "$out"/*/trace.csv.events; do
     [ -d "$dir" ] || continue
     printf '%-24s %s\n' "$(basename "$(dirname "$dir")")" \
-      "$(cat "$dir"/*.events | awk -F'\t' '$1=="resolve"{n[$7]++} END{for(k in n) printf "%s=%d ", k, n[k]}')"
+      "$(cat "$dir"/*.events | tr -d '\000' | awk -F'\t' '$1=="resolve"{n[$7]++} END{for(k in n) printf "%s=%d ", k, n[k]}')"
   done
   echo '```'
 } >> "$summary"
 
-echo "==> overhead: cudaMalloc/cudaFree pairs, bare and under cudamem run, $rounds rounds"
-: > "$out/overhead.log"
+# Each device's ledger at its peak, as `cudamem run` printed it, and what
+# the run recorded (for the cases whose unexplained share is asked about).
+for name in "torch-$workload" torch-async jax-on-demand; do
+  [ -f "$out/$name/stderr.log" ] || continue
+  {
+    echo
+    echo "### $name: the ledger at its peak, and what was recorded"
+    echo '```'
+    awk '/^cudamem run: .*exit status/{show=1} show' "$out/$name/stderr.log" | head -80
+    "$python" "$here/events_summary.py" "$out/$name/trace.csv.events" 2>&1 | head -40
+    echo '```'
+  } >> "$summary"
+done
+
+echo "==> overhead: the cheap calls, bare and under cudamem run, $rounds rounds"
+: > "$out/calls.log"
 for round in $(seq "$rounds"); do
-  for bytes in 256 1048576; do
-    echo "bare $("$out/build/alloc_pairs" "$bytes" 20000)" >> "$out/overhead.log"
-    echo "hooked $("$cudamem" run -- "$out/build/alloc_pairs" "$bytes" 20000 2> /dev/null)" >> "$out/overhead.log"
-  done
+  "$out/build/alloc_pairs" 20000 | sed "s/^/bare $round /" >> "$out/calls.log"
+  "$cudamem" run -- "$out/build/alloc_pairs" 20000 2> /dev/null | sed "s/^/hooked $round /" >> "$out/calls.log"
 done
-echo "==> overhead: $workload training step, bare and under cudamem run, 3 rounds"
+echo "==> overhead: a ResNet-50 training step, bare and under cudamem run, $step_rounds rounds"
 : > "$out/step.log"
-for round in 1 2 3; do
-  echo "bare $("$python" "$here/torch_step.py" "$workload" full 2> /dev/null)" >> "$out/step.log"
-  echo "hooked $("$cudamem" run -- "$python" "$here/torch_step.py" "$workload" full 2> /dev/null)" >> "$out/step.log"
+for round in $(seq "$step_rounds"); do
+  echo "bare $round $("$python" "$here/torch_step.py" loop 20 2> /dev/null)" >> "$out/step.log"
+  echo "hooked $round $("$cudamem" run -- "$python" "$here/torch_step.py" loop 20 2> /dev/null)" >> "$out/step.log"
 done
-"$python" - "$out/overhead.log" "$out/step.log" >> "$summary" << 'PY'
-import statistics, sys
-pairs, step = sys.argv[1], sys.argv[2]
+# The workload's own median step, bare, beside the traced case's.
+echo "bare-workload 1 $("$python" "$here/torch_step.py" "$workload" full 2> /dev/null)" >> "$out/step.log"
+echo "hooked-workload 1 $(cat "$out/torch-$workload/stdout.log" 2> /dev/null | tail -1)" >> "$out/step.log"
+"$python" - "$out/calls.log" "$out/step.log" >> "$summary" << 'PY'
+import math, statistics, sys
+calls, step = sys.argv[1], sys.argv[2]
+
+def median(values):
+    return statistics.median(values) if values else math.nan
+
 rows = {}
-for line in open(pairs):
+for line in open(calls):
     parts = line.split()
     if len(parts) == 4:
-        rows.setdefault((int(parts[1]), parts[0]), []).append(float(parts[3]))
-print("\n| cudaMalloc+cudaFree pair | bare ns (median) | under cudamem run ns | added per call ns |")
-print("| --- | --- | --- | --- |")
-for size in sorted({k[0] for k in rows}):
-    bare = statistics.median(rows.get((size, "bare"), [float("nan")]))
-    hooked = statistics.median(rows.get((size, "hooked"), [float("nan")]))
-    print(f"| {size} B | {bare:.0f} | {hooked:.0f} | {(hooked - bare) / 2:.0f} |")
+        rows.setdefault(parts[2], {}).setdefault(parts[0], []).append(float(parts[3]))
+print("\n## Overhead: bare against under `cudamem run`, medians of alternating rounds\n")
+print("| call | rounds | bare ns (median) | under cudamem run ns | added per driver call ns |")
+print("| --- | ---: | ---: | ---: | ---: |")
+for kind, by in rows.items():
+    bare, hooked = median(by.get("bare", [])), median(by.get("hooked", []))
+    # A pair is two driver calls.
+    per = 2 if "+" in kind else 1
+    print(f"| {kind} | {len(by.get('bare', []))} | {bare:.0f} | {hooked:.0f} | {(hooked - bare) / per:+.0f} |")
 steps = {}
 for line in open(step):
     parts = line.split()
-    if len(parts) == 5:
-        steps.setdefault(parts[0], []).append(float(parts[2]))
-names = set()
-for line in open(step):
-    parts = line.split()
-    if len(parts) == 5:
-        names.add(parts[1])
-if steps:
-    bare = statistics.median(steps.get("bare", [float("nan")]))
-    hooked = statistics.median(steps.get("hooked", [float("nan")]))
-    print(f"\n{', '.join(sorted(names))} training step (median of each): bare {bare * 1e3:.2f} ms, "
-          f"under cudamem run {hooked * 1e3:.2f} ms ({(hooked / bare - 1) * 100:+.2f}%)")
+    if len(parts) == 6:
+        steps.setdefault(parts[0], []).append(float(parts[3]))
+bare, hooked = median(steps.get("bare", [])), median(steps.get("hooked", []))
+print(f"| ResNet-50 training step, batch 32 (median of 20 steps per run) | {len(steps.get('bare', []))} "
+      f"| {bare * 1e9:.0f} | {hooked * 1e9:.0f} | {(hooked / bare - 1) * 100:+.2f}% of the step |")
+wb, wh = median(steps.get("bare-workload", [])), median(steps.get("hooked-workload", []))
+print(f"| workload's median step (scripts/torch/workloads.py, one run each) | 1 "
+      f"| {wb * 1e9:.0f} | {wh * 1e9:.0f} | {(wh / wb - 1) * 100:+.2f}% of the step |")
+print("\nPer round (ns; steps in ms):\n```")
+for kind, by in rows.items():
+    print(f"{kind:<40} bare {' '.join(f'{v:.0f}' for v in by.get('bare', []))} | "
+          f"hooked {' '.join(f'{v:.0f}' for v in by.get('hooked', []))}")
+for variant, values in steps.items():
+    print(f"{'step (ms), ' + variant:<40} {' '.join(f'{v * 1e3:.2f}' for v in values)}")
+print("```")
 PY
 
+echo "gpu_check.sh took $SECONDS s" >> "$summary"
 cat "$summary"
 exit $failed

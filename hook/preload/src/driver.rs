@@ -160,6 +160,7 @@ pub mod own {
     pub static MEM_GET_INFO: Sym = Sym::new(c"cuMemGetInfo_v2");
     pub static CTX_GET_LIMIT: Sym = Sym::new(c"cuCtxGetLimit");
     pub static CTX_GET_DEVICE: Sym = Sym::new(c"cuCtxGetDevice");
+    pub static CTX_GET_CURRENT: Sym = Sym::new(c"cuCtxGetCurrent");
     pub static CTX_PUSH: Sym = Sym::new(c"cuCtxPushCurrent_v2");
     pub static CTX_POP: Sym = Sym::new(c"cuCtxPopCurrent_v2");
     pub static DEVICE_GET_ATTRIBUTE: Sym = Sym::new(c"cuDeviceGetAttribute");
@@ -213,6 +214,13 @@ pub mod read {
         let mut device: c_int = 0;
         let result = call_driver!(own::CTX_GET_DEVICE, fn(*mut c_int), &mut device)?;
         (result == SUCCESS).then_some(device)
+    }
+
+    /// This thread's current context (0 for none).
+    pub fn current_context() -> Option<u64> {
+        let mut ctx: *mut c_void = std::ptr::null_mut();
+        let result = call_driver!(own::CTX_GET_CURRENT, fn(*mut *mut c_void), &mut ctx)?;
+        (result == SUCCESS).then_some(ctx as u64)
     }
 
     /// A device attribute.

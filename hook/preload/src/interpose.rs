@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use hook::event::ResolveHow;
 
 use crate::driver::{self, CuResult, PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, REAL_DLSYM, SUCCESS};
-use crate::hooks::{ENTRIES, Entry, hook, real};
+use crate::hooks::{ENTRIES, Entry, Seen, hook, key_of, real};
 use crate::recorder;
 
 /// The newest `cudaVersion` whose ABIs the version table is known to hold.
@@ -204,6 +204,11 @@ fn wrap_for(
     }
 }
 
+/// Answers recorded: (name, version, flags, pointer handed out). A library
+/// that asks for the same entry point at every call of its own is recorded
+/// once.
+static ANSWERED: Seen<{ 1 << 12 }> = Seen::new();
+
 /// After the driver answered `cuGetProcAddress(symbol)` with `*pfn`: put
 /// the wrapper there instead, where there is one.
 ///
@@ -225,7 +230,10 @@ unsafe fn wrap_answer(symbol: *const c_char, pfn: *mut *mut c_void, version: c_i
         // SAFETY: the driver's answer slot, written back with a function of
         // the same ABI.
         unsafe { *pfn = handed as *mut c_void };
-        recorder::resolved(name, version, flags, how);
+        let asked = (handed as u64) ^ ((version as u64) << 48) ^ flags.rotate_left(32);
+        if ANSWERED.first(key_of(asked, name.as_bytes())) {
+            recorder::resolved(name, version, flags, how);
+        }
     }
 }
 

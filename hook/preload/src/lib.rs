@@ -18,7 +18,7 @@
 //! Everything that needs no `unsafe` (the records, the accounting, the
 //! explanations) is in the `cudamem-hook` crate (`hook` here); this crate is the thin
 //! layer over the C ABI. Its behaviour is tested end to end, against a fake
-//! driver, by `cudamem run`'s tests (harness/tests/cli_run.rs):
+//! driver, by `cudamem run`'s tests (harness/tests/cli_run/):
 //!
 //! ```text
 //! LD_PRELOAD=target/release/libcudamem_hook.so CUDAMEM_HOOK_DIR=/tmp/logs ./my_cuda_program

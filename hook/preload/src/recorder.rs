@@ -225,7 +225,10 @@ impl State {
     }
 
     /// After live bytes grew: read at a new peak, or mark it for reading.
-    fn grew(&mut self, thread: u32) {
+    /// `stream` is the stream of a stream-ordered allocation: work on it
+    /// may be being captured into a graph, and then nothing is read (asked
+    /// only when a reading is due, so the common call asks nothing).
+    fn grew(&mut self, thread: u32, stream: Option<u64>) {
         let live = self.accounting.live_device_bytes();
         LIVE.store(live, Ordering::Relaxed);
         if live <= self.peak.live {
@@ -236,7 +239,8 @@ impl State {
         let due = self
             .peak
             .last_read_ns
-            .is_none_or(|last| now.saturating_sub(last) >= PEAK_INTERVAL_NS);
+            .is_none_or(|last| now.saturating_sub(last) >= PEAK_INTERVAL_NS)
+            && !stream.is_some_and(|stream| read::capturing(stream as *mut c_void));
         if due {
             self.read(MemInfoWhy::Peak, thread);
             self.peak.last_read_ns = Some(now);
@@ -383,11 +387,7 @@ fn print(text: &str) {
 pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize, result: c_int) {
     let caller = caller_id(immediate);
     let thread = thread_id();
-    // A stream-ordered allocation may be part of a graph capture: no
-    // reading of free memory until the next one that is not.
-    let capturing = matches!(call, Call::MemAllocAsync | Call::MemAllocFromPoolAsync)
-        && result == 0
-        && read::capturing(stream as *mut c_void);
+    let ordered = matches!(call, Call::MemAllocAsync | Call::MemAllocFromPoolAsync);
     let event = Event::Alloc {
         call,
         ptr,
@@ -406,12 +406,7 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
         },
         |state| {
             if result == 0 {
-                if capturing {
-                    state.peak.pending = true;
-                    LIVE.store(state.accounting.live_device_bytes(), Ordering::Relaxed);
-                } else {
-                    state.grew(thread);
-                }
+                state.grew(thread, ordered.then_some(stream));
             }
             (result == CUDA_ERROR_OUT_OF_MEMORY)
                 .then(|| state.explain(call, Some(size), caller, thread))
@@ -460,7 +455,7 @@ pub fn free_failed(call: Call, ptr: u64, block: (u64, u32), result: c_int) {
                 result,
             },
         );
-        state.grew(thread);
+        state.grew(thread, None);
     });
 }
 
@@ -487,7 +482,7 @@ pub fn after(event: Event<'_>, immediate: usize) {
             }
         }
         state.emit(thread, event);
-        state.grew(thread);
+        state.grew(thread, None);
         oom.map(|size| state.explain(Call::MemCreate, Some(size), caller, thread))
     });
     if let Some(text) = explanation {
@@ -607,6 +602,8 @@ pub fn program_read(free: u64, total: u64) {
     let device = read::current_device().unwrap_or(-1);
     let thread = thread_id();
     with(|state| {
+        // The pool is not read here (two more driver calls on a call
+        // programs make often): the accounting carries its last reading.
         state.emit(
             thread,
             Event::MemInfo {

@@ -223,6 +223,13 @@ pub static ENTRIES: &[&Entry] = &[
     &module::cuLaunchKernelEx_ptsz::ENTRY,
     &module::cuLaunchCooperativeKernel::ENTRY,
     &module::cuLaunchCooperativeKernel_ptsz::ENTRY,
+    &module::cuFuncGetAttribute::ENTRY,
+    &module::cuFuncSetAttribute::ENTRY,
+    &module::cuKernelGetAttribute::ENTRY,
+    &module::cuKernelSetAttribute::ENTRY,
+    &module::cuFuncLoad::ENTRY,
+    &module::cuOccupancyMaxActiveBlocksPerMultiprocessor::ENTRY,
+    &module::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags::ENTRY,
     &crate::interpose::cuGetProcAddress::ENTRY,
     &crate::interpose::cuGetProcAddress_v2::ENTRY,
     &MEM_ALLOC_V1,
@@ -260,32 +267,94 @@ pub fn enter() -> Option<Inside> {
     })
 }
 
-/// Slots of the table of functions launched at least once.
-const LAUNCHED_SLOTS: usize = 1 << 14;
-/// Slots probed per handle; a handle that finds none free is taken as seen.
-const LAUNCHED_PROBES: usize = 16;
+/// A set of 64-bit keys that answers "is this the first time?" without a
+/// lock: a fixed table, probed linearly; a key that finds no free slot
+/// within [`SEEN_PROBES`] is taken as seen (it is then not recorded again,
+/// which costs a record, never a wrong answer to the program).
+pub struct Seen<const SLOTS: usize> {
+    slots: [AtomicU64; SLOTS],
+}
 
-static LAUNCHED: [AtomicU64; LAUNCHED_SLOTS] = [const { AtomicU64::new(0) }; LAUNCHED_SLOTS];
+/// Slots probed per key.
+const SEEN_PROBES: usize = 16;
+
+impl<const SLOTS: usize> Seen<SLOTS> {
+    /// An empty set (`SLOTS` a power of two).
+    pub const fn new() -> Self {
+        assert!(SLOTS.is_power_of_two());
+        Self {
+            slots: [const { AtomicU64::new(0) }; SLOTS],
+        }
+    }
+
+    /// Whether this is the first time `key` is asked about (exactly one
+    /// caller gets `true`, however many threads ask at once).
+    pub fn first(&self, key: u64) -> bool {
+        // 0 marks an empty slot.
+        let key = key.max(1);
+        let start = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize;
+        for probe in 0..SEEN_PROBES {
+            let slot = &self.slots[(start + probe) & (SLOTS - 1)];
+            // A plain load first: every later ask of a key only reads.
+            match slot.load(Ordering::Acquire) {
+                existing if existing == key => return false,
+                0 => match slot.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return true,
+                    Err(existing) if existing == key => return false,
+                    Err(_) => {}
+                },
+                _ => {}
+            }
+        }
+        false
+    }
+}
+
+/// A key for a handle and a name (FNV-1a over both).
+pub fn key_of(handle: u64, name: &[u8]) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for byte in handle.to_le_bytes().iter().chain(name) {
+        hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// Functions launched at least once.
+static LAUNCHED: Seen<{ 1 << 14 }> = Seen::new();
 
 /// Whether this is the first launch of `handle` (exactly one caller gets
 /// `true`, however many threads launch it at once).
 pub fn first_launch(handle: u64) -> bool {
-    if handle == 0 {
-        return false;
+    handle != 0 && LAUNCHED.first(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_key_is_first_once_however_many_threads_ask() {
+        static SET: Seen<{ 1 << 10 }> = Seen::new();
+        let firsts: usize = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| (1..=200u64).filter(|&key| SET.first(key * 4096)).count()))
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        assert_eq!(firsts, 200);
+        assert!(!SET.first(4096));
+        assert!(SET.first(7));
     }
-    let first = ((handle >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - 14)) as usize;
-    for probe in 0..LAUNCHED_PROBES {
-        let slot = &LAUNCHED[(first + probe) & (LAUNCHED_SLOTS - 1)];
-        // A plain load first: every later launch of a handle only reads.
-        match slot.load(Ordering::Acquire) {
-            existing if existing == handle => return false,
-            0 => match slot.compare_exchange(0, handle, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return true,
-                Err(existing) if existing == handle => return false,
-                Err(_) => {}
-            },
-            _ => {}
-        }
+
+    #[test]
+    fn a_full_table_answers_seen_rather_than_first_again() {
+        static SMALL: Seen<16> = Seen::new();
+        let firsts = (1..=40u64).filter(|&key| SMALL.first(key)).count();
+        assert_eq!(firsts, 16);
+        // Every slot is taken: a new key is taken as seen, an old one is.
+        assert!(!SMALL.first(1000));
+        assert!((1..=40u64).all(|key| !SMALL.first(key)));
+        assert_ne!(key_of(1, b"f"), key_of(1, b"g"));
+        assert_ne!(key_of(1, b"f"), key_of(2, b"f"));
     }
-    false
 }

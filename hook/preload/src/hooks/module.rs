@@ -1,13 +1,19 @@
 //! Module and library loads, function lookups (where lazy loading loads
 //! code), and launches: the first launch of each function reads its local
 //! memory per thread and what the launch took.
+//!
+//! Lookups and launches are on the program's hot path (a runtime looks a
+//! function up again, and launches it, at every call): only the first
+//! lookup of a name in a module (of a kernel in a context) and the first
+//! launch of a function are measured and recorded; every later one is a
+//! lock-free check of a [`Seen`] set and the driver's call.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 use hook::event::{Call, Event, LimitKind, Window};
 
 use crate::driver::{CuResult, SUCCESS, read};
-use crate::hooks::{enter, first_launch, hook, real};
+use crate::hooks::{Seen, enter, first_launch, hook, key_of, real};
 use crate::recorder::{self, Measure};
 
 /// Run a call that may load code, recording free memory around it.
@@ -190,6 +196,23 @@ unsafe fn library_load_from_file(
     }
 }
 
+/// Lookups seen: (module or library, name) and (kernel, context).
+static LOOKED_UP: Seen<{ 1 << 14 }> = Seen::new();
+
+/// Whether this is the first lookup of `name` in `scope`.
+///
+/// # Safety
+/// `name` is null or a C string.
+unsafe fn first_lookup(scope: *mut c_void, name: *const c_char) -> bool {
+    let name = if name.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: the program passed a C string.
+        unsafe { CStr::from_ptr(name) }.to_bytes()
+    };
+    LOOKED_UP.first(key_of(scope as u64, name))
+}
+
 /// Remember the name a lookup gave the handle it wrote.
 ///
 /// # Safety
@@ -212,6 +235,11 @@ unsafe fn module_get_function(
     name: *const c_char,
 ) -> CuResult {
     let real = real!(real, fn(*mut *mut c_void, *mut c_void, *const c_char));
+    // SAFETY: the program's C string.
+    if !unsafe { first_lookup(module, name) } {
+        // SAFETY: the program's arguments.
+        return unsafe { real(function, module, name) };
+    }
     // SAFETY: the program's arguments.
     let result = measured(Call::ModuleGetFunction, || unsafe {
         real(function, module, name)
@@ -229,6 +257,11 @@ unsafe fn library_get_kernel(
     name: *const c_char,
 ) -> CuResult {
     let real = real!(real, fn(*mut *mut c_void, *mut c_void, *const c_char));
+    // SAFETY: the program's C string.
+    if !unsafe { first_lookup(library, name) } {
+        // SAFETY: the program's arguments.
+        return unsafe { real(kernel, library, name) };
+    }
     // SAFETY: the program's arguments.
     let result = measured(Call::LibraryGetKernel, || unsafe {
         real(kernel, library, name)
@@ -245,6 +278,12 @@ unsafe fn kernel_get_function(
     kernel: *mut c_void,
 ) -> CuResult {
     let real = real!(real, fn(*mut *mut c_void, *mut c_void));
+    // A kernel's function is one per context: the context is the name.
+    let context = read::current_context().unwrap_or(0);
+    if !LOOKED_UP.first(key_of(kernel as u64, &context.to_le_bytes())) {
+        // SAFETY: the program's arguments.
+        return unsafe { real(function, kernel) };
+    }
     // SAFETY: the program's arguments.
     let result = measured(Call::KernelGetFunction, || unsafe {
         real(function, kernel)
@@ -257,6 +296,127 @@ unsafe fn kernel_get_function(
     result
 }
 
+/// Functions (and kernels, per device) whose attributes were queried or
+/// set, or that were loaded explicitly.
+static USED: Seen<{ 1 << 14 }> = Seen::new();
+
+/// Run a call that uses function `key` without launching it: lazy loading
+/// loads the function's code at the first such call, so the first one per
+/// function is measured and recorded; every later one is passed on.
+fn used(call: Call, key: u64, run: impl FnOnce() -> CuResult) -> CuResult {
+    if key == 0 || !USED.first(key) {
+        return run();
+    }
+    measured(call, run)
+}
+
+unsafe fn func_get_attribute(
+    real: Option<usize>,
+    _caller: usize,
+    value: *mut c_int,
+    attribute: c_int,
+    function: *mut c_void,
+) -> CuResult {
+    let real = real!(real, fn(*mut c_int, c_int, *mut c_void));
+    used(Call::FuncGetAttribute, function as u64, || {
+        // SAFETY: the program's arguments.
+        unsafe { real(value, attribute, function) }
+    })
+}
+
+unsafe fn func_set_attribute(
+    real: Option<usize>,
+    _caller: usize,
+    function: *mut c_void,
+    attribute: c_int,
+    value: c_int,
+) -> CuResult {
+    let real = real!(real, fn(*mut c_void, c_int, c_int));
+    used(Call::FuncSetAttribute, function as u64, || {
+        // SAFETY: the program's arguments.
+        unsafe { real(function, attribute, value) }
+    })
+}
+
+unsafe fn kernel_get_attribute(
+    real: Option<usize>,
+    _caller: usize,
+    value: *mut c_int,
+    attribute: c_int,
+    kernel: *mut c_void,
+    device: c_int,
+) -> CuResult {
+    let real = real!(real, fn(*mut c_int, c_int, *mut c_void, c_int));
+    let key = key_of(kernel as u64, &device.to_le_bytes());
+    used(Call::KernelGetAttribute, key, || {
+        // SAFETY: the program's arguments.
+        unsafe { real(value, attribute, kernel, device) }
+    })
+}
+
+unsafe fn kernel_set_attribute(
+    real: Option<usize>,
+    _caller: usize,
+    attribute: c_int,
+    value: c_int,
+    kernel: *mut c_void,
+    device: c_int,
+) -> CuResult {
+    let real = real!(real, fn(c_int, c_int, *mut c_void, c_int));
+    let key = key_of(kernel as u64, &device.to_le_bytes());
+    used(Call::KernelSetAttribute, key, || {
+        // SAFETY: the program's arguments.
+        unsafe { real(attribute, value, kernel, device) }
+    })
+}
+
+unsafe fn func_load(real: Option<usize>, _caller: usize, function: *mut c_void) -> CuResult {
+    let real = real!(real, fn(*mut c_void));
+    used(Call::FuncLoad, function as u64, || {
+        // SAFETY: the program's argument.
+        unsafe { real(function) }
+    })
+}
+
+unsafe fn occupancy(
+    real: Option<usize>,
+    _caller: usize,
+    blocks: *mut c_int,
+    function: *mut c_void,
+    block_size: c_int,
+    shared: usize,
+) -> CuResult {
+    let real = real!(real, fn(*mut c_int, *mut c_void, c_int, usize));
+    used(
+        Call::OccupancyMaxActiveBlocksPerMultiprocessor,
+        function as u64,
+        || {
+            // SAFETY: the program's arguments.
+            unsafe { real(blocks, function, block_size, shared) }
+        },
+    )
+}
+
+unsafe fn occupancy_with_flags(
+    real: Option<usize>,
+    _caller: usize,
+    blocks: *mut c_int,
+    function: *mut c_void,
+    block_size: c_int,
+    shared: usize,
+    flags: c_uint,
+) -> CuResult {
+    let real = real!(real, fn(*mut c_int, *mut c_void, c_int, usize, c_uint));
+    used(
+        Call::OccupancyMaxActiveBlocksPerMultiprocessor,
+        function as u64,
+        || {
+            // SAFETY: the program's arguments.
+            unsafe { real(blocks, function, block_size, shared, flags) }
+        },
+    )
+}
+
 /// Launch `function` on `stream` with `launch`; its first launch reads its
 /// local memory, the stack limit and free memory around it (but for a
 /// launch captured into a graph, which runs nothing: its local memory
@@ -267,19 +427,13 @@ fn launch_with(
     stream: *mut c_void,
     launch: impl FnOnce() -> CuResult,
 ) -> CuResult {
-    let Some(_inside) = enter() else {
-        return launch();
-    };
+    // Every launch after a function's first: one lock-free check.
     if !first_launch(function as u64) {
         return launch();
     }
-    let known = recorder::function_name(function as u64);
-    let kernel = known.as_ref().is_some_and(|(_, kernel)| *kernel);
-    let local_bytes = read::local_bytes(function, kernel);
-    let name = known
-        .map(|(name, _)| name)
-        .or_else(|| read::function_name(function))
-        .unwrap_or_else(|| format!("{:#x}", function as u64));
+    let Some(_inside) = enter() else {
+        return launch();
+    };
     let stack = LimitKind::Stack.to_cu();
     let (result, stack_before, stack_after, window) = if read::capturing(stream) {
         (launch(), None, None, Window::default())
@@ -290,6 +444,15 @@ fn launch_with(
         let window = measure.finish();
         (result, stack_before, read::limit(stack), window)
     };
+    // Read after the launch: with lazy loading, a query of a function not
+    // loaded yet loads its code, which the window must see.
+    let known = recorder::function_name(function as u64);
+    let kernel = known.as_ref().is_some_and(|(_, kernel)| *kernel);
+    let local_bytes = read::local_bytes(function, kernel);
+    let name = known
+        .map(|(name, _)| name)
+        .or_else(|| read::function_name(function))
+        .unwrap_or_else(|| format!("{:#x}", function as u64));
     recorder::measured(
         Event::Launch {
             call,
@@ -469,3 +632,20 @@ hook!(plain cuLaunchCooperativeKernel_ptsz = "cuLaunchCooperativeKernel" since 9
     (function: *mut c_void, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
      block_y: c_uint, block_z: c_uint, shared: c_uint, stream: *mut c_void,
      params: *mut *mut c_void) => launch_cooperative);
+hook!(plain cuFuncGetAttribute = "cuFuncGetAttribute" since 2020 ptsz false
+    (value: *mut c_int, attribute: c_int, function: *mut c_void) => func_get_attribute);
+hook!(plain cuFuncSetAttribute = "cuFuncSetAttribute" since 9000 ptsz false
+    (function: *mut c_void, attribute: c_int, value: c_int) => func_set_attribute);
+hook!(plain cuKernelGetAttribute = "cuKernelGetAttribute" since 12000 ptsz false
+    (value: *mut c_int, attribute: c_int, kernel: *mut c_void, device: c_int) => kernel_get_attribute);
+hook!(plain cuKernelSetAttribute = "cuKernelSetAttribute" since 12000 ptsz false
+    (attribute: c_int, value: c_int, kernel: *mut c_void, device: c_int) => kernel_set_attribute);
+hook!(plain cuFuncLoad = "cuFuncLoad" since 12040 ptsz false
+    (function: *mut c_void) => func_load);
+hook!(plain cuOccupancyMaxActiveBlocksPerMultiprocessor = "cuOccupancyMaxActiveBlocksPerMultiprocessor"
+    since 6050 ptsz false
+    (blocks: *mut c_int, function: *mut c_void, block_size: c_int, shared: usize) => occupancy);
+hook!(plain cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags =
+    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" since 7000 ptsz false
+    (blocks: *mut c_int, function: *mut c_void, block_size: c_int, shared: usize, flags: c_uint)
+    => occupancy_with_flags);

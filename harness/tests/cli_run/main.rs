@@ -8,7 +8,11 @@
 //! the driver's answers itself and exits non-zero on a change), the exit
 //! status, the event log, the RMM log and that `cudamem replay` reads it.
 
+#[path = "../support/mod.rs"]
 mod support;
+
+mod explaining;
+mod resolving;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -225,63 +229,6 @@ fn a_linked_program_has_every_kind_of_call_recorded_and_its_trace_replays() {
 }
 
 #[test]
-fn dlopen_and_dlsym_reach_the_wrappers_and_missing_symbols_stay_missing() {
-    let run = traced("dlopen", &[&program("cuda_dynamic"), "dlopen"], &[]);
-    // The program exits 25 if a function the driver lacks was found.
-    assert_eq!(run.status(), Some(0), "{}{}", run.stdout(), run.stderr());
-    let log = run.log();
-    assert_eq!(records(&log, "alloc").len(), 2, "{log}");
-    assert_eq!(records(&log, "free").len(), 1, "{log}");
-    assert_eq!(records(&log, "context").len(), 1, "{log}");
-}
-
-#[test]
-fn cu_get_proc_address_of_base_names_hands_out_wrappers_for_the_drivers_abi() {
-    for thunks in ["0", "1"] {
-        let run = traced(
-            "procaddr",
-            &[&program("cuda_dynamic"), "procaddr"],
-            &[("FAKE_CUDA_THUNKS", thunks)],
-        );
-        assert_eq!(run.status(), Some(0), "{}{}", run.stdout(), run.stderr());
-        let log = run.log();
-        assert_eq!(records(&log, "alloc").len(), 2, "thunks {thunks}: {log}");
-        assert_eq!(records(&log, "free").len(), 1, "thunks {thunks}: {log}");
-        let how: Vec<(&str, &str, &str)> = records(&log, "resolve")
-            .iter()
-            .map(|r| (r[3], r[4], r[6]))
-            .collect();
-        // A pointer that is no export is placed by the version table; the
-        // 32-bit ABI of version 2000 is handed on as the driver gave it.
-        let wrapped = if thunks == "1" { "table" } else { "export" };
-        assert!(how.contains(&("cuMemAlloc", "12000", wrapped)), "{how:?}");
-        assert!(how.contains(&("cuMemFree", "12000", wrapped)), "{how:?}");
-        assert!(
-            how.contains(&("cuMemAlloc", "2000", "unwrapped")),
-            "{how:?}"
-        );
-    }
-}
-
-#[test]
-fn through_a_shared_runtime_the_caller_is_the_program_not_the_runtime() {
-    let run = traced("runtime", &[&program("cuda_runtime"), "alloc"], &[]);
-    assert_eq!(run.status(), Some(0), "{}", run.stderr());
-    let log = run.log();
-    let alloc = &records(&log, "alloc")[0];
-    let libraries: HashMap<&str, &str> = records(&log, "library")
-        .iter()
-        .map(|r| (r[3], r[4]))
-        .collect();
-    let caller = libraries[alloc[7]];
-    assert!(caller.ends_with("/cuda_runtime"), "{caller} in {log}");
-    assert!(
-        records(&log, "resolve").iter().all(|r| r[6] == "export"),
-        "{log}"
-    );
-}
-
-#[test]
 fn eight_threads_allocating_at_once_leave_a_consistent_trace() {
     let run = traced("threads", &[&program("cuda_linked"), "threads"], &[]);
     assert_eq!(run.status(), Some(0), "{}", run.stderr());
@@ -340,60 +287,6 @@ fn an_exec_continues_the_same_processs_log() {
 }
 
 #[test]
-fn out_of_memory_is_explained_before_the_program_gets_the_drivers_answer() {
-    let run = traced("oom", &[&program("cuda_linked"), "oom"], &[]);
-    // The program exits 3 when it saw CUDA_ERROR_OUT_OF_MEMORY, unchanged.
-    assert_eq!(run.status(), Some(3), "{}", run.stderr());
-    assert!(run.stdout().contains("the program saw 2"));
-    let stderr = run.stderr();
-    assert!(
-        stderr.contains("cudamem: cuMemAlloc of 2.00 GiB (called by cuda_linked) returned CUDA_ERROR_OUT_OF_MEMORY"),
-        "{stderr}"
-    );
-    assert!(stderr.contains("free of 1.00 GiB"), "{stderr}");
-    assert!(stderr.contains("the biggest holders"), "{stderr}");
-    assert!(
-        stderr.contains("advice: the request of 2.00 GiB is larger than the whole device"),
-        "{stderr}"
-    );
-    let csv = run.csv();
-    assert!(csv.contains(",allocate failure,0x0,2147483648,"), "{csv}");
-    let json = replay(&run.trace);
-    assert_eq!(json["skipped_records"][0]["count"], 1, "{json}");
-}
-
-#[test]
-fn the_seeds_case_names_the_kernel_and_its_local_memory() {
-    let run = traced("seed", &[&program("cuda_linked"), "seed"], &[]);
-    assert_eq!(run.status(), Some(4), "{}", run.stderr());
-    let stderr = run.stderr();
-    let explanation = stderr
-        .split("cudamem: cuMemAlloc of 64.0 MiB")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no explanation in {stderr}"));
-    let holders = explanation.split("advice").next().unwrap();
-    let first = holders
-        .lines()
-        .find(|line| line.contains("cudamem:   "))
-        .unwrap();
-    assert!(
-        first.contains("960 MiB")
-            && first.contains("kernel big_frame")
-            && first.contains("122880 B"),
-        "{first}"
-    );
-    assert!(
-        explanation.contains("advice: local memory takes 960 MiB"),
-        "{explanation}"
-    );
-    // The end-of-run ledger says the same, measured.
-    assert!(
-        stderr.contains("local memory cause: kernel big_frame has a 122880 B local frame"),
-        "{stderr}"
-    );
-}
-
-#[test]
 fn a_crash_leaves_its_records_and_its_signal_as_the_exit_status() {
     let run = traced("crash", &[&program("cuda_linked"), "crash"], &[]);
     assert_eq!(run.status(), Some(128 + 11), "{}", run.stderr());
@@ -420,14 +313,6 @@ fn a_killed_program_leaves_a_readable_log() {
         run.stderr()
     );
     assert_eq!(events_replayed(&replay(&run.trace)), 1);
-}
-
-#[test]
-fn rtld_next_lookups_keep_the_callers_view() {
-    let output = run(&["--", &program("cuda_dynamic"), "rtldnext"], &[]);
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    // From probe_b nothing follows that defines probe_value: 0, not probe_a's 1.
-    assert_eq!(text(&output.stdout).trim(), "rtldnext: 0");
 }
 
 #[test]
@@ -538,24 +423,4 @@ fn the_log_is_bounded_and_says_what_it_dropped() {
     );
     // What was kept is still a trace that replays.
     replay(&trace);
-}
-
-#[test]
-fn the_html_report_holds_the_ledger() {
-    let report = temp_path("report.html");
-    let output = run(
-        &[
-            "--report",
-            report.to_str().unwrap(),
-            "--",
-            &program("cuda_linked"),
-            "seed",
-        ],
-        &[],
-    );
-    assert_eq!(output.status.code(), Some(4));
-    let html = std::fs::read_to_string(&report).unwrap();
-    assert!(html.starts_with("<!doctype html>"));
-    assert!(html.contains("<td>local memory</td>"), "{html}");
-    assert!(html.contains("big_frame"));
 }

@@ -1,0 +1,172 @@
+//! What `cudamem run` says: the out-of-memory explanation (with advice for
+//! the framework of the library that asked), the seed's case, the report.
+
+use super::*;
+
+#[test]
+fn out_of_memory_is_explained_before_the_program_gets_the_drivers_answer() {
+    let run = traced("oom", &[&program("cuda_linked"), "oom"], &[]);
+    // The program exits 3 when it saw CUDA_ERROR_OUT_OF_MEMORY, unchanged.
+    assert_eq!(run.status(), Some(3), "{}", run.stderr());
+    assert!(run.stdout().contains("the program saw 2"));
+    let stderr = run.stderr();
+    assert!(
+        stderr.contains("cudamem: cuMemAlloc of 2.00 GiB (called by cuda_linked) returned CUDA_ERROR_OUT_OF_MEMORY"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("free of 1.00 GiB"), "{stderr}");
+    assert!(stderr.contains("the biggest holders"), "{stderr}");
+    assert!(
+        stderr.contains("advice: the request of 2.00 GiB is larger than the whole device"),
+        "{stderr}"
+    );
+    let csv = run.csv();
+    assert!(csv.contains(",allocate failure,0x0,2147483648,"), "{csv}");
+    let json = replay(&run.trace);
+    assert_eq!(json["skipped_records"][0]["count"], 1, "{json}");
+}
+
+#[test]
+fn the_seeds_case_names_the_kernel_and_its_local_memory() {
+    let run = traced("seed", &[&program("cuda_linked"), "seed"], &[]);
+    assert_eq!(run.status(), Some(4), "{}", run.stderr());
+    let stderr = run.stderr();
+    let explanation = stderr
+        .split("cudamem: cuMemAlloc of 64.0 MiB")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no explanation in {stderr}"));
+    let holders = explanation.split("advice").next().unwrap();
+    let first = holders
+        .lines()
+        .find(|line| line.contains("cudamem:   "))
+        .unwrap();
+    assert!(
+        first.contains("960 MiB")
+            && first.contains("kernel big_frame")
+            && first.contains("122880 B"),
+        "{first}"
+    );
+    assert!(
+        explanation.contains("advice: local memory takes 960 MiB"),
+        "{explanation}"
+    );
+    // The end-of-run ledger says the same, measured.
+    assert!(
+        stderr.contains("local memory cause: kernel big_frame has a 122880 B local frame"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_html_report_holds_the_ledger() {
+    let report = temp_path("report.html");
+    let output = run(
+        &[
+            "--report",
+            report.to_str().unwrap(),
+            "--",
+            &program("cuda_linked"),
+            "seed",
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(4));
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(html.starts_with("<!doctype html>"));
+    assert!(html.contains("<td>local memory</td>"), "{html}");
+    assert!(html.contains("big_frame"));
+}
+
+#[test]
+fn the_advice_is_for_the_framework_of_the_library_that_asked() {
+    // Each fixture library asks for twice the device under a framework's
+    // file name; the others' advice must not appear.
+    let cases = [
+        (
+            "libxla_probe.so",
+            "XLA_PYTHON_CLIENT_PREALLOCATE=false",
+            ["PyTorch", "CuPy"],
+        ),
+        (
+            "libtorch_probe.so",
+            "expandable_segments:True",
+            ["XLA", "CuPy"],
+        ),
+        ("cupy_probe.so", "free_all_blocks()", ["XLA", "PyTorch"]),
+    ];
+    for (library, expected, others) in cases {
+        let path = fixtures().dir.join(library);
+        let run = traced(
+            "asks",
+            &[&program("cuda_dynamic"), "asks", path.to_str().unwrap()],
+            &[],
+        );
+        assert_eq!(run.status(), Some(3), "{library}: {}", run.stderr());
+        let stderr = run.stderr();
+        let explanation = stderr
+            .split("the program gets the driver's answer unchanged")
+            .nth(1)
+            .and_then(|rest| rest.split("the ledger at this moment").next())
+            .unwrap_or_else(|| panic!("{library}: no explanation in {stderr}"));
+        assert!(
+            stderr.contains(&format!(
+                "(called by {library}) returned CUDA_ERROR_OUT_OF_MEMORY"
+            )),
+            "{stderr}"
+        );
+        assert!(
+            explanation.contains(&format!("advice: the request came from {library}: ")),
+            "{library}: {explanation}"
+        );
+        assert!(explanation.contains(expected), "{library}: {explanation}");
+        for other in others {
+            assert!(
+                !explanation.contains(other),
+                "{library}: {other} in {explanation}"
+            );
+        }
+    }
+}
+
+#[test]
+fn code_loaded_lazily_by_an_attribute_query_is_module_code_not_unexplained() {
+    let run = traced(
+        "lazy",
+        &[&program("cuda_linked"), "lazy"],
+        &[("FAKE_CUDA_LAZY", "1")],
+    );
+    assert_eq!(run.status(), Some(0), "{}", run.stderr());
+    assert!(run.stdout().contains("lazy: local 64"), "{}", run.stdout());
+    let log = run.log();
+    // The load took nothing; the first query loaded the code; the second
+    // query is not recorded.
+    let modules = records(&log, "module");
+    let taken: Vec<(&str, u64)> = modules
+        .iter()
+        .map(|r| {
+            let before: u64 = r[5].parse().unwrap();
+            let after: u64 = r[6].parse().unwrap();
+            (r[3], before - after)
+        })
+        .collect();
+    assert_eq!(
+        taken,
+        [
+            ("cuModuleLoadData", 0),
+            ("cuModuleGetFunction", 0),
+            ("cuFuncGetAttribute", 2 << 20)
+        ],
+        "{log}"
+    );
+    let stderr = run.stderr();
+    let module_row = stderr
+        .lines()
+        .find(|line| line.starts_with("module code"))
+        .unwrap_or_else(|| panic!("no module code row in {stderr}"));
+    assert!(module_row.contains("2097152 (2.0 MiB)"), "{module_row}");
+    let unexplained = stderr
+        .lines()
+        .find(|line| line.starts_with("unexplained"))
+        .unwrap();
+    assert!(unexplained.contains(" 0.0% of the"), "{unexplained}");
+}
