@@ -290,7 +290,7 @@ fn a_report_naming_an_input_trace_is_refused() {
             "--report",
             spelled.to_str().unwrap(),
         ],
-        &["is the input trace", "refusing to overwrite it"],
+        &["is the same file as the input", "refusing to overwrite it"],
     );
     assert_eq!(std::fs::read(&trace).unwrap(), before);
 }

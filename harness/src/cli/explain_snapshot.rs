@@ -11,6 +11,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use crate::cli::output;
 use crate::report::{escape, page};
 use crate::trace;
 use crate::trace::display_name;
@@ -29,20 +30,33 @@ bytes of segments that hold a live block; empty_cache() returns only segments wi
 
 /// Run `cudamem explain --snapshot FILE`, writing what it found to `out`.
 pub fn run(path: &Path, json: bool, report: Option<&Path>, out: &mut dyn Write) -> Result<()> {
-    let pickle = trace::file::load_pickle(path)?;
-    let state = state::read(path, &pickle)?;
+    if let Some(report) = report {
+        output::refuse_input("--report", report, &[path])?;
+    }
+    let (pickle, budget) = trace::file::load_pickle(path)?;
+    let state = state::read(path, &pickle, &budget)?;
     drop(pickle);
     let name = display_name(path);
-    if json {
+    let shown = if json {
         let mut value = serde_json::to_value(&state)?;
         if let Some(object) = value.as_object_mut() {
             object.insert("snapshot".into(), name.clone().into());
             object.insert("fragmentation_rule".into(), FRAGMENTATION_RULE.into());
         }
-        writeln!(out, "{}", serde_json::to_string(&value)?)?;
+        serde_json::to_string(&value)? + "\n"
     } else {
-        write!(out, "{}", text(&name, &state))?;
+        text(&name, &state)
+    };
+    if shown.len() as u64 > budget.output_bytes {
+        anyhow::bail!(
+            "{}: the explanation would take {} bytes, more than the {} cudamem prints \
+             for a file of this size",
+            path.display(),
+            shown.len(),
+            budget.output_bytes
+        );
     }
+    out.write_all(shown.as_bytes())?;
     if let Some(report) = report {
         std::fs::write(report, html(&name, &state))
             .with_context(|| format!("writing the report to {}", report.display()))?;

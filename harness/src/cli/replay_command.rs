@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cli::byte_size;
+use crate::cli::{byte_size, output};
 use crate::replay::policy::{Arena, ArenaRefused};
 use crate::replay::spec::{self, PolicyParser, PolicySpec, Settings};
 use crate::replay::{self, Outcome, Placement};
@@ -302,19 +302,8 @@ struct ReportFile {
 impl ReportFile {
     /// Open `path` for the report, refusing a path that is one of `inputs`.
     fn open(path: PathBuf, inputs: &[PathBuf]) -> Result<Self> {
-        if let Ok(report) = path.canonicalize() {
-            let input = inputs
-                .iter()
-                .find(|input| input.canonicalize().is_ok_and(|input| input == report));
-            if let Some(input) = input {
-                bail!(
-                    "--report {} is the input trace {}; refusing to overwrite it \
-                     (name another file for the report)",
-                    path.display(),
-                    input.display()
-                );
-            }
-        }
+        let inputs: Vec<&Path> = inputs.iter().map(PathBuf::as_path).collect();
+        output::refuse_input("--report", &path, &inputs)?;
         let context = || format!("cannot write the report to {}", path.display());
         let (file, created) = match OpenOptions::new().write(true).create_new(true).open(&path) {
             Ok(file) => (file, true),

@@ -15,6 +15,8 @@ pub struct TraceBuilder {
     seen: HashSet<u64>,
     /// Blocks freed but never allocated: (id, size, where the free was).
     assumed: Vec<(u32, u64, Location)>,
+    /// Bytes of the assumed blocks, all live from the start.
+    assumed_bytes: u64,
     events: Vec<Event>,
     locations: Vec<Location>,
     allocations: u32,
@@ -34,6 +36,7 @@ impl TraceBuilder {
             live: HashMap::new(),
             seen: HashSet::new(),
             assumed: Vec::new(),
+            assumed_bytes: 0,
             events: Vec::new(),
             locations: Vec::new(),
             allocations: 0,
@@ -83,13 +86,13 @@ impl TraceBuilder {
             return Err(Problem::LivePointer(pointer));
         }
         let id = self.allocations;
-        let live_bytes = self
-            .live_bytes
-            .checked_add(size)
-            .ok_or(Problem::LiveBytesOverflow {
-                live_bytes: self.live_bytes,
-                size,
-            })?;
+        let overflow = Problem::LiveBytesOverflow {
+            live_bytes: self.live_bytes.saturating_add(self.assumed_bytes),
+            size,
+        };
+        let live_bytes = self.live_bytes.checked_add(size).ok_or(overflow.clone())?;
+        // The assumed blocks are live beside it: the sum must hold too.
+        live_bytes.checked_add(self.assumed_bytes).ok_or(overflow)?;
         self.allocations = id.checked_add(1).ok_or(Problem::TooManyAllocations)?;
         self.live.insert(pointer, (id, size));
         self.seen.insert(pointer);
@@ -126,8 +129,18 @@ impl TraceBuilder {
         if size == 0 || size > MAX_REQUEST_BYTES {
             return Err(Problem::UnknownPointer(pointer));
         }
+        // Live from the start, beside every peak of the others.
+        let assumed_bytes = self
+            .assumed_bytes
+            .checked_add(size)
+            .filter(|bytes| bytes.checked_add(self.peak_live_bytes).is_some())
+            .ok_or(Problem::LiveBytesOverflow {
+                live_bytes: self.assumed_bytes.saturating_add(self.peak_live_bytes),
+                size,
+            })?;
         let id = self.allocations;
         self.allocations = id.checked_add(1).ok_or(Problem::TooManyAllocations)?;
+        self.assumed_bytes = assumed_bytes;
         self.seen.insert(pointer);
         self.assumed.push((id, size, at));
         self.events.push(Event::Free { id });

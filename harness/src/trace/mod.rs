@@ -6,6 +6,7 @@
 //! second allocation at a live pointer) while it builds, so a replay never
 //! meets a bad event.
 
+pub mod budget;
 mod builder;
 mod fields;
 pub mod file;
@@ -53,7 +54,7 @@ pub enum Location {
     /// `device_traces`.
     Entry {
         /// CUDA device ordinal.
-        device: usize,
+        device: u32,
         /// Index in that device's trace list.
         index: u64,
     },
@@ -132,6 +133,33 @@ pub enum Problem {
     LineTooLong {
         /// The limit, bytes.
         limit_bytes: u64,
+    },
+    /// More records or objects than the file's [`budget::ReadBudget`]
+    /// allows: a file built to cost far more than its size.
+    #[error(
+        "more than {limit} {what}, the most cudamem reads from a file of this size \
+         (shared references count each time they are used)"
+    )]
+    OverBudget {
+        /// What was counted.
+        what: &'static str,
+        /// The bound.
+        limit: u64,
+    },
+    /// A file compressed in a format cudamem does not read.
+    #[error(
+        "the file is {format}-compressed; cudamem reads gzip and uncompressed files \
+         (decompress it first)"
+    )]
+    Compressed {
+        /// The format, by name.
+        format: &'static str,
+    },
+    /// A pickle of a protocol older than PyTorch writes.
+    #[error("pickle protocol {protocol} unsupported (need 2+)")]
+    PickleProtocol {
+        /// The protocol.
+        protocol: u8,
     },
     /// A file whose (decompressed) contents exceed what cudamem reads.
     #[error(
@@ -311,6 +339,22 @@ fn plain(text: &str) -> String {
         if count >= MESSAGE_CHARS {
             return format!("{shown}... ({} bytes)", text.len());
         }
+        shown.push_str(&printable(c.encode_utf8(&mut [0; 4])));
+    }
+    shown
+}
+
+/// `text` with every control character escaped (`\u{1b}`, `\n`), so a
+/// string from a file (a segment type, a frame's file name) reaches a
+/// terminal as text: no escape sequence of it can move the cursor, set
+/// the title or fake a line. Every text output of strings from files goes
+/// through this; HTML escapes for HTML besides.
+pub fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
         if c.is_control() {
             shown.extend(c.escape_debug());
         } else {
@@ -322,9 +366,12 @@ fn plain(text: &str) -> String {
 
 /// The name a report shows for a trace file: its file name.
 pub fn display_name(path: &Path) -> String {
-    path.file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_else(|| path.display().to_string())
+    printable(
+        &path
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string()),
+    )
 }
 
 #[cfg(test)]

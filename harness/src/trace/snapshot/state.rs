@@ -2,10 +2,12 @@
 //! segment its size, what is allocated, active and free, and the live blocks
 //! with the frame that allocated each.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use super::pickle::{Pickle, Value};
 use super::{cut, integer, root};
+use crate::trace::budget::{Counter, ReadBudget};
 use crate::trace::{Location, Problem, TraceError};
 
 /// Where a block was allocated: the innermost frame of the user's own code.
@@ -122,47 +124,78 @@ impl State {
 /// else the first frame with a file.
 pub fn top_user_frame(pickle: &Pickle, frames: Value) -> Option<Frame> {
     let items = pickle.items(frames)?;
-    let read = |frame: Value| -> Option<Frame> {
-        let file = pickle.text(pickle.get(frame, "filename")?)?;
-        let function = pickle
-            .get(frame, "name")
-            .and_then(|name| pickle.text(name))
-            .unwrap_or("?");
-        let line = match pickle.get(frame, "line") {
-            Some(Value::Int(line)) if line >= 0 => line as u64,
-            _ => 0,
-        };
-        Some(Frame {
-            file: cut(file),
-            line,
-            function: cut(function),
+    // Each frame's file, read without copying; only the chosen frame is built.
+    let files = || {
+        items.iter().filter_map(|&frame| {
+            let file = pickle.text(pickle.get(frame, "filename")?)?;
+            Some((frame, file))
         })
     };
-    let frames: Vec<Frame> = items.iter().filter_map(|&frame| read(frame)).collect();
-    let python = |frame: &&Frame| frame.file.ends_with(".py");
-    let installed = |frame: &&Frame| {
-        frame.file.contains("site-packages") || frame.file.contains("dist-packages")
+    let python = |file: &str| file.ends_with(".py");
+    let installed = |file: &str| file.contains("site-packages") || file.contains("dist-packages");
+    let (frame, file) = files()
+        .find(|&(_, file)| python(file) && !installed(file) && !file.starts_with('<'))
+        .or_else(|| files().find(|&(_, file)| python(file) && !file.contains("/torch/")))
+        .or_else(|| files().find(|&(_, file)| !file.is_empty() && file != "??"))?;
+    let function = pickle
+        .get(frame, "name")
+        .and_then(|name| pickle.text(name))
+        .unwrap_or("?");
+    let line = match pickle.get(frame, "line") {
+        Some(Value::Int(line)) if line >= 0 => line as u64,
+        _ => 0,
     };
-    frames
-        .iter()
-        .filter(python)
-        .find(|frame| !installed(frame) && !frame.file.starts_with('<'))
-        .or_else(|| {
-            frames
-                .iter()
-                .filter(python)
-                .find(|frame| !frame.file.contains("/torch/"))
-        })
-        .or_else(|| {
-            frames
-                .iter()
-                .find(|frame| !frame.file.is_empty() && frame.file != "??")
-        })
-        .cloned()
+    Some(Frame {
+        file: cut(file),
+        line,
+        function: cut(function),
+    })
 }
 
-/// Read the state at the dump from a snapshot's `segments`.
-pub fn read(path: &Path, pickle: &Pickle) -> Result<State, TraceError> {
+/// What reading the state costs, counted against the file's budget: each
+/// block visited (a segment shared by reference counted each time), and
+/// each frames list read once however many blocks share it.
+struct Walk<'a> {
+    pickle: &'a Pickle,
+    blocks: Counter,
+    frames: Counter,
+    /// The top user frame of each frames list already read, by its index.
+    top_frames: HashMap<u32, Option<Frame>>,
+}
+
+impl Walk<'_> {
+    fn top_frame(&mut self, frames: Value) -> Result<Option<Frame>, Problem> {
+        let (Value::List(index) | Value::Tuple(index)) = frames else {
+            return Ok(None);
+        };
+        if let Some(frame) = self.top_frames.get(&index) {
+            return Ok(frame.clone());
+        }
+        let count = self.pickle.items(frames).map_or(0, <[Value]>::len);
+        if !self.frames.take(count as u64) {
+            return Err(Problem::OverBudget {
+                what: "frames",
+                limit: self.frames.limit(),
+            });
+        }
+        let frame = top_user_frame(self.pickle, frames);
+        self.top_frames.insert(index, frame.clone());
+        Ok(frame)
+    }
+}
+
+/// A sum of bytes that must fit in 64 bits, refused as the CSV reader
+/// refuses live bytes that pass them.
+fn add(sum: u64, size: u64) -> Result<u64, Problem> {
+    sum.checked_add(size).ok_or(Problem::LiveBytesOverflow {
+        live_bytes: sum,
+        size,
+    })
+}
+
+/// Read the state at the dump from a snapshot's `segments`, within
+/// `budget`.
+pub fn read(path: &Path, pickle: &Pickle, budget: &ReadBudget) -> Result<State, TraceError> {
     let root = root(path, pickle)?;
     let at = |index: usize, problem| TraceError {
         path: path.to_path_buf(),
@@ -182,15 +215,40 @@ pub fn read(path: &Path, pickle: &Pickle) -> Result<State, TraceError> {
             )),
         });
     };
+    let mut walk = Walk {
+        pickle,
+        blocks: Counter::new(budget.events),
+        frames: Counter::new(budget.frames),
+        top_frames: HashMap::new(),
+    };
     let mut segments = Vec::with_capacity(items.len());
     for (index, &value) in items.iter().enumerate() {
-        segments.push(segment(pickle, value).map_err(|problem| at(index, problem))?);
+        if !walk.blocks.take(1) {
+            return Err(at(
+                index,
+                Problem::OverBudget {
+                    what: "segments and blocks",
+                    limit: budget.events,
+                },
+            ));
+        }
+        segments.push(segment(&mut walk, value).map_err(|problem| at(index, problem))?);
     }
     segments.sort_by_key(|segment| (segment.device, segment.address));
-    let sum =
-        |field: fn(&Segment) -> u64| segments.iter().map(field).fold(0u64, u64::saturating_add);
-    let reserved_bytes = sum(|segment| segment.total_bytes);
-    let free_bytes = sum(|segment| segment.free_bytes);
+    let whole = |problem| TraceError {
+        path: path.to_path_buf(),
+        location: Location::File,
+        problem,
+    };
+    let sum = |field: fn(&Segment) -> u64| {
+        segments
+            .iter()
+            .map(field)
+            .try_fold(0u64, add)
+            .map_err(whole)
+    };
+    let reserved_bytes = sum(|segment| segment.total_bytes)?;
+    let free_bytes = sum(|segment| segment.free_bytes)?;
     let largest_free_bytes = segments
         .iter()
         .map(|segment| segment.largest_free_bytes)
@@ -203,11 +261,11 @@ pub fn read(path: &Path, pickle: &Pickle) -> Result<State, TraceError> {
         } else {
             segment.free_bytes
         }
-    });
+    })?;
     Ok(State {
         reserved_bytes,
-        allocated_bytes: sum(|segment| segment.allocated_bytes),
-        active_bytes: sum(|segment| segment.active_bytes),
+        allocated_bytes: sum(|segment| segment.allocated_bytes)?,
+        active_bytes: sum(|segment| segment.active_bytes)?,
         free_bytes,
         largest_free_bytes,
         fragmented_bytes,
@@ -221,7 +279,8 @@ pub fn read(path: &Path, pickle: &Pickle) -> Result<State, TraceError> {
     })
 }
 
-fn segment(pickle: &Pickle, value: Value) -> Result<Segment, Problem> {
+fn segment(walk: &mut Walk<'_>, value: Value) -> Result<Segment, Problem> {
+    let pickle = walk.pickle;
     if pickle.pairs(value).is_none() {
         return Err(Problem::Malformed(format!(
             "segment is a {}, not a dict",
@@ -256,6 +315,12 @@ fn segment(pickle: &Pickle, value: Value) -> Result<Segment, Problem> {
         live_blocks: Vec::new(),
     };
     let mut block_bytes = 0u64;
+    if !walk.blocks.take(blocks.len() as u64) {
+        return Err(Problem::OverBudget {
+            what: "segments and blocks",
+            limit: walk.blocks.limit(),
+        });
+    }
     for (index, &block) in blocks.iter().enumerate() {
         let in_block = |problem: Problem| Problem::Malformed(format!("block {index}: {problem}"));
         if pickle.pairs(block).is_none() {
@@ -283,25 +348,28 @@ fn segment(pickle: &Pickle, value: Value) -> Result<Segment, Problem> {
                 ))));
             }
         };
-        block_bytes = block_bytes.saturating_add(size);
+        block_bytes = add(block_bytes, size).map_err(in_block)?;
         match state {
             BlockState::Free => {
-                segment.free_bytes += size;
+                segment.free_bytes = add(segment.free_bytes, size).map_err(in_block)?;
                 segment.largest_free_bytes = segment.largest_free_bytes.max(size);
             }
             BlockState::Allocated | BlockState::PendingFree => {
-                segment.active_bytes += size;
+                segment.active_bytes = add(segment.active_bytes, size).map_err(in_block)?;
                 if state == BlockState::Allocated {
-                    segment.allocated_bytes += size;
+                    segment.allocated_bytes =
+                        add(segment.allocated_bytes, size).map_err(in_block)?;
                 }
+                let frame = match pickle.get(block, "frames") {
+                    Some(frames) => walk.top_frame(frames).map_err(in_block)?,
+                    None => None,
+                };
                 segment.live_blocks.push(LiveBlock {
                     address: integer(pickle, block, "address").map_err(in_block)?,
                     size_bytes: size,
                     requested_bytes: integer(pickle, block, "requested_size").unwrap_or(size),
                     state,
-                    frame: pickle
-                        .get(block, "frames")
-                        .and_then(|frames| top_user_frame(pickle, frames)),
+                    frame,
                 });
             }
         }
