@@ -11,7 +11,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::{byte_size, output};
-use crate::replay::policy::{Arena, ArenaRefused};
+use crate::replay::policy::{Arena, ArenaRefused, cannot_take};
 use crate::replay::spec::{self, PolicyParser, PolicySpec, Settings};
 use crate::replay::{self, Outcome, Placement};
 use crate::report::summary::{SkippedPolicy, TraceSummary};
@@ -195,6 +195,19 @@ pub fn run(args: ReplayArgs, out: &mut dyn Write) -> Result<()> {
                     Some(refused) => skipped.push(SkippedPolicy {
                         name: spec.name,
                         reason: format!("{} {refused}", spec.name),
+                    }),
+                    None if cannot_take(&err) => skipped.push(SkippedPolicy {
+                        name: spec.name,
+                        // The chain below the "replaying X through P" context.
+                        reason: format!(
+                            "{} cannot take this trace: {}",
+                            spec.name,
+                            err.chain()
+                                .skip(1)
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join(": ")
+                        ),
                     }),
                     None => return Err(err),
                 },
