@@ -48,7 +48,13 @@ pub struct ExplainArgs {
     /// Explain a PyTorch memory snapshot's state at the dump instead
     /// (torch.cuda.memory._dump_snapshot, gzip or plain): segments,
     /// fragmentation, and the live blocks that pin segments.
-    #[arg(long, conflicts_with = "device")]
+    #[arg(
+        long,
+        conflicts_with_all = [
+            "device", "profile", "stack_size", "heap_size", "cm_heap", "printf_fifo",
+            "kernel_local_bytes",
+        ]
+    )]
     snapshot: Option<PathBuf>,
     /// One JSON object instead of a table.
     #[arg(long)]

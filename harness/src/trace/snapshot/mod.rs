@@ -197,7 +197,13 @@ fn parse_device(
         // PyTorch stamps each entry in microseconds; older snapshots do not.
         if pickle.get(entry, "time_us").is_some() {
             let us = integer(pickle, entry, "time_us").map_err(fail)?;
-            trace.observe_time(us.saturating_mul(1_000));
+            // A stamp past 2^64 ns (584 years) is no time a trace records.
+            let ns = us.checked_mul(1_000).ok_or_else(|| {
+                fail(Problem::Malformed(format!(
+                    "\"time_us\" {us} is past 2^64 nanoseconds (584 years)"
+                )))
+            })?;
+            trace.observe_time(ns);
         }
         match action {
             "alloc" => {

@@ -374,6 +374,24 @@ fn segment(walk: &mut Walk<'_>, value: Value) -> Result<Segment, Problem> {
             }
         }
     }
+    let end = segment
+        .address
+        .checked_add(total_bytes)
+        .ok_or_else(|| Problem::Malformed("the segment ends past 2^64".into()))?;
+    // Live blocks lie inside their segment, each at its own bytes.
+    segment.live_blocks.sort_by_key(|block| block.address);
+    let mut reached = segment.address;
+    for block in &segment.live_blocks {
+        let block_end = block.address.checked_add(block.size_bytes);
+        if block.address < reached || block_end.is_none_or(|block_end| block_end > end) {
+            return Err(Problem::Malformed(format!(
+                "live block at {:#x} ({} bytes) overlaps another or lies outside its segment \
+                 [{:#x}, {end:#x})",
+                block.address, block.size_bytes, segment.address
+            )));
+        }
+        reached = block_end.unwrap_or(end);
+    }
     if block_bytes != total_bytes {
         return Err(Problem::Malformed(format!(
             "its blocks hold {block_bytes} bytes but \"total_size\" is {total_bytes}"
