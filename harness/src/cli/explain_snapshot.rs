@@ -35,6 +35,7 @@ pub fn run(path: &Path, json: bool, report: Option<&Path>, out: &mut dyn Write) 
     }
     let (pickle, budget) = trace::file::load_pickle(path)?;
     let state = state::read(path, &pickle, &budget)?;
+    let budget = budget.for_decoded(pickle.decoded_bytes());
     drop(pickle);
     let name = display_name(path);
     let shown = if json {

@@ -87,6 +87,24 @@ impl ReadBudget {
     }
 }
 
+impl ReadBudget {
+    /// This budget with the bounds on what a reader visits (records,
+    /// frames, output) lowered to what `decoded_bytes`, the bytes really
+    /// decoded, can honestly hold: one record or frame per byte. A record
+    /// reached again through a shared reference costs a few bytes of
+    /// pickle, so a file that shares to multiply its records meets this.
+    pub fn for_decoded(&self, decoded_bytes: u64) -> ReadBudget {
+        ReadBudget {
+            events: self.events.min(decoded_bytes),
+            frames: self.frames.min(decoded_bytes),
+            output_bytes: self
+                .output_bytes
+                .min(decoded_bytes.saturating_mul(256).max(1 << 20)),
+            ..*self
+        }
+    }
+}
+
 /// A count against one bound of a [`ReadBudget`].
 #[derive(Debug, Clone, Copy)]
 pub struct Counter {

@@ -52,7 +52,11 @@ pub fn read_pickle(
     pickle::read(input, budget).map_err(|err| TraceError {
         path: path.to_path_buf(),
         location: Location::File,
-        problem: Problem::NotSnapshot(format!("unreadable pickle: {err}")),
+        problem: match err {
+            pickle::PickleError::TooLarge { limit_bytes } => Problem::TooLarge { limit_bytes },
+            pickle::PickleError::Protocol { protocol } => Problem::PickleProtocol { protocol },
+            err => Problem::NotSnapshot(format!("unreadable pickle: {err}")),
+        },
     })
 }
 
@@ -103,6 +107,7 @@ pub fn traces(
         location: Location::File,
         problem,
     };
+    let budget = budget.for_decoded(pickle.decoded_bytes());
     let root = root(path, pickle)?;
     let Some(devices) = pickle
         .get(root, "device_traces")

@@ -196,6 +196,7 @@ fn add(sum: u64, size: u64) -> Result<u64, Problem> {
 /// Read the state at the dump from a snapshot's `segments`, within
 /// `budget`.
 pub fn read(path: &Path, pickle: &Pickle, budget: &ReadBudget) -> Result<State, TraceError> {
+    let budget = budget.for_decoded(pickle.decoded_bytes());
     let root = root(path, pickle)?;
     let at = |index: usize, problem| TraceError {
         path: path.to_path_buf(),

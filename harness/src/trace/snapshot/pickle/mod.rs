@@ -33,6 +33,18 @@ pub enum PickleError {
         /// The reader's message.
         message: String,
     },
+    /// A PROTO opcode naming a protocol this reader does not take.
+    #[error("pickle protocol {protocol} unsupported (need 2+)")]
+    Protocol {
+        /// The protocol.
+        protocol: u8,
+    },
+    /// More bytes than the budget's decoded bytes.
+    #[error("more than {limit_bytes} bytes of pickle")]
+    TooLarge {
+        /// The bound, bytes.
+        limit_bytes: u64,
+    },
     /// An opcode that is not part of pickle protocol 2 to 5.
     #[error("byte {offset}: unknown opcode 0x{opcode:02x}")]
     UnknownOpcode {
@@ -118,12 +130,19 @@ pub struct Pickle {
     /// a look-up costs a binary search however many pairs a hostile dict
     /// holds and however often it is referenced. Empty for small dicts.
     key_order: Vec<Box<[u32]>>,
+    /// Bytes of pickle read, up to its STOP.
+    decoded_bytes: u64,
 }
 
 /// Dicts up to this many pairs are searched pair by pair.
 const INDEXED_PAIRS: usize = 16;
 
 impl Pickle {
+    /// Bytes of pickle read (after decompression), up to its STOP.
+    pub fn decoded_bytes(&self) -> u64 {
+        self.decoded_bytes
+    }
+
     /// The object the pickle holds.
     pub fn root(&self) -> Value {
         self.root.unwrap_or(Value::None)
@@ -256,13 +275,10 @@ mod tests {
     #[test]
     fn every_bound_is_an_error_at_a_byte() {
         let long = [&b"\x80\x04"[..], &b"N0".repeat(40), b"N."].concat();
-        assert!(matches!(
-            read(&long[..], &TINY),
-            Err(PickleError::Limit {
-                what: "the pickle is larger than the reader accepts",
-                ..
-            })
-        ));
+        assert_eq!(
+            read(&long[..], &TINY).unwrap_err(),
+            PickleError::TooLarge { limit_bytes: 64 }
+        );
         let deep = [&b"\x80\x04"[..], &[b']'; 9]].concat();
         assert!(matches!(
             read(&deep[..], &TINY),

@@ -248,7 +248,7 @@ impl<R: BufRead> Reader<R> {
                 0x80 => {
                     let protocol = self.input.byte()?;
                     if !(2..=5).contains(&protocol) {
-                        return Err(self.malformed(at, "PROTO", "protocol is not 2 to 5"));
+                        return Err(PickleError::Protocol { protocol });
                     }
                 }
                 0x95 => {
@@ -257,6 +257,7 @@ impl<R: BufRead> Reader<R> {
                 b'.' => {
                     let root = self.pop(at, "STOP")?;
                     self.pickle.root = Some(root);
+                    self.pickle.decoded_bytes = self.input.offset;
                     return Ok(self.pickle);
                 }
                 b'(' => {
