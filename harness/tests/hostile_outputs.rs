@@ -81,7 +81,12 @@ fn replay_refuses_a_report_that_is_a_link_to_its_trace() {
     let input = csv_file();
     for alias in aliases(&input) {
         assert_refused(
-            &["replay", input.to_str().unwrap(), "--report", alias.to_str().unwrap()],
+            &[
+                "replay",
+                input.to_str().unwrap(),
+                "--report",
+                alias.to_str().unwrap(),
+            ],
             &input,
         );
     }

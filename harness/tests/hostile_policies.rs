@@ -47,11 +47,17 @@ fn reported(json: &serde_json::Value) -> Vec<String> {
 #[test]
 fn a_request_of_the_largest_size_skips_stitch_and_the_others_report() {
     let path = csv(&[("allocate", 0x1000, 1 << 48), ("free", 0x1000, 1 << 48)]);
-    let json = replay_json(&path, &["--policy", "stitch", "--policy", "pytorch-expandable"]);
+    let json = replay_json(
+        &path,
+        &["--policy", "stitch", "--policy", "pytorch-expandable"],
+    );
     let skipped = skipped(&json);
     assert_eq!(skipped.len(), 1, "{skipped:?}");
     assert_eq!(skipped[0].0, "stitch");
-    assert!(skipped[0].1.contains("cannot take this trace"), "{skipped:?}");
+    assert!(
+        skipped[0].1.contains("cannot take this trace"),
+        "{skipped:?}"
+    );
     assert!(!skipped[0].1.to_lowercase().contains("cuda"), "{skipped:?}");
     assert_eq!(reported(&json), ["tlsf", "pytorch-expandable"]);
 }
@@ -73,7 +79,10 @@ fn pairs_of_huge_requests_cost_stitch_a_bounded_count_of_pages() {
         .collect();
     let path = csv(&rows);
     let (json, peak) = peak_during(|| {
-        replay_json(&path, &["--policy", "stitch", "--policy", "pytorch-expandable"])
+        replay_json(
+            &path,
+            &["--policy", "stitch", "--policy", "pytorch-expandable"],
+        )
     });
     assert_eq!(skipped(&json)[0].0, "stitch");
     assert_eq!(reported(&json), ["tlsf", "pytorch-expandable"]);
@@ -94,7 +103,35 @@ fn pairs_of_huge_requests_cost_stitch_a_bounded_count_of_pages() {
 #[test]
 fn a_huge_capacity_skips_what_cannot_manage_it() {
     let path = csv(&[("allocate", 0x1000, 4096), ("free", 0x1000, 4096)]);
-    let json = replay_json(&path, &["--capacity", "16383PiB", "--policy", "offset-allocator"]);
+    let json = replay_json(
+        &path,
+        &["--capacity", "16383PiB", "--policy", "offset-allocator"],
+    );
     assert_eq!(skipped(&json)[0].0, "offset-allocator");
     assert_eq!(reported(&json), ["tlsf"]);
+}
+
+#[test]
+fn a_large_handle_past_the_model_is_refused_before_any_replay() {
+    let path = csv(&[("allocate", 0x1000, 4096), ("free", 0x1000, 4096)]);
+    let (said, peak) = peak_during(|| {
+        replay_message(
+            &path,
+            &["--policy", "stitch", "--stitch-large", "8589932544MiB"],
+        )
+    });
+    assert!(
+        said.contains("--stitch-large") && said.contains("pages"),
+        "{said}"
+    );
+    assert!(peak < 1 << 20, "{peak} bytes held");
+    // The model itself refuses a chunk past its page table too.
+    let mut stitch = Stitch::new(StitchConfig {
+        large_pages: u32::MAX,
+        ..StitchConfig::default()
+    });
+    assert!(matches!(
+        stitch.allocate(512),
+        Err(memcore::Error::StepBudget { .. })
+    ));
 }

@@ -50,7 +50,10 @@ fn memo_append_and_list_bombs_stop_at_the_budget_of_their_size() {
         assert!(limit < body.len() as u64 / 2);
         assert_eq!(problem(result), Problem::TooLarge { limit_bytes: limit });
         // At most one value (16 bytes) per decoded byte, its vector doubled once.
-        assert!(peak < 32 * limit + (8 << 20), "{peak} bytes held for {limit}");
+        assert!(
+            peak < 32 * limit + (8 << 20),
+            "{peak} bytes held for {limit}"
+        );
     }
 }
 
@@ -126,14 +129,26 @@ fn a_segment_shared_a_thousand_times_is_refused_not_copied() {
     });
     let problem = problem(result);
     assert!(
-        matches!(problem, Problem::OverBudget { what: "segments and blocks", .. }),
+        matches!(
+            problem,
+            Problem::OverBudget {
+                what: "segments and blocks",
+                ..
+            }
+        ),
         "{problem}"
     );
-    assert!(peak < 16 * bytes.len() as u64 + (8 << 20), "{peak} bytes held");
+    assert!(
+        peak < 16 * bytes.len() as u64 + (8 << 20),
+        "{peak} bytes held"
+    );
     // Shared a few times, it is read (each reference one more segment).
     let few = write_file("few.pickle", &shared_segment(20, 3));
     let (pickle, budget) = load_pickle(&few).unwrap();
-    assert_eq!(state::read(&few, &pickle, &budget).unwrap().segments.len(), 4);
+    assert_eq!(
+        state::read(&few, &pickle, &budget).unwrap().segments.len(),
+        4
+    );
 }
 
 #[test]
@@ -150,7 +165,10 @@ fn one_event_list_shared_by_many_devices_is_refused() {
     let entries: Vec<Py> = (0..1000)
         .flat_map(|index| {
             let addr = 0x1000 + index * 4096;
-            [entry("alloc", addr, 4096), entry("free_requested", addr, 4096)]
+            [
+                entry("alloc", addr, 4096),
+                entry("free_requested", addr, 4096),
+            ]
         })
         .collect();
     pickler.raw(b"]");
@@ -174,7 +192,10 @@ fn one_event_list_shared_by_many_devices_is_refused() {
             ..
         }
     ));
-    assert!(peak < 16 * bytes.len() as u64 + (8 << 20), "{peak} bytes held");
+    assert!(
+        peak < 16 * bytes.len() as u64 + (8 << 20),
+        "{peak} bytes held"
+    );
 }
 
 #[test]
@@ -218,7 +239,10 @@ fn a_frames_list_shared_by_every_block_is_read_once() {
     let frames: Vec<Py> = (0..20_000)
         .map(|index| {
             dict(vec![
-                ("filename", s(&format!("/usr/lib/python3/site-packages/x{index}.so"))),
+                (
+                    "filename",
+                    s(&format!("/usr/lib/python3/site-packages/x{index}.so")),
+                ),
                 ("line", Py::Int(index)),
                 ("name", s("f")),
             ])
@@ -235,7 +259,9 @@ fn a_frames_list_shared_by_every_block_is_read_once() {
     pickler.memoize();
     pickler.raw(b"(");
     pickler.value(&s("address")).value(&Py::Int(0x1000));
-    pickler.value(&s("total_size")).value(&Py::Int(512 * 20_000));
+    pickler
+        .value(&s("total_size"))
+        .value(&Py::Int(512 * 20_000));
     pickler.value(&s("blocks"));
     pickler.raw(b"]");
     pickler.memoize();
@@ -245,7 +271,9 @@ fn a_frames_list_shared_by_every_block_is_read_once() {
         pickler.raw(b"}");
         pickler.memoize();
         pickler.raw(b"(");
-        pickler.value(&s("address")).value(&Py::Int(0x1000 + 512 * index));
+        pickler
+            .value(&s("address"))
+            .value(&Py::Int(0x1000 + 512 * index));
         pickler.value(&s("size")).value(&Py::Int(512));
         pickler.value(&s("state")).value(&s("active_allocated"));
         pickler.value(&s("frames"));
@@ -273,7 +301,11 @@ fn a_frames_list_shared_by_every_block_is_read_once() {
     let state = state::read(&path, &pickle, &budget).unwrap();
     let blocks = &state.segments[0].live_blocks;
     assert_eq!(blocks.len(), 20_000);
-    assert!(blocks.iter().all(|block| block.frame.as_ref().unwrap().line == 0));
+    assert!(
+        blocks
+            .iter()
+            .all(|block| block.frame.as_ref().unwrap().line == 0)
+    );
 }
 
 #[test]

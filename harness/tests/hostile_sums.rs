@@ -92,7 +92,10 @@ fn frees_of_unknown_blocks_past_64_bits_are_refused_as_the_csv_reader_refuses() 
     ));
     let mut csv = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
     for index in 0..65_537u64 {
-        csv += &format!("0,0,allocate,0x{:x},281474976710656,0\n", 0x1000 + index * 4096);
+        csv += &format!(
+            "0,0,allocate,0x{:x},281474976710656,0\n",
+            0x1000 + index * 4096
+        );
     }
     let path = write_file("allocs.csv", csv.as_bytes());
     assert!(matches!(

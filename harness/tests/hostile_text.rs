@@ -35,17 +35,26 @@ fn hostile_state() -> std::path::PathBuf {
         ("segments", Py::List(vec![segment])),
         ("device_traces", Py::List(vec![])),
     ]);
-    write_file("\u{1b}[31mstate.pickle", &Pickler::new().value(&root).finish())
+    write_file(
+        "\u{1b}[31mstate.pickle",
+        &Pickler::new().value(&root).finish(),
+    )
 }
 
 #[test]
 fn control_characters_from_a_snapshot_are_escaped_in_text() {
     let path = hostile_state();
     let text = output(&["explain", "--snapshot", path.to_str().unwrap()]);
-    assert!(!text.contains('\u{1b}') && !text.contains('\u{7}'), "{text:?}");
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{text:?}"
+    );
     assert!(text.contains("\\u{1b}[2Jsmall"), "{text}");
     assert!(text.contains("step\\nfake line"), "{text}");
-    assert!(!text.lines().any(|line| line.starts_with("fake line")), "{text}");
+    assert!(
+        !text.lines().any(|line| line.starts_with("fake line")),
+        "{text}"
+    );
 }
 
 #[test]

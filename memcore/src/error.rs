@@ -81,7 +81,9 @@ pub enum Error {
     /// A request that would take more steps than a model takes for one
     /// request (a stitched pool's pages to track): the model cannot take
     /// it, though the request is well formed.
-    #[error("the request needs {steps} steps, more than the {limit} the model takes for one request")]
+    #[error(
+        "the request needs {steps} steps, more than the {limit} the model takes for one request"
+    )]
     StepBudget {
         /// Steps the request would take.
         steps: u64,

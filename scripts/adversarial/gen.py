@@ -118,6 +118,22 @@ def cases():
     body = b"}\x94(" + short_str("segments") + b"]" + short_str("device_traces") + b"]](}("
     body += (short_str("action") + short_str("snapshot")) * 1_000_000
     yield "pk_repeated_keys.pickle", proto(body + b"uaau")
+    # A small trace for the argument cases run.sh adds.
+    yield "small.csv", (HEADER + "0,0,allocate,0x1000,4096,0\n0,0,allocate,0x2000,8192,0\n"
+                        "0,0,free,0x1000,4096,0\n0,0,free,0x2000,8192,0\n").encode()
+    # Pickle: many devices, each its own small list (not shared): 5,000 traces.
+    yield "pk_many_devices.pickle", snapshot([], [[
+        {"action": "alloc", "addr": 0x1000, "size": 512},
+        {"action": "free_requested", "addr": 0x1000, "size": 512}] for _ in range(5_000)])
+    # Pickle: 65,537 frees of never-allocated 2^48-byte blocks.
+    yield "pk_unknown_frees.pickle", snapshot([], [[
+        {"action": "free_requested", "addr": 0x1000 + i * 4096, "size": 1 << 48}
+        for i in range(65_537)]])
+    # Pickle: a 2^48 request beside ordinary ones, as PyTorch would record it.
+    yield "pk_huge_request.pickle", snapshot([], [[
+        {"action": "alloc", "addr": 0x1000, "size": 1 << 48},
+        {"action": "alloc", "addr": 1 << 50, "size": 512},
+        {"action": "free_requested", "addr": 0x1000, "size": 1 << 48}]])
     # Pickle: deep nesting of lists with marks.
     yield "pk_deep_marks.pickle", proto(b"(" * 2_000 + b"N")
     yield "pk_deep_lists.pickle", proto(b"]" * 5_000_000)

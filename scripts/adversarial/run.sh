@@ -30,10 +30,37 @@ for file in "$cases"/*; do
                 >"$work/out" 2>"$work/err"
             echo $? >"$work/rc"
         )
-        read -r seconds rss <"$work/time" 2>/dev/null || { seconds=?; rss=?; }
+        read -r seconds rss < <(tail -n 1 "$work/time") || { seconds=?; rss=?; }
         rc=$(cat "$work/rc")
         said=$(grep -v '^Command exited' "$work/err" | head -c 150 | head -n 1 | tr -d '\033\007')
         printf '%-28s %-8s %4s %7s %9s  %s\n' "$name" "$command" "$rc" "$seconds" "$rss" "$said"
     done
 done
+# Arguments built to cost a lot, on a small trace.
+small="$cases/small.csv"
+snap="$cases/pk_escape.pickle"
+while IFS= read -r line; do
+    read -r -a args <<<"$line"
+    (
+        cd "$work" || exit 1
+        ulimit -v 2000000
+        command time -f '%e %M' -o "$work/time" timeout 60 "$bin" "${args[@]}" \
+            >"$work/out" 2>"$work/err"
+        echo $? >"$work/rc"
+    )
+    read -r seconds rss < <(tail -n 1 "$work/time") || { seconds=?; rss=?; }
+    said=$(grep -v '^Command exited' "$work/err" | head -c 150 | head -n 1 | tr -d '\033\007')
+    printf '%-37s %4s %7s %9s  %s\n' "${args[*]:0:4}" "$(cat "$work/rc")" "$seconds" "$rss" "$said"
+done <<EOF2
+replay $small --stitch-large 8589932544MiB
+replay $small --stitch-large 0 --policy stitch
+replay $small --capacity 16383PiB
+replay $small --capacity 2MiB
+heap --size 1GiB
+heap --size 1TiB --threads 4294967295
+explain --snapshot $snap --profile h100
+explain --snapshot $snap --lmem 4KiB
+explain --snapshot $snap --report $snap
+replay $small --report $small
+EOF2
 rm -rf "$work"

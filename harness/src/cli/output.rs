@@ -80,4 +80,3 @@ pub fn refuse_input(flag: &'static str, output: &Path, inputs: &[&Path]) -> Resu
         None => Ok(()),
     }
 }
-

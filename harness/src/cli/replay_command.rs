@@ -120,10 +120,13 @@ impl ReplayArgs {
             None => Arena::Growable,
         };
         let page = memcore::PAGE_BYTES;
-        if self.stitch_large % page != 0 || self.stitch_large / page > u64::from(u32::MAX) {
+        if self.stitch_large % page != 0 || self.stitch_large / page > memcore::MAX_MODEL_PAGES {
             bail!(
-                "--stitch-large {} is not a multiple of {page} bytes (2 MiB) below 2^32 pages",
-                self.stitch_large
+                "--stitch-large {} is not a multiple of {page} bytes (2 MiB) of at most {} pages \
+                 ({}, all the stitched model tracks)",
+                self.stitch_large,
+                memcore::MAX_MODEL_PAGES,
+                memcore::bytes::human(memcore::MAX_MODEL_PAGES * page)
             );
         }
         let stitch = memcore::StitchConfig {

@@ -124,10 +124,13 @@ impl Segment {
             NewRegion::At(self.mapped),
         )?;
         let grow = need.max(1).div_ceil(self.page) * self.page;
-        let mapped = self.mapped.checked_add(grow).ok_or(memcore::Error::Overflow {
-            offset: self.mapped,
-            size: grow,
-        })?;
+        let mapped = self
+            .mapped
+            .checked_add(grow)
+            .ok_or(memcore::Error::Overflow {
+                offset: self.mapped,
+                size: grow,
+            })?;
         self.free_list.add_region(self.mapped, grow)?;
         self.mapped = mapped;
         calls.grow_many(grow / self.page, self.page, &H200_DRIVER_COSTS);

@@ -60,7 +60,19 @@ pub fn load(path: &Path) -> Result<Vec<Trace>, TraceError> {
 /// within the budget of its size.
 pub fn load_pickle(path: &Path) -> Result<(snapshot::pickle::Pickle, ReadBudget), TraceError> {
     let (input, budget) = open(path)?;
-    let decoded = decoded(path, input, &budget)?;
+    let mut decoded = decoded(path, input, &budget)?;
+    let head = decoded.fill_buf().map_err(|err| TraceError {
+        path: path.to_path_buf(),
+        location: Location::File,
+        problem: read_problem(&err),
+    })?;
+    if let Some(protocol) = old_pickle_protocol(head) {
+        return Err(TraceError {
+            path: path.to_path_buf(),
+            location: Location::File,
+            problem: Problem::PickleProtocol { protocol },
+        });
+    }
     let pickle = snapshot::read_pickle(path, decoded, &budget)?;
     Ok((pickle, budget))
 }
@@ -351,10 +363,7 @@ mod tests {
             limit_bytes: ReadBudget::CEILING.decoded_bytes,
         }
         .to_string();
-        assert!(
-            message.contains("4294967296 bytes (4.00 GiB)"),
-            "{message}"
-        );
+        assert!(message.contains("4294967296 bytes (4.00 GiB)"), "{message}");
     }
 
     #[test]

@@ -178,7 +178,7 @@ impl Backing {
         let needed = (last / chunk + 1)
             .checked_mul(chunk)
             .ok_or(Error::Overflow { offset, size: len })?;
-        if needed > MAX_MODEL_PAGES.max(chunk) {
+        if needed > MAX_MODEL_PAGES {
             return Err(Error::StepBudget {
                 steps: needed,
                 limit: MAX_MODEL_PAGES,

@@ -24,7 +24,8 @@ impl<R: BufRead> Source<R> {
     }
 
     pub(super) fn io_error(&self, err: &io::Error) -> PickleError {
-        if let crate::trace::Problem::TooLarge { limit_bytes } = crate::trace::file::read_problem(err)
+        if let crate::trace::Problem::TooLarge { limit_bytes } =
+            crate::trace::file::read_problem(err)
         {
             PickleError::TooLarge { limit_bytes }
         } else if err.kind() == io::ErrorKind::UnexpectedEof {
