@@ -426,3 +426,29 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn odd_but_readable_rows_are_noted_once_per_kind() {
+    use cudamem::trace::Oddity;
+    let text = "Thread,Time,Action,Pointer,Size,Stream\n\
+                0,0,allocate,0x1000,4096,0\n\
+                0,0,allocate,0x1800,4096,0\n\
+                0,0,allocate,0x1c00,512,0\n\
+                0,0,free,0x1000,100,0\n\
+                0,0,free,0x1800,4096,0\n\
+                0,0,free,0x1c00,7,0\n";
+    let traces = load(&write_file("odd.csv", text.as_bytes())).unwrap();
+    let noted: Vec<(Oddity, u64, Location)> = traces[0]
+        .noted
+        .iter()
+        .map(|noted| (noted.oddity, noted.count, noted.first))
+        .collect();
+    assert_eq!(
+        noted,
+        [
+            (Oddity::OverlapsLive, 2, Location::Line(3)),
+            (Oddity::FreeSizeDiffers, 2, Location::Line(5)),
+        ]
+    );
+    assert_eq!(traces[0].events.len(), 6);
+}

@@ -274,6 +274,24 @@ pub fn run(args: ReplayArgs, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
+/// Tell, on stderr, once per kind with a count, the odd records the
+/// readers accepted (a closed stderr loses the warning, nothing more).
+fn warn_oddities(traces: &[Trace]) {
+    let mut err = std::io::stderr().lock();
+    for trace in traces {
+        for noted in &trace.noted {
+            let _ = writeln!(
+                err,
+                "cudamem: warning: {}: {} {} (first at {})",
+                trace.name,
+                noted.count,
+                noted.oddity.describe(),
+                noted.first
+            );
+        }
+    }
+}
+
 /// The traces `args` names (the built-in one if none), of the snapshot
 /// device it picks.
 fn load_traces(args: &ReplayArgs) -> Result<Vec<Trace>> {
@@ -283,6 +301,7 @@ fn load_traces(args: &ReplayArgs) -> Result<Vec<Trace>> {
     let mut traces = Vec::new();
     for path in &args.traces {
         let mut loaded = trace::file::load(path)?;
+        warn_oddities(&loaded);
         if let Some(device) = args.device {
             let present: Vec<String> = loaded
                 .iter()

@@ -2,15 +2,18 @@
 //! the live set, with frees of blocks allocated before the recording taken
 //! as live from the start.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
-use crate::trace::{Event, Location, MAX_REQUEST_BYTES, Problem, SkipReason, Skipped, Trace};
+use crate::trace::{
+    Event, Location, MAX_REQUEST_BYTES, Noted, Oddity, Problem, SkipReason, Skipped, Trace,
+};
 
 /// Builds a [`Trace`] record by record, checking each against the live set.
 #[derive(Debug)]
 pub struct TraceBuilder {
     name: String,
-    live: HashMap<u64, (u32, u64)>,
+    /// Live allocations by pointer, in address order (for overlaps).
+    live: BTreeMap<u64, (u32, u64)>,
     /// Pointers allocated at some point of the trace.
     seen: HashSet<u64>,
     /// Blocks freed but never allocated: (id, size, where the free was).
@@ -26,6 +29,7 @@ pub struct TraceBuilder {
     /// First and last time seen, nanoseconds.
     times: Option<(u64, u64)>,
     skipped: Vec<Skipped>,
+    noted: Vec<Noted>,
 }
 
 impl TraceBuilder {
@@ -33,7 +37,7 @@ impl TraceBuilder {
     pub fn new(name: String) -> Self {
         Self {
             name,
-            live: HashMap::new(),
+            live: BTreeMap::new(),
             seen: HashSet::new(),
             assumed: Vec::new(),
             assumed_bytes: 0,
@@ -45,7 +49,35 @@ impl TraceBuilder {
             peak_live_event: 0,
             times: None,
             skipped: Vec::new(),
+            noted: Vec::new(),
         }
+    }
+
+    /// Count an odd record at `at` that is replayed as written.
+    pub fn note(&mut self, oddity: Oddity, at: Location) {
+        match self.noted.iter_mut().find(|kind| kind.oddity == oddity) {
+            Some(kind) => kind.count += 1,
+            None => self.noted.push(Noted {
+                oddity,
+                count: 1,
+                first: at,
+            }),
+        }
+    }
+
+    /// Whether `[pointer, pointer + size)` overlaps a live allocation.
+    fn overlaps_live(&self, pointer: u64, size: u64) -> bool {
+        let before = self
+            .live
+            .range(..pointer)
+            .next_back()
+            .is_some_and(|(&start, &(_, bytes))| start.saturating_add(bytes) > pointer);
+        let after = self
+            .live
+            .range(pointer..)
+            .next()
+            .is_some_and(|(&start, _)| start < pointer.saturating_add(size));
+        before || after
     }
 
     /// Count a record at `at` passed over for `reason`.
@@ -85,6 +117,9 @@ impl TraceBuilder {
         if self.live.contains_key(&pointer) {
             return Err(Problem::LivePointer(pointer));
         }
+        if self.overlaps_live(pointer, size) {
+            self.note(Oddity::OverlapsLive, at);
+        }
         let id = self.allocations;
         let overflow = Problem::LiveBytesOverflow {
             live_bytes: self.live_bytes.saturating_add(self.assumed_bytes),
@@ -106,6 +141,19 @@ impl TraceBuilder {
         Ok(())
     }
 
+    /// Record the free of the live allocation at `pointer`, whose row
+    /// says it is `size` bytes (noted when that is not the allocation's).
+    pub fn free_sized(&mut self, pointer: u64, size: u64, at: Location) -> Result<(), Problem> {
+        if self
+            .live
+            .get(&pointer)
+            .is_some_and(|&(_, bytes)| bytes != size)
+        {
+            self.note(Oddity::FreeSizeDiffers, at);
+        }
+        self.free(pointer, at)
+    }
+
     /// Record the free of the live allocation at `pointer`.
     pub fn free(&mut self, pointer: u64, at: Location) -> Result<(), Problem> {
         let (id, size) = self
@@ -124,7 +172,7 @@ impl TraceBuilder {
     /// of a pointer the trace did allocate is still an error.
     pub fn free_or_assume(&mut self, pointer: u64, size: u64, at: Location) -> Result<(), Problem> {
         if self.live.contains_key(&pointer) || self.seen.contains(&pointer) {
-            return self.free(pointer, at);
+            return self.free_sized(pointer, size, at);
         }
         if size == 0 || size > MAX_REQUEST_BYTES {
             return Err(Problem::UnknownPointer(pointer));
@@ -162,6 +210,7 @@ impl TraceBuilder {
             recorded: None,
             duration_ns: self.times.map(|(first, last)| last - first),
             skipped: self.skipped,
+            noted: self.noted,
         };
         if !self.assumed.is_empty() {
             trace.prepend_assumed(&self.assumed);

@@ -222,6 +222,40 @@ fn location_text<S: serde::Serializer>(
     serializer.collect_str(location)
 }
 
+/// Something odd a reader accepted and replays as written, told once per
+/// kind on stderr with a count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Oddity {
+    /// A free row whose size is not its allocation's (the allocation's
+    /// size is the one replayed).
+    FreeSizeDiffers,
+    /// An allocation whose bytes overlap a live allocation's.
+    OverlapsLive,
+}
+
+impl Oddity {
+    /// What the records were, for a warning line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Oddity::FreeSizeDiffers => {
+                "frees whose size differs from their allocation's (the allocation's is replayed)"
+            }
+            Oddity::OverlapsLive => "allocations overlapping a live allocation's bytes",
+        }
+    }
+}
+
+/// Records of one odd kind a reader accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Noted {
+    /// What they were.
+    pub oddity: Oddity,
+    /// How many.
+    pub count: u64,
+    /// Where the first one is.
+    pub first: Location,
+}
+
 /// A trace that cannot be used, with the file and the record that says why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {location}: {problem}", path.display())]
@@ -264,6 +298,8 @@ pub struct Trace {
     pub duration_ns: Option<u64>,
     /// Records the reader passed over, by kind, in order of first sight.
     pub skipped: Vec<Skipped>,
+    /// Odd records the reader accepted, by kind, in order of first sight.
+    pub noted: Vec<Noted>,
 }
 
 /// The recording allocator's own figures over a trace (PyTorch's caching

@@ -121,7 +121,14 @@ pub fn parse(
                 }
                 match row {
                     Row::Allocate { pointer, size } => trace.allocate(pointer, size, at),
-                    Row::Free { pointer } => trace.free(pointer, at),
+                    Row::Free {
+                        pointer,
+                        size: Some(size),
+                    } => trace.free_sized(pointer, size, at),
+                    Row::Free {
+                        pointer,
+                        size: None,
+                    } => trace.free(pointer, at),
                     Row::Skip(reason) => {
                         trace.skip(reason, at);
                         Ok(())
@@ -149,6 +156,7 @@ enum Row {
     },
     Free {
         pointer: u64,
+        size: Option<u64>,
     },
     /// A row counted and passed over.
     Skip(SkipReason),
@@ -187,6 +195,8 @@ fn row(
         },
         "free" => Row::Free {
             pointer: parse_pointer(field(pointer_col)?)?,
+            // RMM writes the size on frees too; a log without it is fine.
+            size: field(size_col).ok().and_then(|size| parse_size(size).ok()),
         },
         "allocate failure" => Row::Skip(SkipReason::AllocateFailure),
         "Action" => Row::Skip(SkipReason::RepeatedHeader),
