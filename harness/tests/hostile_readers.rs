@@ -78,6 +78,22 @@ fn a_plain_pickle_of_memo_entries_meets_the_memo_bound() {
     };
     let body = pickle(&[&b"]"[..], &b"Na".repeat(1001)].concat());
     assert!(cudamem::trace::snapshot::pickle::read(&body[..], &items).is_err());
+    // Each count within its own bound, but together past the bytes held.
+    let held = ReadBudget {
+        held_bytes: 1000,
+        ..ReadBudget::CEILING
+    };
+    let body = pickle(&b"]\x94".repeat(16));
+    let err = cudamem::trace::snapshot::pickle::read(&body[..], &held).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            cudamem::trace::snapshot::pickle::PickleError::Limit { limit: 1000, .. }
+        ),
+        "{err}"
+    );
+    let body = pickle(&[&b"]\x94".repeat(14)[..], b"0"].concat());
+    assert!(cudamem::trace::snapshot::pickle::read(&body[..], &held).is_ok());
 }
 
 /// A snapshot whose `segments` is one segment of `blocks` blocks, then

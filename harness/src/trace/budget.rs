@@ -45,6 +45,20 @@ pub struct ReadBudget {
     pub marks: u64,
     /// Bytes a command may print about the file.
     pub output_bytes: u64,
+    /// Bytes a pickle's objects, memo entries and items may hold together,
+    /// as [`held_bytes`] estimates them: the counts' own bounds, each
+    /// reached alone, stay within it; all reached at once would not.
+    pub held_bytes: u64,
+}
+
+/// What a reader holds for `objects` containers and strings, `memo`
+/// entries and `items` container items, bytes: a vector header and its
+/// smallest heap block per object, one value per entry and item.
+pub fn held_bytes(objects: u64, memo: u64, items: u64) -> u64 {
+    objects
+        .saturating_mul(48)
+        .saturating_add(memo.saturating_mul(16))
+        .saturating_add(items.saturating_mul(16))
 }
 
 impl ReadBudget {
@@ -61,6 +75,7 @@ impl ReadBudget {
         stack_values: 1_000_000,
         marks: 1_000,
         output_bytes: 1 << 30,
+        held_bytes: 1 << 30,
     };
 
     /// The budget of a file of `file_bytes` bytes on disk.
@@ -83,6 +98,7 @@ impl ReadBudget {
             output_bytes: decoded
                 .saturating_mul(256)
                 .clamp(1 << 20, ceiling.output_bytes),
+            held_bytes: ceiling.held_bytes,
         }
     }
 }

@@ -6,7 +6,7 @@ use std::io::BufRead;
 
 use super::source::Source;
 use super::{Pickle, PickleError, Value};
-use crate::trace::budget::ReadBudget;
+use crate::trace::budget::{ReadBudget, held_bytes};
 
 /// A pickle being read.
 pub(super) struct Reader<R> {
@@ -84,7 +84,25 @@ impl<R: BufRead> Reader<R> {
             .ok_or_else(|| self.malformed(at, opcode, "the stack is empty"))
     }
 
+    /// Refuse once objects, memo entries and items together hold more than
+    /// the budget's held bytes.
+    fn check_held(&self) -> Result<(), PickleError> {
+        let objects =
+            self.pickle.strings.len() + self.pickle.sequences.len() + self.pickle.dicts.len();
+        let memo = self.memo.len() + self.sparse_memo.len();
+        let held = held_bytes(objects as u64, memo as u64, self.items);
+        if held > self.budget.held_bytes {
+            return Err(PickleError::Limit {
+                offset: self.input.offset,
+                what: "objects, memo entries and items together hold too many bytes",
+                limit: self.budget.held_bytes,
+            });
+        }
+        Ok(())
+    }
+
     fn check_objects(&self) -> Result<(), PickleError> {
+        self.check_held()?;
         let count =
             self.pickle.strings.len() + self.pickle.sequences.len() + self.pickle.dicts.len();
         if count as u64 >= self.budget.objects {
@@ -107,7 +125,7 @@ impl<R: BufRead> Reader<R> {
                 limit: self.budget.container_items,
             });
         }
-        Ok(())
+        self.check_held()
     }
 
     fn new_sequence(&mut self, items: Vec<Value>) -> Result<u32, PickleError> {
@@ -153,12 +171,15 @@ impl<R: BufRead> Reader<R> {
             .ok_or_else(|| self.malformed(at, opcode, "the stack is empty"))?;
         let slot = index as usize;
         let entries = (self.memo.len() + self.sparse_memo.len()) as u64;
-        if slot >= self.memo.len() && entries >= self.budget.memo_entries {
-            return Err(PickleError::Limit {
-                offset: at,
-                what: "too many memo entries",
-                limit: self.budget.memo_entries,
-            });
+        if slot >= self.memo.len() {
+            if entries >= self.budget.memo_entries {
+                return Err(PickleError::Limit {
+                    offset: at,
+                    what: "too many memo entries",
+                    limit: self.budget.memo_entries,
+                });
+            }
+            self.check_held()?;
         }
         if slot < self.memo.len() {
             self.memo[slot] = value;
