@@ -290,7 +290,7 @@ fn a_report_naming_an_input_trace_is_refused() {
             "--report",
             spelled.to_str().unwrap(),
         ],
-        &["is the input trace", "refusing to overwrite it"],
+        &["is the same file as the input", "refusing to overwrite it"],
     );
     assert_eq!(std::fs::read(&trace).unwrap(), before);
 }
@@ -345,15 +345,15 @@ fn a_local_memory_reservation_larger_than_the_device_is_an_error() {
 }
 
 #[test]
-fn heap_works_out_a_terabyte_per_thread() {
-    let json = &json_lines(&["heap", "--size", "1TiB", "--json"])[0];
-    // (2^40 + 16) B x 270,336 threads, rounded up to whole MiB.
-    assert_eq!(
-        json["prediction"]["minimum_heap_bytes"],
-        297_237_575_411_695_616u64
-    );
-    assert_eq!(
-        json["prediction"]["recommended_heap_bytes"],
-        445_856_363_117_019_136u64
-    );
+fn heap_refuses_a_pattern_no_device_could_hold() {
+    // 270,336 threads x 1 GiB: hundreds of TiB, no heap to recommend.
+    for size in ["1GiB", "1TiB"] {
+        assert_error(
+            &["heap", "--size", size],
+            &["no heap size can serve the pattern", "fewer"],
+        );
+    }
+    // One thread of 1 GiB fits: (2^30 + 16) B, whole MiB, plus half again.
+    let json = &json_lines(&["heap", "--size", "1GiB", "--threads", "1", "--json"])[0];
+    assert_eq!(json["prediction"]["minimum_heap_bytes"], 1025u64 << 20);
 }

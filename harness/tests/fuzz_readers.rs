@@ -15,7 +15,8 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use cudamem::replay::{self, Settings};
-use cudamem::trace::file::{ReadLimits, read_limited};
+use cudamem::trace::budget::ReadBudget;
+use cudamem::trace::file::read_limited;
 use flate2::read::GzDecoder;
 use proptest::prelude::*;
 
@@ -177,7 +178,7 @@ fn replay_ends_well(bytes: &[u8], text_bytes: usize) -> Result<(), TestCaseError
     let tlsf = replay::spec::named("tlsf").unwrap();
     let hidden = indicatif::ProgressBar::hidden();
     let (outcome, peak) = peak_during(|| {
-        read_limited(path, "case", bytes, ReadLimits::DEFAULT).map(|traces| {
+        read_limited(path, "case", bytes, &ReadBudget::CEILING).map(|traces| {
             traces
                 .iter()
                 .map(|trace| {

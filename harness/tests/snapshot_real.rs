@@ -8,7 +8,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use cudamem::replay::{self, Settings};
-use cudamem::trace::file::{ReadLimits, read_limited};
+use cudamem::trace::budget::ReadBudget;
+use cudamem::trace::file::read_limited;
 use proptest::prelude::*;
 use support::alloc_count::{Counting, peak_during};
 use support::*;
@@ -158,7 +159,7 @@ proptest! {
         let tlsf = replay::spec::named("tlsf").unwrap();
         let hidden = indicatif::ProgressBar::hidden();
         let (outcome, peak) = peak_during(|| {
-            read_limited(path, "damaged.pickle", &bytes[..], ReadLimits::DEFAULT).map(|traces| {
+            read_limited(path, "damaged.pickle", &bytes[..], &ReadBudget::CEILING).map(|traces| {
                 traces
                     .iter()
                     .map(|trace| replay::run(tlsf, trace, &Settings::default(), &hidden, false))

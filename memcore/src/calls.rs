@@ -163,6 +163,19 @@ impl DriverCalls {
         self.record(DriverCall::SetAccess, bytes, costs);
     }
 
+    /// Count `count` growths of one fresh handle of `bytes` each, as
+    /// [`DriverCalls::grow`] counts one, in one step however many.
+    pub fn grow_many(&mut self, count: u64, bytes: u64, costs: &DriverCosts) {
+        for kind in [DriverCall::Create, DriverCall::Map, DriverCall::SetAccess] {
+            let tally = self.tally_mut(kind);
+            tally.calls = tally.calls.saturating_add(count);
+            tally.bytes = tally.bytes.saturating_add(count.saturating_mul(bytes));
+            self.modeled_ns = self
+                .modeled_ns
+                .saturating_add(count.saturating_mul(costs.ns(kind, bytes)));
+        }
+    }
+
     /// Every call of `other` added to these.
     pub fn add(&mut self, other: &DriverCalls) {
         *self = DriverCalls {

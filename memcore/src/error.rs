@@ -78,6 +78,18 @@ pub enum Error {
     /// A plan that was made for another state of the heap.
     #[error("compaction plan is stale: the heap changed since it was made")]
     StalePlan,
+    /// A request that would take more steps than a model takes for one
+    /// request (a stitched pool's pages to track): the model cannot take
+    /// it, though the request is well formed.
+    #[error(
+        "the request needs {steps} steps, more than the {limit} the model takes for one request"
+    )]
+    StepBudget {
+        /// Steps the request would take.
+        steps: u64,
+        /// The most one request may take.
+        limit: u64,
+    },
     /// A plan that was made for another heap: committing it here would
     /// move this heap's blocks without copying them.
     #[error("compaction plan was made for another heap")]

@@ -88,7 +88,13 @@ pub struct ExplainArgs {
     /// stream), free and largest free block; what is stranded in segments
     /// holding live blocks and what PyTorch's retry before an out-of-memory
     /// would free; and the live blocks that hold segments, with their stacks.
-    #[arg(long, conflicts_with = "device")]
+    #[arg(
+        long,
+        conflicts_with_all = [
+            "device", "profile", "stack_size", "heap_size", "cm_heap", "printf_fifo",
+            "kernel_local_bytes",
+        ]
+    )]
     snapshot: Option<PathBuf>,
     /// Which moment of the snapshot: `dump` (default), `peak` (when the most
     /// was allocated), `oom` (each out-of-memory entry of its history)

@@ -12,6 +12,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use crate::cli::output;
 use crate::cli::snapshot_oom::{self, OOM_RULE, OomStory};
 use crate::report::{escape, page};
 use crate::trace;
@@ -46,16 +47,20 @@ pub fn run(
     report: Option<&Path>,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let pickle = trace::file::load_pickle(path)?;
-    let moments = moments::at(path, &pickle, at, device)?;
-    let ooms = moments::oom_entries(path, &pickle, device)?;
+    if let Some(report) = report {
+        output::refuse_input("--report", report, &[path])?;
+    }
+    let (pickle, budget) = trace::file::load_pickle(path)?;
+    let moments = moments::at(path, &pickle, &budget, at, device)?;
+    let ooms = moments::oom_entries(path, &pickle, &budget, device)?;
+    let budget = budget.for_decoded(pickle.decoded_bytes());
     drop(pickle);
     let name = display_name(path);
     let stories: Vec<OomStory> = moments
         .iter()
         .map(|moment| snapshot_oom::story(&moment.state, moment.oom.as_ref()))
         .collect();
-    if json {
+    let shown = if json {
         let mut value = match moments.first() {
             Some(first) => serde_json::to_value(&first.state)?,
             None => serde_json::json!({}),
@@ -81,10 +86,20 @@ pub fn run(
                 .collect();
             object.insert("moments".into(), listed.into());
         }
-        writeln!(out, "{}", serde_json::to_string(&value)?)?;
+        serde_json::to_string(&value)? + "\n"
     } else {
-        write!(out, "{}", text_at(&name, at, &moments, &stories, &ooms))?;
+        text_at(&name, at, &moments, &stories, &ooms)
+    };
+    if shown.len() as u64 > budget.output_bytes {
+        anyhow::bail!(
+            "{}: the explanation would take {} bytes, more than the {} cudamem prints \
+             for a file of this size",
+            path.display(),
+            shown.len(),
+            budget.output_bytes
+        );
     }
+    out.write_all(shown.as_bytes())?;
     if let Some(report) = report {
         let first = moments.first().map(|moment| (&moment.state, &stories[0]));
         std::fs::write(report, html(&name, at, first, &ooms))

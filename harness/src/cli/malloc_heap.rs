@@ -105,6 +105,23 @@ pub fn run(args: HeapArgs, out: &mut dyn Write) -> Result<()> {
         anyhow::bail!("--threads must be at least 1");
     }
     let prediction = predict(&args.sizes, args.threads)?;
+    // A heap larger than any device's memory is no setting to recommend.
+    if let Some(largest) = ctx::DeviceProfile::all()
+        .iter()
+        .max_by_key(|profile| profile.total_bytes)
+        && prediction.minimum_heap_bytes > largest.total_bytes
+    {
+        anyhow::bail!(
+            "{} threads holding {} each need a heap of at least {}, more than the {} of the \
+             largest device cudamem knows ({}): no heap size can serve the pattern; use fewer \
+             --threads or smaller --size",
+            args.threads,
+            human(prediction.requested_bytes_per_thread),
+            human(prediction.minimum_heap_bytes),
+            human(largest.total_bytes),
+            largest.full_name
+        );
+    }
     let device = match (args.device, args.predict) {
         (_, true) => None,
         (Some(ordinal), false) => Some(ordinal),

@@ -11,8 +11,8 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::cli::byte_size;
-use crate::replay::policy::{Arena, ArenaRefused};
+use crate::cli::{byte_size, output};
+use crate::replay::policy::{Arena, ArenaRefused, cannot_take};
 use crate::replay::spec::{self, PolicyParser, PolicySpec, Settings};
 use crate::replay::{self, Outcome, Placement};
 use crate::report::summary::{SkippedPolicy, TraceSummary};
@@ -146,10 +146,13 @@ impl ReplayArgs {
             None => Arena::Growable,
         };
         let page = memcore::PAGE_BYTES;
-        if self.stitch_large % page != 0 || self.stitch_large / page > u64::from(u32::MAX) {
+        if self.stitch_large % page != 0 || self.stitch_large / page > memcore::MAX_MODEL_PAGES {
             bail!(
-                "--stitch-large {} is not a multiple of {page} bytes (2 MiB) below 2^32 pages",
-                self.stitch_large
+                "--stitch-large {} is not a multiple of {page} bytes (2 MiB) of at most {} pages \
+                 ({}, all the stitched model tracks)",
+                self.stitch_large,
+                memcore::MAX_MODEL_PAGES,
+                memcore::bytes::human(memcore::MAX_MODEL_PAGES * page)
             );
         }
         let stitch = memcore::StitchConfig {
@@ -222,6 +225,19 @@ pub fn run(args: ReplayArgs, out: &mut dyn Write) -> Result<()> {
                         name: spec.name,
                         reason: format!("{} {refused}", spec.name),
                     }),
+                    None if cannot_take(&err) => skipped.push(SkippedPolicy {
+                        name: spec.name,
+                        // The chain below the "replaying X through P" context.
+                        reason: format!(
+                            "{} cannot take this trace: {}",
+                            spec.name,
+                            err.chain()
+                                .skip(1)
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join(": ")
+                        ),
+                    }),
                     None => return Err(err),
                 },
             }
@@ -284,6 +300,24 @@ pub fn run(args: ReplayArgs, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
+/// Tell, on stderr, once per kind with a count, the odd records the
+/// readers accepted (a closed stderr loses the warning, nothing more).
+fn warn_oddities(traces: &[Trace]) {
+    let mut err = std::io::stderr().lock();
+    for trace in traces {
+        for noted in &trace.noted {
+            let _ = writeln!(
+                err,
+                "cudamem: warning: {}: {} {} (first at {})",
+                trace.name,
+                noted.count,
+                noted.oddity.describe(),
+                noted.first
+            );
+        }
+    }
+}
+
 /// The traces `args` names (the built-in one if none), of the snapshot
 /// device it picks.
 fn load_traces(args: &ReplayArgs) -> Result<Vec<Trace>> {
@@ -300,6 +334,7 @@ fn load_traces(args: &ReplayArgs) -> Result<Vec<Trace>> {
         let loaded = trace::file::load(path);
         spinner.finish_and_clear();
         let mut loaded = loaded?;
+        warn_oddities(&loaded);
         if let Some(device) = snapshot_device {
             let present: Vec<String> = loaded
                 .iter()
@@ -335,19 +370,8 @@ struct ReportFile {
 impl ReportFile {
     /// Open `path` for the report, refusing a path that is one of `inputs`.
     fn open(path: PathBuf, inputs: &[PathBuf]) -> Result<Self> {
-        if let Ok(report) = path.canonicalize() {
-            let input = inputs
-                .iter()
-                .find(|input| input.canonicalize().is_ok_and(|input| input == report));
-            if let Some(input) = input {
-                bail!(
-                    "--report {} is the input trace {}; refusing to overwrite it \
-                     (name another file for the report)",
-                    path.display(),
-                    input.display()
-                );
-            }
-        }
+        let inputs: Vec<&Path> = inputs.iter().map(PathBuf::as_path).collect();
+        output::refuse_input("--report", &path, &inputs)?;
         let context = || format!("cannot write the report to {}", path.display());
         let (file, created) = match OpenOptions::new().write(true).create_new(true).open(&path) {
             Ok(file) => (file, true),

@@ -7,13 +7,13 @@
 
 use std::ffi::OsString;
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use cudamem_hook::log::DEFAULT_MAX_LOG_BYTES;
 use cudamem_hook::report::html;
 use cudamem_hook::run::{HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, prepare};
 
-use crate::cli::byte_size;
+use crate::cli::{byte_size, output};
 
 /// The exit status for a program that cannot be found, as shells use.
 const NOT_FOUND_STATUS: u8 = 127;
@@ -48,6 +48,10 @@ pub struct RunArgs {
 /// Run the program; the exit status is the program's (what cannot start it
 /// is told on stderr, with the status a shell would give).
 pub fn run(args: RunArgs) -> u8 {
+    if let Err(err) = refuse_inputs(&args) {
+        eprintln!("cudamem run: {err}");
+        return 1;
+    }
     match run_program(args) {
         Ok(code) => code,
         Err(err) => {
@@ -59,6 +63,21 @@ pub fn run(args: RunArgs) -> u8 {
             }
         }
     }
+}
+
+/// Neither output may be the program, nor the report the trace.
+fn refuse_inputs(args: &RunArgs) -> Result<(), output::SameFile> {
+    let program = args.command.first().map(Path::new);
+    let inputs: Vec<&Path> = program.into_iter().collect();
+    if let Some(trace) = &args.trace {
+        output::refuse_input("--trace", trace, &inputs)?;
+    }
+    if let Some(report) = &args.report {
+        let mut inputs = inputs.clone();
+        inputs.extend(args.trace.as_deref());
+        output::refuse_input("--report", report, &inputs)?;
+    }
+    Ok(())
 }
 
 fn run_program(args: RunArgs) -> Result<u8, RunError> {

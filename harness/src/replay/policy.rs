@@ -78,6 +78,32 @@ pub struct ArenaRefused {
     pub max_bytes: u64,
 }
 
+/// Whether `err`, a replay's, says the policy cannot take this trace or
+/// arena (an arena larger than it manages, a request or live bytes past
+/// what it models, a request past its step budget) rather than that it is
+/// broken: such a policy is skipped with the error as its reason, and the
+/// others still report. Decided on error types and variants only.
+pub fn cannot_take(err: &anyhow::Error) -> bool {
+    let modelled = |err: &memcore::Error| {
+        matches!(
+            err,
+            memcore::Error::OutOfMemory { .. }
+                | memcore::Error::Overflow { .. }
+                | memcore::Error::StepBudget { .. }
+        )
+    };
+    err.chain().any(|cause| {
+        cause.downcast_ref::<ArenaRefused>().is_some()
+            || cause.downcast_ref::<memcore::Error>().is_some_and(modelled)
+            || match cause.downcast_ref::<ctx::Error>() {
+                Some(ctx::Error::Memcore(inner)) => modelled(inner),
+                // The simulated device refusing what no device could hold.
+                Some(ctx::Error::OutOfMemory { .. }) => true,
+                _ => false,
+            }
+    })
+}
+
 /// A policy's address space at one moment, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct ArenaState {

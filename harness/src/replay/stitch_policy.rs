@@ -124,11 +124,16 @@ impl Segment {
             NewRegion::At(self.mapped),
         )?;
         let grow = need.max(1).div_ceil(self.page) * self.page;
+        let mapped = self
+            .mapped
+            .checked_add(grow)
+            .ok_or(memcore::Error::Overflow {
+                offset: self.mapped,
+                size: grow,
+            })?;
         self.free_list.add_region(self.mapped, grow)?;
-        self.mapped += grow;
-        for _ in 0..grow / self.page {
-            calls.grow(self.page, &H200_DRIVER_COSTS);
-        }
+        self.mapped = mapped;
+        calls.grow_many(grow / self.page, self.page, &H200_DRIVER_COSTS);
         Ok(self.free_list.allocate(size, pytorch::MIN_BLOCK_BYTES)?)
     }
 }

@@ -2,19 +2,24 @@
 //! the live set, with frees of blocks allocated before the recording taken
 //! as live from the start.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
-use crate::trace::{Event, Location, MAX_REQUEST_BYTES, Problem, SkipReason, Skipped, Trace};
+use crate::trace::{
+    Event, Location, MAX_REQUEST_BYTES, Noted, Oddity, Problem, SkipReason, Skipped, Trace,
+};
 
 /// Builds a [`Trace`] record by record, checking each against the live set.
 #[derive(Debug)]
 pub struct TraceBuilder {
     name: String,
-    live: HashMap<u64, (u32, u64)>,
+    /// Live allocations by pointer, in address order (for overlaps).
+    live: BTreeMap<u64, (u32, u64)>,
     /// Pointers allocated at some point of the trace.
     seen: HashSet<u64>,
     /// Blocks freed but never allocated: (id, size, where the free was).
     assumed: Vec<(u32, u64, Location)>,
+    /// Bytes of the assumed blocks, all live from the start.
+    assumed_bytes: u64,
     events: Vec<Event>,
     locations: Vec<Location>,
     allocations: u32,
@@ -26,6 +31,7 @@ pub struct TraceBuilder {
     /// As [`Trace::clock`]: when each run of events was recorded.
     clock: Vec<(usize, u64)>,
     skipped: Vec<Skipped>,
+    noted: Vec<Noted>,
 }
 
 impl TraceBuilder {
@@ -33,9 +39,10 @@ impl TraceBuilder {
     pub fn new(name: String) -> Self {
         Self {
             name,
-            live: HashMap::new(),
+            live: BTreeMap::new(),
             seen: HashSet::new(),
             assumed: Vec::new(),
+            assumed_bytes: 0,
             events: Vec::new(),
             locations: Vec::new(),
             allocations: 0,
@@ -45,7 +52,35 @@ impl TraceBuilder {
             times: None,
             clock: Vec::new(),
             skipped: Vec::new(),
+            noted: Vec::new(),
         }
+    }
+
+    /// Count an odd record at `at` that is replayed as written.
+    pub fn note(&mut self, oddity: Oddity, at: Location) {
+        match self.noted.iter_mut().find(|kind| kind.oddity == oddity) {
+            Some(kind) => kind.count += 1,
+            None => self.noted.push(Noted {
+                oddity,
+                count: 1,
+                first: at,
+            }),
+        }
+    }
+
+    /// Whether `[pointer, pointer + size)` overlaps a live allocation.
+    fn overlaps_live(&self, pointer: u64, size: u64) -> bool {
+        let before = self
+            .live
+            .range(..pointer)
+            .next_back()
+            .is_some_and(|(&start, &(_, bytes))| start.saturating_add(bytes) > pointer);
+        let after = self
+            .live
+            .range(pointer..)
+            .next()
+            .is_some_and(|(&start, _)| start < pointer.saturating_add(size));
+        before || after
     }
 
     /// Count a record at `at` passed over for `reason`.
@@ -92,14 +127,17 @@ impl TraceBuilder {
         if self.live.contains_key(&pointer) {
             return Err(Problem::LivePointer(pointer));
         }
+        if self.overlaps_live(pointer, size) {
+            self.note(Oddity::OverlapsLive, at);
+        }
         let id = self.allocations;
-        let live_bytes = self
-            .live_bytes
-            .checked_add(size)
-            .ok_or(Problem::LiveBytesOverflow {
-                live_bytes: self.live_bytes,
-                size,
-            })?;
+        let overflow = Problem::LiveBytesOverflow {
+            live_bytes: self.live_bytes.saturating_add(self.assumed_bytes),
+            size,
+        };
+        let live_bytes = self.live_bytes.checked_add(size).ok_or(overflow.clone())?;
+        // The assumed blocks are live beside it: the sum must hold too.
+        live_bytes.checked_add(self.assumed_bytes).ok_or(overflow)?;
         self.allocations = id.checked_add(1).ok_or(Problem::TooManyAllocations)?;
         self.live.insert(pointer, (id, size));
         self.seen.insert(pointer);
@@ -111,6 +149,19 @@ impl TraceBuilder {
             self.peak_live_event = self.events.len() - 1;
         }
         Ok(())
+    }
+
+    /// Record the free of the live allocation at `pointer`, whose row
+    /// says it is `size` bytes (noted when that is not the allocation's).
+    pub fn free_sized(&mut self, pointer: u64, size: u64, at: Location) -> Result<(), Problem> {
+        if self
+            .live
+            .get(&pointer)
+            .is_some_and(|&(_, bytes)| bytes != size)
+        {
+            self.note(Oddity::FreeSizeDiffers, at);
+        }
+        self.free(pointer, at)
     }
 
     /// Record the free of the live allocation at `pointer`.
@@ -131,13 +182,23 @@ impl TraceBuilder {
     /// of a pointer the trace did allocate is still an error.
     pub fn free_or_assume(&mut self, pointer: u64, size: u64, at: Location) -> Result<(), Problem> {
         if self.live.contains_key(&pointer) || self.seen.contains(&pointer) {
-            return self.free(pointer, at);
+            return self.free_sized(pointer, size, at);
         }
         if size == 0 || size > MAX_REQUEST_BYTES {
             return Err(Problem::UnknownPointer(pointer));
         }
+        // Live from the start, beside every peak of the others.
+        let assumed_bytes = self
+            .assumed_bytes
+            .checked_add(size)
+            .filter(|bytes| bytes.checked_add(self.peak_live_bytes).is_some())
+            .ok_or(Problem::LiveBytesOverflow {
+                live_bytes: self.assumed_bytes.saturating_add(self.peak_live_bytes),
+                size,
+            })?;
         let id = self.allocations;
         self.allocations = id.checked_add(1).ok_or(Problem::TooManyAllocations)?;
+        self.assumed_bytes = assumed_bytes;
         self.seen.insert(pointer);
         self.assumed.push((id, size, at));
         self.events.push(Event::Free { id });
@@ -160,6 +221,7 @@ impl TraceBuilder {
             duration_ns: self.times.map(|(first, last)| last - first),
             clock: self.clock,
             skipped: self.skipped,
+            noted: self.noted,
         };
         if !self.assumed.is_empty() {
             trace.prepend_assumed(&self.assumed);

@@ -69,6 +69,10 @@ pub fn parse_pointer(text: &str) -> Result<u64, Problem> {
         .strip_prefix("0x")
         .or_else(|| trimmed.strip_prefix("0X"))
         .unwrap_or(trimmed);
+    // from_str_radix takes a sign; an address has none.
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Problem::BadPointer(trimmed.to_string()));
+    }
     u64::from_str_radix(digits, 16).map_err(|_| Problem::BadPointer(trimmed.to_string()))
 }
 

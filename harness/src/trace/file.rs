@@ -5,8 +5,9 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 
-use flate2::read::MultiGzDecoder;
+use flate2::bufread::GzDecoder;
 
+use super::budget::ReadBudget;
 use super::{rmm_csv, snapshot};
 use crate::trace::{Location, Problem, Trace, TraceError, display_name};
 
@@ -21,77 +22,120 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// Pickle protocol 2 and later open with the PROTO opcode.
 const PICKLE_PROTO: u8 = 0x80;
 
-/// The most bytes cudamem reads from one trace file once decompressed
-/// (16 GiB): far above any real log or snapshot, and a bound on the time and
-/// memory a decompression bomb (a small gzip of one byte repeated) can take.
-pub const MAX_DECODED_BYTES: u64 = 16 << 30;
+/// Compressed formats cudamem does not read, by their first bytes, so such
+/// a file is named for what it is rather than read as a CSV with a bad
+/// header.
+const OTHER_COMPRESSION: [(&[u8], &str); 7] = [
+    (&[0x28, 0xb5, 0x2f, 0xfd], "zstd"),
+    (&[0xfd, b'7', b'z', b'X', b'Z', 0x00], "xz"),
+    (b"BZh", "bzip2"),
+    (&[0x78, 0x01], "zlib"),
+    (&[0x78, 0x5e], "zlib"),
+    (&[0x78, 0x9c], "zlib"),
+    (&[0x78, 0xda], "zlib"),
+];
 
-/// How much a reader takes from one file before it gives up, bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadLimits {
-    /// The file's contents, decompressed.
-    pub decoded_bytes: u64,
-    /// One line of a CSV log.
-    pub line_bytes: u64,
-}
-
-impl ReadLimits {
-    /// The limits every command uses.
-    pub const DEFAULT: ReadLimits = ReadLimits {
-        decoded_bytes: MAX_DECODED_BYTES,
-        line_bytes: rmm_csv::MAX_LINE_BYTES,
+fn open(path: &Path) -> Result<(BufReader<File>, ReadBudget), TraceError> {
+    let unreadable = |what: &str, err: io::Error| TraceError {
+        path: path.to_path_buf(),
+        location: Location::File,
+        problem: Problem::Unreadable(format!("{what}: {err}")),
     };
+    let file = File::open(path).map_err(|err| unreadable("cannot open", err))?;
+    let bytes = file
+        .metadata()
+        .map_err(|err| unreadable("cannot read", err))?
+        .len();
+    Ok((BufReader::new(file), ReadBudget::for_file(bytes)))
 }
 
 /// Read every trace in the file at `path` (a snapshot holds one per device
-/// that has events; a CSV log holds one).
+/// that has events; a CSV log holds one), within the budget of its size.
 pub fn load(path: &Path) -> Result<Vec<Trace>, TraceError> {
-    let file = File::open(path).map_err(|err| TraceError {
-        path: path.to_path_buf(),
-        location: Location::File,
-        problem: Problem::Unreadable(format!("cannot open: {err}")),
-    })?;
-    read(path, &display_name(path), BufReader::new(file))
+    let (input, budget) = open(path)?;
+    read_limited(path, &display_name(path), input, &budget)
 }
 
-/// Read the pickle of the PyTorch snapshot at `path` (gzip or plain).
-pub fn load_pickle(path: &Path) -> Result<snapshot::pickle::Pickle, TraceError> {
-    let file = File::open(path).map_err(|err| TraceError {
+/// Read the pickle of the PyTorch snapshot at `path` (gzip or plain),
+/// within the budget of its size.
+pub fn load_pickle(path: &Path) -> Result<(snapshot::pickle::Pickle, ReadBudget), TraceError> {
+    let (input, budget) = open(path)?;
+    let mut decoded = decoded(path, input, &budget)?;
+    let head = decoded.fill_buf().map_err(|err| TraceError {
         path: path.to_path_buf(),
         location: Location::File,
-        problem: Problem::Unreadable(format!("cannot open: {err}")),
+        problem: read_problem(&err),
     })?;
-    let mut input = BufReader::new(file);
-    let head = input.fill_buf().map_err(|err| TraceError {
-        path: path.to_path_buf(),
-        location: Location::File,
-        problem: Problem::Unreadable(format!("cannot read: {err}")),
-    })?;
-    if head.starts_with(&GZIP_MAGIC) {
-        let decoded = BufReader::with_capacity(1 << 16, MultiGzDecoder::new(input));
-        snapshot::read_pickle(path, decoded)
-    } else {
-        snapshot::read_pickle(path, input)
+    if let Some(protocol) = old_pickle_protocol(head) {
+        return Err(TraceError {
+            path: path.to_path_buf(),
+            location: Location::File,
+            problem: Problem::PickleProtocol { protocol },
+        });
     }
+    let pickle = snapshot::read_pickle(path, decoded, &budget)?;
+    Ok((pickle, budget))
 }
 
 /// Read the trace compiled into the binary.
 pub fn load_embedded() -> Result<Vec<Trace>, TraceError> {
-    read(Path::new("<embedded>"), EMBEDDED_NAME, EMBEDDED_RESNET50)
+    read_limited(
+        Path::new("<embedded>"),
+        EMBEDDED_NAME,
+        EMBEDDED_RESNET50,
+        &ReadBudget::for_file(EMBEDDED_RESNET50.len() as u64),
+    )
 }
 
-/// Read traces from `input`, which came from `path` and is shown as `name`.
-pub fn read(path: &Path, name: &str, input: impl BufRead) -> Result<Vec<Trace>, TraceError> {
-    read_limited(path, name, input, ReadLimits::DEFAULT)
-}
-
-/// [`read`] within `limits`.
+/// Read traces from `input`, which came from `path` and is shown as
+/// `name`, within `budget`.
 pub fn read_limited(
     path: &Path,
     name: &str,
-    mut input: impl BufRead,
-    limits: ReadLimits,
+    input: impl BufRead,
+    budget: &ReadBudget,
 ) -> Result<Vec<Trace>, TraceError> {
+    let mut input = decoded(path, input, budget)?;
+    let file_error = |err: io::Error| TraceError {
+        path: path.to_path_buf(),
+        location: Location::File,
+        problem: read_problem(&err),
+    };
+    let head = input.fill_buf().map_err(file_error)?;
+    if head.first() == Some(&PICKLE_PROTO) {
+        snapshot::parse(path, name, input, budget)
+    } else if let Some(protocol) = old_pickle_protocol(head) {
+        Err(TraceError {
+            path: path.to_path_buf(),
+            location: Location::File,
+            problem: Problem::PickleProtocol { protocol },
+        })
+    } else {
+        rmm_csv::parse(path, name, input, budget).map(|trace| vec![trace])
+    }
+}
+
+/// The protocol of a pickle written with protocol 0 or 1 (which open
+/// with no PROTO opcode), told by its first opcodes.
+fn old_pickle_protocol(head: &[u8]) -> Option<u8> {
+    let text = [b"(dp".as_slice(), b"(lp", b"(t", b"(S'", b"(V", b"(I"];
+    let binary = [b"}q".as_slice(), b"]q", b"}(", b"](", b"}.", b"]."];
+    if text.iter().any(|start| head.starts_with(start)) {
+        Some(0)
+    } else if binary.iter().any(|start| head.starts_with(start)) {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+/// The decompressed contents of `input` (gzip, or plain), bounded by the
+/// budget's decoded bytes.
+fn decoded<'a>(
+    path: &Path,
+    mut input: impl BufRead + 'a,
+    budget: &ReadBudget,
+) -> Result<BufReader<Bounded<Box<dyn Read + 'a>>>, TraceError> {
     let file_error = |problem| TraceError {
         path: path.to_path_buf(),
         location: Location::File,
@@ -100,31 +144,72 @@ pub fn read_limited(
     let head = input
         .fill_buf()
         .map_err(|err| file_error(Problem::Unreadable(format!("cannot read: {err}"))))?;
-    if head.starts_with(&GZIP_MAGIC) {
-        let decoded = MultiGzDecoder::new(input);
-        read_decoded(path, name, decoded, limits)
+    if let Some((_, format)) = OTHER_COMPRESSION
+        .iter()
+        .find(|(magic, _)| head.starts_with(magic))
+    {
+        return Err(file_error(Problem::Compressed { format }));
+    }
+    let inner: Box<dyn Read + 'a> = if head.starts_with(&GZIP_MAGIC) {
+        Box::new(Members::new(input))
     } else {
-        read_decoded(path, name, input, limits)
+        Box::new(input)
+    };
+    Ok(BufReader::with_capacity(
+        1 << 16,
+        Bounded::new(inner, budget.decoded_bytes),
+    ))
+}
+
+/// The members of a gzip file one after another, as gzip(1) reads them:
+/// zero bytes after the last member (padding some writers add to fill a
+/// block) end the stream, anything else there is an error.
+struct Members<R: BufRead> {
+    member: Option<GzDecoder<R>>,
+}
+
+impl<R: BufRead> Members<R> {
+    fn new(input: R) -> Self {
+        Self {
+            member: Some(GzDecoder::new(input)),
+        }
     }
 }
 
-fn read_decoded(
-    path: &Path,
-    name: &str,
-    input: impl Read,
-    limits: ReadLimits,
-) -> Result<Vec<Trace>, TraceError> {
-    let mut input = BufReader::with_capacity(1 << 16, Bounded::new(input, limits.decoded_bytes));
-    let file_error = |err: io::Error| TraceError {
-        path: path.to_path_buf(),
-        location: Location::File,
-        problem: read_problem(&err),
-    };
-    let head = input.fill_buf().map_err(file_error)?;
-    if head.first() == Some(&PICKLE_PROTO) {
-        snapshot::parse(path, name, input)
-    } else {
-        rmm_csv::parse(path, name, input, limits.line_bytes).map(|trace| vec![trace])
+impl<R: BufRead> Read for Members<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let Some(member) = self.member.as_mut() else {
+                return Ok(0);
+            };
+            let read = member.read(buf)?;
+            if read > 0 || buf.is_empty() {
+                return Ok(read);
+            }
+            let Some(mut input) = self.member.take().map(GzDecoder::into_inner) else {
+                return Ok(0);
+            };
+            let rest = input.fill_buf()?;
+            if rest.starts_with(&GZIP_MAGIC) {
+                self.member = Some(GzDecoder::new(input));
+                continue;
+            }
+            // Only zeros may follow the last member.
+            loop {
+                let rest = input.fill_buf()?;
+                if rest.is_empty() {
+                    return Ok(0);
+                }
+                if rest.iter().any(|&byte| byte != 0) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "bytes after the last gzip member that are neither a member nor zero padding",
+                    ));
+                }
+                let length = rest.len();
+                input.consume(length);
+            }
+        }
     }
 }
 
@@ -213,8 +298,8 @@ mod tests {
         encoder.finish().unwrap()
     }
 
-    fn read_with(bytes: &[u8], limits: ReadLimits) -> Result<Vec<Trace>, TraceError> {
-        read_limited(Path::new("bomb.gz"), "bomb.gz", bytes, limits)
+    fn read_with(bytes: &[u8], limits: ReadBudget) -> Result<Vec<Trace>, TraceError> {
+        read_limited(Path::new("bomb.gz"), "bomb.gz", bytes, &limits)
     }
 
     /// A valid log of `rows` allocate/free pairs.
@@ -233,9 +318,9 @@ mod tests {
     #[test]
     fn decompression_stops_at_the_limit_and_names_it() {
         let text = log(2000);
-        let small = ReadLimits {
+        let small = ReadBudget {
             decoded_bytes: text.len() as u64 - 1,
-            ..ReadLimits::DEFAULT
+            ..ReadBudget::CEILING
         };
         let err = read_with(&gzip(text.as_bytes()), small).unwrap_err();
         assert!(
@@ -243,9 +328,9 @@ mod tests {
             "{err}"
         );
         // Exactly at the limit is fine.
-        let exact = ReadLimits {
+        let exact = ReadBudget {
             decoded_bytes: text.len() as u64,
-            ..ReadLimits::DEFAULT
+            ..ReadBudget::CEILING
         };
         assert_eq!(
             read_with(&gzip(text.as_bytes()), exact).unwrap()[0]
@@ -261,9 +346,9 @@ mod tests {
         let pickle = [&[PICKLE_PROTO, 2][..], &[0u8; 4096]].concat();
         let err = read_with(
             &pickle,
-            ReadLimits {
+            ReadBudget {
                 decoded_bytes: 1024,
-                ..ReadLimits::DEFAULT
+                ..ReadBudget::CEILING
             },
         )
         .unwrap_err();
@@ -272,16 +357,13 @@ mod tests {
     }
 
     #[test]
-    fn the_default_limit_is_16_gib_and_the_message_says_so() {
-        assert_eq!(ReadLimits::DEFAULT.decoded_bytes, 16 << 30);
+    fn the_ceiling_is_4_gib_and_the_message_says_so() {
+        assert_eq!(ReadBudget::CEILING.decoded_bytes, 4 << 30);
         let message = Problem::TooLarge {
-            limit_bytes: MAX_DECODED_BYTES,
+            limit_bytes: ReadBudget::CEILING.decoded_bytes,
         }
         .to_string();
-        assert!(
-            message.contains("17179869184 bytes (16.0 GiB)"),
-            "{message}"
-        );
+        assert!(message.contains("4294967296 bytes (4.00 GiB)"), "{message}");
     }
 
     #[test]
@@ -309,7 +391,7 @@ mod tests {
             Path::new("bomb.gz"),
             "bomb.gz",
             BufReader::new(&mut counted),
-            ReadLimits::DEFAULT,
+            &ReadBudget::CEILING,
         )
         .unwrap_err();
         assert_eq!(err.location, Location::Line(1));

@@ -6,6 +6,7 @@
 //! second allocation at a live pointer) while it builds, so a replay never
 //! meets a bad event.
 
+pub mod budget;
 mod builder;
 mod fields;
 pub mod file;
@@ -53,7 +54,7 @@ pub enum Location {
     /// `device_traces`.
     Entry {
         /// CUDA device ordinal.
-        device: usize,
+        device: u32,
         /// Index in that device's trace list.
         index: u64,
     },
@@ -133,6 +134,33 @@ pub enum Problem {
         /// The limit, bytes.
         limit_bytes: u64,
     },
+    /// More records or objects than the file's [`budget::ReadBudget`]
+    /// allows: a file built to cost far more than its size.
+    #[error(
+        "more than {limit} {what}, the most cudamem reads from a file of this size \
+         (shared references count each time they are used)"
+    )]
+    OverBudget {
+        /// What was counted.
+        what: &'static str,
+        /// The bound.
+        limit: u64,
+    },
+    /// A file compressed in a format cudamem does not read.
+    #[error(
+        "the file is {format}-compressed; cudamem reads gzip and uncompressed files \
+         (decompress it first)"
+    )]
+    Compressed {
+        /// The format, by name.
+        format: &'static str,
+    },
+    /// A pickle of a protocol older than PyTorch writes.
+    #[error("pickle protocol {protocol} unsupported (need 2+)")]
+    PickleProtocol {
+        /// The protocol.
+        protocol: u8,
+    },
     /// A file whose (decompressed) contents exceed what cudamem reads.
     #[error(
         "more than {limit_bytes} bytes ({}) once decompressed, the most cudamem \
@@ -194,6 +222,40 @@ fn location_text<S: serde::Serializer>(
     serializer.collect_str(location)
 }
 
+/// Something odd a reader accepted and replays as written, told once per
+/// kind on stderr with a count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Oddity {
+    /// A free row whose size is not its allocation's (the allocation's
+    /// size is the one replayed).
+    FreeSizeDiffers,
+    /// An allocation whose bytes overlap a live allocation's.
+    OverlapsLive,
+}
+
+impl Oddity {
+    /// What the records were, for a warning line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Oddity::FreeSizeDiffers => {
+                "frees whose size differs from their allocation's (the allocation's is replayed)"
+            }
+            Oddity::OverlapsLive => "allocations overlapping a live allocation's bytes",
+        }
+    }
+}
+
+/// Records of one odd kind a reader accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Noted {
+    /// What they were.
+    pub oddity: Oddity,
+    /// How many.
+    pub count: u64,
+    /// Where the first one is.
+    pub first: Location,
+}
+
 /// A trace that cannot be used, with the file and the record that says why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {location}: {problem}", path.display())]
@@ -240,6 +302,8 @@ pub struct Trace {
     pub clock: Vec<(usize, u64)>,
     /// Records the reader passed over, by kind, in order of first sight.
     pub skipped: Vec<Skipped>,
+    /// Odd records the reader accepted, by kind, in order of first sight.
+    pub noted: Vec<Noted>,
 }
 
 /// The recording allocator's own figures over a trace (PyTorch's caching
@@ -315,6 +379,22 @@ fn plain(text: &str) -> String {
         if count >= MESSAGE_CHARS {
             return format!("{shown}... ({} bytes)", text.len());
         }
+        shown.push_str(&printable(c.encode_utf8(&mut [0; 4])));
+    }
+    shown
+}
+
+/// `text` with every control character escaped (`\u{1b}`, `\n`), so a
+/// string from a file (a segment type, a frame's file name) reaches a
+/// terminal as text: no escape sequence of it can move the cursor, set
+/// the title or fake a line. Every text output of strings from files goes
+/// through this; HTML escapes for HTML besides.
+pub fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
         if c.is_control() {
             shown.extend(c.escape_debug());
         } else {
@@ -326,9 +406,12 @@ fn plain(text: &str) -> String {
 
 /// The name a report shows for a trace file: its file name.
 pub fn display_name(path: &Path) -> String {
-    path.file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_else(|| path.display().to_string())
+    printable(
+        &path
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string()),
+    )
 }
 
 #[cfg(test)]

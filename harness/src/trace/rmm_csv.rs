@@ -4,6 +4,7 @@
 use std::io::{self, Read};
 use std::path::Path;
 
+use crate::trace::budget::{Counter, ReadBudget};
 use crate::trace::file::read_problem;
 use crate::trace::{
     Location, Problem, SkipReason, Trace, TraceBuilder, TraceError, parse_pointer, parse_size,
@@ -20,8 +21,8 @@ const REQUIRED: [&str; 3] = ["Action", "Pointer", "Size"];
 pub const MAX_LINE_BYTES: u64 = 64 << 10;
 
 /// Parse a whole CSV log read from `input` (already decompressed), whose
-/// lines may hold at most `max_line_bytes` bytes ([`MAX_LINE_BYTES`] for
-/// every command).
+/// lines may hold at most `budget.line_bytes` bytes and whose rows may
+/// number at most `budget.events`.
 ///
 /// Rows RMM writes that are not allocator calls a replay can repeat are
 /// counted in [`Trace::skipped`] rather than rejected: `allocate failure`
@@ -31,8 +32,9 @@ pub fn parse(
     path: &Path,
     name: &str,
     input: impl Read,
-    max_line_bytes: u64,
+    budget: &ReadBudget,
 ) -> Result<Trace, TraceError> {
+    let mut rows = Counter::new(budget.events);
     let fail = |line: u64, problem| TraceError {
         path: path.to_path_buf(),
         location: Location::Line(line),
@@ -45,7 +47,7 @@ pub fn parse(
         // line bound is a record bound too.
         .quoting(false)
         .buffer_capacity(1 << 16)
-        .from_reader(LineBounded::new(input, max_line_bytes));
+        .from_reader(LineBounded::new(input, budget.line_bytes));
     let headers = reader
         .byte_headers()
         .map_err(|err| {
@@ -88,6 +90,15 @@ pub fn parse(
         .map_err(|err| read_error(err, 1))?;
     let mut line = 1u64;
     while have {
+        if !rows.take(1) {
+            return Err(fail(
+                line + 1,
+                Problem::OverBudget {
+                    what: "rows",
+                    limit: rows.limit(),
+                },
+            ));
+        }
         line = record
             .position()
             .map_or(line + 1, |position| position.line());
@@ -110,7 +121,14 @@ pub fn parse(
                 }
                 match row {
                     Row::Allocate { pointer, size } => trace.allocate(pointer, size, at),
-                    Row::Free { pointer } => trace.free(pointer, at),
+                    Row::Free {
+                        pointer,
+                        size: Some(size),
+                    } => trace.free_sized(pointer, size, at),
+                    Row::Free {
+                        pointer,
+                        size: None,
+                    } => trace.free(pointer, at),
                     Row::Skip(reason) => {
                         trace.skip(reason, at);
                         Ok(())
@@ -138,6 +156,7 @@ enum Row {
     },
     Free {
         pointer: u64,
+        size: Option<u64>,
     },
     /// A row counted and passed over.
     Skip(SkipReason),
@@ -176,6 +195,8 @@ fn row(
         },
         "free" => Row::Free {
             pointer: parse_pointer(field(pointer_col)?)?,
+            // RMM writes the size on frees too; a log without it is fine.
+            size: field(size_col).ok().and_then(|size| parse_size(size).ok()),
         },
         "allocate failure" => Row::Skip(SkipReason::AllocateFailure),
         "Action" => Row::Skip(SkipReason::RepeatedHeader),
@@ -293,8 +314,20 @@ fn csv_problem(err: &csv::Error) -> Problem {
 mod tests {
     use super::*;
 
+    fn lines(line_bytes: u64) -> ReadBudget {
+        ReadBudget {
+            line_bytes,
+            ..ReadBudget::CEILING
+        }
+    }
+
     fn parse_text(text: &str) -> Result<Trace, TraceError> {
-        parse(Path::new("t.csv"), "t.csv", text.as_bytes(), MAX_LINE_BYTES)
+        parse(
+            Path::new("t.csv"),
+            "t.csv",
+            text.as_bytes(),
+            &ReadBudget::CEILING,
+        )
     }
 
     #[test]
@@ -388,7 +421,7 @@ mod tests {
     #[test]
     fn a_line_past_the_bound_is_an_error_naming_it() {
         let long = format!("{HEADER}0,0,allocate,0x10,{}\n", "9".repeat(5000));
-        let err = parse(Path::new("t.csv"), "t.csv", long.as_bytes(), 4096).unwrap_err();
+        let err = parse(Path::new("t.csv"), "t.csv", long.as_bytes(), &lines(4096)).unwrap_err();
         assert_eq!(err.location, Location::Line(2));
         assert_eq!(err.problem, Problem::LineTooLong { limit_bytes: 4096 });
         // Exactly at the bound is fine (the line end is not counted).
@@ -398,7 +431,7 @@ mod tests {
             Path::new("t.csv"),
             "t.csv",
             text.as_bytes(),
-            line.len() as u64 + 1,
+            &lines(line.len() as u64 + 1),
         )
         .unwrap();
         assert_eq!(trace.peak_live_bytes, 1);
@@ -407,7 +440,7 @@ mod tests {
             Path::new("t.csv"),
             "t.csv",
             std::io::repeat(b'A').take(1 << 30),
-            1 << 16,
+            &lines(1 << 16),
         )
         .unwrap_err();
         assert_eq!(err.location, Location::Line(1));

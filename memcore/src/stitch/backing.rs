@@ -5,7 +5,7 @@
 use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 
-use super::{HandleInfo, PAGE_BYTES, StitchConfig};
+use super::{HandleInfo, MAX_MODEL_PAGES, PAGE_BYTES, StitchConfig};
 use crate::stitch::driver::DriverOp;
 use crate::{DriverCall, DriverCalls, Error, Extent, Result};
 
@@ -168,17 +168,30 @@ impl Backing {
         self.budget = bytes;
     }
 
+    /// Pages the page table must hold for a block over `[offset, offset +
+    /// len)` (`len > 0`): whole chunks, so a chunk's pages can be inspected
+    /// without bounds checks. Past [`MAX_MODEL_PAGES`] is
+    /// [`Error::StepBudget`], found before anything is counted.
+    pub(super) fn table_pages(&self, offset: u64, len: u64) -> Result<usize> {
+        let (_, last) = Self::page_span(offset, len);
+        let chunk = self.large_pages().max(1);
+        let needed = (last / chunk + 1)
+            .checked_mul(chunk)
+            .ok_or(Error::Overflow { offset, size: len })?;
+        if needed > MAX_MODEL_PAGES {
+            return Err(Error::StepBudget {
+                steps: needed,
+                limit: MAX_MODEL_PAGES,
+            });
+        }
+        usize::try_from(needed).map_err(|_| Error::Overflow { offset, size: len })
+    }
+
     /// A block now covers `[offset, offset + len)` (`len > 0`): count it on
     /// every page it touches and back those no handle backs.
     pub(super) fn touch(&mut self, offset: u64, len: u64) -> Result<()> {
         let (first, last) = Self::page_span(offset, len);
-        // The page table covers whole chunks, so a chunk's pages can be
-        // inspected without bounds checks.
-        let chunk = self.large_pages().max(1);
-        let needed = (last / chunk + 1)
-            .checked_mul(chunk)
-            .and_then(|pages| usize::try_from(pages).ok())
-            .ok_or(Error::Overflow { offset, size: len })?;
+        let needed = self.table_pages(offset, len)?;
         if self.pages.len() < needed {
             self.pages.resize(needed, EMPTY_PAGE);
         }

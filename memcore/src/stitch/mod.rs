@@ -56,6 +56,12 @@ pub const STITCH_ALIGN: u64 = crate::pytorch::MIN_BLOCK_BYTES;
 /// Bytes of the virtual arena (2^47 = 128 TiB).
 pub const VIRTUAL_BYTES: u64 = 1 << 47;
 
+/// The most pages the model tracks (2^22 pages of 2 MiB: the arena's low
+/// 8 TiB, many times any device's memory): a request whose pages reach
+/// past them is [`Error::StepBudget`], so one request's work and the page
+/// table's memory are bounded whatever the request's size.
+pub const MAX_MODEL_PAGES: u64 = 1 << 22;
+
 /// How a [`Stitch`] backs and recycles physical memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StitchConfig {
@@ -253,6 +259,10 @@ impl Stitch {
             STITCH_ALIGN
         };
         let allocation = self.arena.allocate(rounded, align)?;
+        if let Err(err) = self.backing.table_pages(allocation.offset, rounded) {
+            self.arena.free(allocation)?;
+            return Err(err);
+        }
         let basis = self.peak_live_bytes.max(self.live_bytes + size);
         self.backing
             .set_budget(basis.saturating_add(permille_of(basis, self.config.slack_permille)));

@@ -20,40 +20,56 @@ pub mod state;
 use std::io::BufRead;
 use std::path::Path;
 
-use pickle::{Limits, Pickle, Value};
+use pickle::{Pickle, Value};
 
 use blocks::BlockModel;
 
+use crate::trace::budget::{Counter, ReadBudget};
 use crate::trace::{Location, Problem, Recorded, Trace, TraceBuilder, TraceError};
 
 /// Actions that neither allocate, free nor change what is reserved.
 const BOOKKEEPING: [&str; 3] = ["snapshot", "oom", "user_defined"];
 
-/// A frame's file or function name as tables show it: at most 80
+/// A string of the snapshot (a frame's file or function name, a segment
+/// type) as tables show it: control characters escaped, at most 80
 /// characters. (Values quoted in errors go through [`crate::trace::quote`].)
 fn cut(text: &str) -> String {
-    if text.chars().count() <= 80 {
-        text.to_string()
+    let shown = crate::trace::printable(text);
+    if shown.chars().count() <= 80 {
+        shown
     } else {
-        let mut short: String = text.chars().take(77).collect();
+        let mut short: String = shown.chars().take(77).collect();
         short.push_str("...");
         short
     }
 }
 
 /// Read the pickle of a snapshot from `input` (already decompressed).
-pub fn read_pickle(path: &Path, input: impl BufRead) -> Result<Pickle, TraceError> {
-    pickle::read(input, Limits::SNAPSHOT).map_err(|err| TraceError {
+pub fn read_pickle(
+    path: &Path,
+    input: impl BufRead,
+    budget: &ReadBudget,
+) -> Result<Pickle, TraceError> {
+    pickle::read(input, budget).map_err(|err| TraceError {
         path: path.to_path_buf(),
         location: Location::File,
-        problem: Problem::NotSnapshot(format!("unreadable pickle: {err}")),
+        problem: match err {
+            pickle::PickleError::TooLarge { limit_bytes } => Problem::TooLarge { limit_bytes },
+            pickle::PickleError::Protocol { protocol } => Problem::PickleProtocol { protocol },
+            err => Problem::NotSnapshot(format!("unreadable pickle: {err}")),
+        },
     })
 }
 
 /// Parse a snapshot: one trace per device with events.
-pub fn parse(path: &Path, name: &str, input: impl BufRead) -> Result<Vec<Trace>, TraceError> {
-    let pickle = read_pickle(path, input)?;
-    traces(path, name, &pickle)
+pub fn parse(
+    path: &Path,
+    name: &str,
+    input: impl BufRead,
+    budget: &ReadBudget,
+) -> Result<Vec<Trace>, TraceError> {
+    let pickle = read_pickle(path, input, budget)?;
+    traces(path, name, &pickle, budget)
 }
 
 /// The snapshot's root dict, checked to be one.
@@ -78,13 +94,21 @@ pub fn root(path: &Path, pickle: &Pickle) -> Result<Value, TraceError> {
     Ok(root)
 }
 
-/// The traces of a read snapshot, one per device with events.
-pub fn traces(path: &Path, name: &str, pickle: &Pickle) -> Result<Vec<Trace>, TraceError> {
+/// The traces of a read snapshot, one per device with events; all
+/// devices' entries together (a list shared by several devices counted
+/// once per device) within `budget.events`.
+pub fn traces(
+    path: &Path,
+    name: &str,
+    pickle: &Pickle,
+    budget: &ReadBudget,
+) -> Result<Vec<Trace>, TraceError> {
     let whole = |problem| TraceError {
         path: path.to_path_buf(),
         location: Location::File,
         problem,
     };
+    let budget = budget.for_decoded(pickle.decoded_bytes());
     let root = root(path, pickle)?;
     let Some(devices) = pickle
         .get(root, "device_traces")
@@ -108,8 +132,16 @@ pub fn traces(path: &Path, name: &str, pickle: &Pickle) -> Result<Vec<Trace>, Tr
         lists.push(entries);
     }
     let non_empty = lists.iter().filter(|entries| !entries.is_empty()).count();
+    let total: u64 = lists.iter().map(|entries| entries.len() as u64).sum();
+    let mut entries_read = Counter::new(budget.events);
+    if !entries_read.take(total) {
+        return Err(whole(Problem::OverBudget {
+            what: "trace entries",
+            limit: budget.events,
+        }));
+    }
     let mut traces = Vec::new();
-    for (device, entries) in lists.into_iter().enumerate() {
+    for (device, entries) in (0u32..).zip(lists) {
         if entries.is_empty() {
             continue;
         }
@@ -138,7 +170,7 @@ pub fn traces(path: &Path, name: &str, pickle: &Pickle) -> Result<Vec<Trace>, Tr
 
 fn parse_device(
     pickle: &Pickle,
-    device: usize,
+    device: u32,
     entries: &[Value],
     name: String,
 ) -> Result<Trace, (u64, Problem)> {
@@ -171,7 +203,13 @@ fn parse_device(
         // PyTorch stamps each entry in microseconds; older snapshots do not.
         if pickle.get(entry, "time_us").is_some() {
             let us = integer(pickle, entry, "time_us").map_err(fail)?;
-            trace.observe_time(us.saturating_mul(1_000));
+            // A stamp past 2^64 ns (584 years) is no time a trace records.
+            let ns = us.checked_mul(1_000).ok_or_else(|| {
+                fail(Problem::Malformed(format!(
+                    "\"time_us\" {us} is past 2^64 nanoseconds (584 years)"
+                )))
+            })?;
+            trace.observe_time(ns);
         }
         match action {
             "alloc" => {
@@ -238,7 +276,7 @@ fn parse_device(
             _ => reserved_curve.push((event, bytes)),
         }
     }
-    trace.device = Some(device);
+    trace.device = Some(device as usize);
     trace.recorded = Some(Recorded {
         reserved: reserved_curve,
         peak_reserved_bytes: peak_reserved,

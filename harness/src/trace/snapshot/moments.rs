@@ -7,10 +7,12 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::rc::Rc;
 
 use super::pickle::{Pickle, Value};
-use super::state::{self, BlockState, Frame, LiveBlock, Segment, State};
+use super::state::{self, BlockState, LiveBlock, Segment, Stack, Stacks, State};
 use super::{action, integer, root};
+use crate::trace::budget::ReadBudget;
 use crate::trace::{Location, Problem, TraceError};
 
 /// Which moment of a snapshot to look at.
@@ -68,7 +70,7 @@ struct Entry {
     /// walked back to is its rounded request, [`memcore::pytorch::round_size`];
     /// where PyTorch handed out a larger block unsplit, the rest shows as
     /// free.)
-    frames: Option<(Option<Frame>, Vec<Frame>)>,
+    frames: Option<Rc<Stack>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,10 +116,11 @@ struct History {
 pub fn at(
     path: &Path,
     pickle: &Pickle,
+    budget: &ReadBudget,
     moment: Moment,
     device: Option<usize>,
 ) -> Result<Vec<AtMoment>, TraceError> {
-    let mut dump = state::read(path, pickle)?;
+    let mut dump = state::read(path, pickle, budget)?;
     if moment == Moment::Dump {
         if let Some(device) = device {
             let segments = std::mem::take(&mut dump.segments)
@@ -133,7 +136,7 @@ pub fn at(
             state: dump,
         }]);
     }
-    let history = history(path, pickle, device)?;
+    let history = history(path, pickle, budget, device)?;
     let layout = Layout::of(&dump, history.device);
     let last = history.entries.len();
     let wanted: Vec<(usize, Option<OomEntry>)> = match moment {
@@ -179,9 +182,10 @@ pub fn at(
 pub fn oom_entries(
     path: &Path,
     pickle: &Pickle,
+    budget: &ReadBudget,
     device: Option<usize>,
 ) -> Result<Vec<OomEntry>, TraceError> {
-    match history(path, pickle, device) {
+    match history(path, pickle, budget, device) {
         Ok(history) => Ok(history.ooms),
         Err(err) if matches!(err.problem, Problem::NotSnapshot(_)) => Ok(Vec::new()),
         Err(err) => Err(err),
@@ -217,7 +221,14 @@ fn peak(layout: &Layout, entries: &[Entry]) -> usize {
     best.2
 }
 
-fn history(path: &Path, pickle: &Pickle, device: Option<usize>) -> Result<History, TraceError> {
+fn history(
+    path: &Path,
+    pickle: &Pickle,
+    budget: &ReadBudget,
+    device: Option<usize>,
+) -> Result<History, TraceError> {
+    let budget = budget.for_decoded(pickle.decoded_bytes());
+    let mut stacks = Stacks::new(pickle, budget.frames);
     let whole = |problem| TraceError {
         path: path.to_path_buf(),
         location: Location::File,
@@ -256,6 +267,12 @@ fn history(path: &Path, pickle: &Pickle, device: Option<usize>) -> Result<Histor
             None => "device_traces holds no events: --at needs the history".into(),
         })));
     };
+    if items.len() as u64 > budget.events {
+        return Err(whole(Problem::OverBudget {
+            what: "history entries",
+            limit: budget.events,
+        }));
+    }
     let mut entries = Vec::with_capacity(items.len());
     let mut ooms = Vec::new();
     let mut last_alloc: BTreeMap<u64, usize> = BTreeMap::new();
@@ -263,7 +280,7 @@ fn history(path: &Path, pickle: &Pickle, device: Option<usize>) -> Result<Histor
         let fail = |problem| TraceError {
             path: path.to_path_buf(),
             location: Location::Entry {
-                device,
+                device: u32::try_from(device).unwrap_or(u32::MAX),
                 index: index as u64,
             },
             problem,
@@ -299,10 +316,7 @@ fn history(path: &Path, pickle: &Pickle, device: Option<usize>) -> Result<Histor
             Action::Alloc => {
                 last_alloc.insert(addr, index);
                 let frames = pickle.get(value, "frames").unwrap_or(Value::None);
-                Some((
-                    state::top_user_frame(pickle, frames),
-                    state::top_frames(pickle, frames),
-                ))
+                Some(stacks.stack(frames).map_err(fail)?)
             }
             Action::FreeRequested | Action::FreeCompleted => last_alloc
                 .get(&addr)
@@ -359,7 +373,11 @@ impl Layout {
                 } else {
                     BlockState::PendingFree
                 };
-                let (frame, stack) = entry.frames.clone().unwrap_or((None, Vec::new()));
+                let (frame, stack) = entry
+                    .frames
+                    .as_deref()
+                    .cloned()
+                    .unwrap_or((None, Vec::new()));
                 let block = self.blocks.entry(addr).or_insert(LiveBlock {
                     address: addr,
                     size_bytes: memcore::pytorch::round_size(size),

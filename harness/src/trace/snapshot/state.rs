@@ -2,10 +2,13 @@
 //! segment its size, what is allocated, active and free, and the live blocks
 //! with the frame that allocated each.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::rc::Rc;
 
 use super::pickle::{Pickle, Value};
 use super::{cut, integer, root};
+use crate::trace::budget::{Counter, ReadBudget};
 use crate::trace::{Location, Problem, TraceError};
 
 /// Where a block was allocated: the innermost frame of the user's own code.
@@ -129,79 +132,146 @@ impl State {
 /// outside installed packages, else the first Python frame outside torch,
 /// else the first frame with a file.
 pub fn top_user_frame(pickle: &Pickle, frames: Value) -> Option<Frame> {
-    let frames = read_frames(pickle, frames)?;
-    pick_user_frame(&frames)
+    let files = frame_files(pickle, frames)?;
+    let python = |file: &str| file.ends_with(".py");
+    let installed = |file: &str| file.contains("site-packages") || file.contains("dist-packages");
+    let (frame, _) = files
+        .iter()
+        .find(|&&(_, file)| python(file) && !installed(file) && !file.starts_with('<'))
+        .or_else(|| {
+            files
+                .iter()
+                .find(|&&(_, file)| python(file) && !file.contains("/torch/"))
+        })
+        .or_else(|| {
+            files
+                .iter()
+                .find(|&&(_, file)| !file.is_empty() && file != "??")
+        })?;
+    read_frame(pickle, *frame)
 }
 
 /// The top of a recorded stack, innermost first: its Python frames where it
 /// has any, else every frame with a file; at most [`STACK_FRAMES`].
 pub fn top_frames(pickle: &Pickle, frames: Value) -> Vec<Frame> {
-    let Some(frames) = read_frames(pickle, frames) else {
+    let Some(files) = frame_files(pickle, frames) else {
         return Vec::new();
     };
-    let python = frames.iter().any(|frame| frame.file.ends_with(".py"));
-    frames
-        .into_iter()
-        .filter(|frame| {
+    let python = files.iter().any(|(_, file)| file.ends_with(".py"));
+    files
+        .iter()
+        .filter(|(_, file)| {
             if python {
-                frame.file.ends_with(".py")
+                file.ends_with(".py")
             } else {
-                !frame.file.is_empty() && frame.file != "??"
+                !file.is_empty() && *file != "??"
             }
         })
         .take(STACK_FRAMES)
+        .filter_map(|&(frame, _)| read_frame(pickle, frame))
         .collect()
 }
 
-/// A recorded stack's frames, innermost first; `None` where `frames` is not
-/// a list.
-fn read_frames(pickle: &Pickle, frames: Value) -> Option<Vec<Frame>> {
+/// Each frame of a recorded stack with its file, innermost first, read
+/// without copying; `None` where `frames` is not a list.
+fn frame_files(pickle: &Pickle, frames: Value) -> Option<Vec<(Value, &str)>> {
     let items = pickle.items(frames)?;
-    let read = |frame: Value| -> Option<Frame> {
-        let file = pickle.text(pickle.get(frame, "filename")?)?;
-        let function = pickle
-            .get(frame, "name")
-            .and_then(|name| pickle.text(name))
-            .unwrap_or("?");
-        let line = match pickle.get(frame, "line") {
-            Some(Value::Int(line)) if line >= 0 => line as u64,
-            _ => 0,
+    Some(
+        items
+            .iter()
+            .filter_map(|&frame| Some((frame, pickle.text(pickle.get(frame, "filename")?)?)))
+            .collect(),
+    )
+}
+
+/// One frame, built for people.
+fn read_frame(pickle: &Pickle, frame: Value) -> Option<Frame> {
+    let file = pickle.text(pickle.get(frame, "filename")?)?;
+    let function = pickle
+        .get(frame, "name")
+        .and_then(|name| pickle.text(name))
+        .unwrap_or("?");
+    let line = match pickle.get(frame, "line") {
+        Some(Value::Int(line)) if line >= 0 => line as u64,
+        _ => 0,
+    };
+    Some(Frame {
+        file: cut(file),
+        line,
+        function: cut(function),
+    })
+}
+
+/// The stacks of a snapshot's frames lists, each list read once however
+/// many blocks or entries share it, its frames counted against a budget.
+pub struct Stacks<'a> {
+    pickle: &'a Pickle,
+    frames: Counter,
+    /// The top user frame and the top of the stack of each frames list
+    /// already read, by its index.
+    read: HashMap<u32, Rc<Stack>>,
+}
+
+/// A recorded stack as people see it: the user's own innermost frame and
+/// the top of the stack.
+pub type Stack = (Option<Frame>, Vec<Frame>);
+
+impl<'a> Stacks<'a> {
+    /// No list read yet; at most `frames` frames read in all.
+    pub fn new(pickle: &'a Pickle, frames: u64) -> Self {
+        Stacks {
+            pickle,
+            frames: Counter::new(frames),
+            read: HashMap::new(),
+        }
+    }
+
+    /// The stack of `frames` (empty where it is not a list).
+    pub fn stack(&mut self, frames: Value) -> Result<Rc<Stack>, Problem> {
+        let (Value::List(index) | Value::Tuple(index)) = frames else {
+            return Ok(Rc::new((None, Vec::new())));
         };
-        Some(Frame {
-            file: cut(file),
-            line,
-            function: cut(function),
-        })
-    };
-    Some(items.iter().filter_map(|&frame| read(frame)).collect())
+        if let Some(stack) = self.read.get(&index) {
+            return Ok(Rc::clone(stack));
+        }
+        let count = self.pickle.items(frames).map_or(0, <[Value]>::len);
+        if !self.frames.take(count as u64) {
+            return Err(Problem::OverBudget {
+                what: "frames",
+                limit: self.frames.limit(),
+            });
+        }
+        let stack = Rc::new((
+            top_user_frame(self.pickle, frames),
+            top_frames(self.pickle, frames),
+        ));
+        self.read.insert(index, Rc::clone(&stack));
+        Ok(stack)
+    }
 }
 
-/// The innermost frame of the user's own code among `frames`.
-fn pick_user_frame(frames: &[Frame]) -> Option<Frame> {
-    let python = |frame: &&Frame| frame.file.ends_with(".py");
-    let installed = |frame: &&Frame| {
-        frame.file.contains("site-packages") || frame.file.contains("dist-packages")
-    };
-    frames
-        .iter()
-        .filter(python)
-        .find(|frame| !installed(frame) && !frame.file.starts_with('<'))
-        .or_else(|| {
-            frames
-                .iter()
-                .filter(python)
-                .find(|frame| !frame.file.contains("/torch/"))
-        })
-        .or_else(|| {
-            frames
-                .iter()
-                .find(|frame| !frame.file.is_empty() && frame.file != "??")
-        })
-        .cloned()
+/// What reading the state costs, counted against the file's budget: each
+/// block visited (a segment shared by reference counted each time), and
+/// each frames list read once however many blocks share it.
+struct Walk<'a> {
+    pickle: &'a Pickle,
+    blocks: Counter,
+    stacks: Stacks<'a>,
 }
 
-/// Read the state at the dump from a snapshot's `segments`.
-pub fn read(path: &Path, pickle: &Pickle) -> Result<State, TraceError> {
+/// A sum of bytes that must fit in 64 bits, refused as the CSV reader
+/// refuses live bytes that pass them.
+fn add(sum: u64, size: u64) -> Result<u64, Problem> {
+    sum.checked_add(size).ok_or(Problem::LiveBytesOverflow {
+        live_bytes: sum,
+        size,
+    })
+}
+
+/// Read the state at the dump from a snapshot's `segments`, within
+/// `budget`.
+pub fn read(path: &Path, pickle: &Pickle, budget: &ReadBudget) -> Result<State, TraceError> {
+    let budget = budget.for_decoded(pickle.decoded_bytes());
     let root = root(path, pickle)?;
     let at = |index: usize, problem| TraceError {
         path: path.to_path_buf(),
@@ -221,15 +291,49 @@ pub fn read(path: &Path, pickle: &Pickle) -> Result<State, TraceError> {
             )),
         });
     };
+    let mut walk = Walk {
+        pickle,
+        blocks: Counter::new(budget.events),
+        stacks: Stacks::new(pickle, budget.frames),
+    };
     let mut segments = Vec::with_capacity(items.len());
     for (index, &value) in items.iter().enumerate() {
-        segments.push(segment(pickle, value).map_err(|problem| at(index, problem))?);
+        if !walk.blocks.take(1) {
+            return Err(at(
+                index,
+                Problem::OverBudget {
+                    what: "segments and blocks",
+                    limit: budget.events,
+                },
+            ));
+        }
+        segments.push(segment(&mut walk, value).map_err(|problem| at(index, problem))?);
+    }
+    // Refuse sums past 64 bits before deriving the state from them.
+    let whole = |problem| TraceError {
+        path: path.to_path_buf(),
+        location: Location::File,
+        problem,
+    };
+    for field in [
+        (|segment: &Segment| segment.total_bytes) as fn(&Segment) -> u64,
+        |segment| segment.free_bytes,
+        |segment| segment.allocated_bytes,
+        |segment| segment.active_bytes,
+    ] {
+        segments
+            .iter()
+            .map(field)
+            .try_fold(0u64, add)
+            .map_err(whole)?;
     }
     Ok(State::from_segments(segments))
 }
 
 impl State {
-    /// The state of `segments`, the sums and shares derived from them.
+    /// The state of `segments`, the sums and shares derived from them
+    /// (saturating: [`read`] refuses a file whose sums pass 64 bits before
+    /// it gets here, and a moment's state holds no more than its dump's).
     pub fn from_segments(mut segments: Vec<Segment>) -> State {
         segments.sort_by_key(|segment| (segment.device, segment.address));
         let sum =
@@ -267,7 +371,8 @@ impl State {
     }
 }
 
-fn segment(pickle: &Pickle, value: Value) -> Result<Segment, Problem> {
+fn segment(walk: &mut Walk<'_>, value: Value) -> Result<Segment, Problem> {
+    let pickle = walk.pickle;
     if pickle.pairs(value).is_none() {
         return Err(Problem::Malformed(format!(
             "segment is a {}, not a dict",
@@ -302,6 +407,12 @@ fn segment(pickle: &Pickle, value: Value) -> Result<Segment, Problem> {
         live_blocks: Vec::new(),
     };
     let mut block_bytes = 0u64;
+    if !walk.blocks.take(blocks.len() as u64) {
+        return Err(Problem::OverBudget {
+            what: "segments and blocks",
+            limit: walk.blocks.limit(),
+        });
+    }
     for (index, &block) in blocks.iter().enumerate() {
         let in_block = |problem: Problem| Problem::Malformed(format!("block {index}: {problem}"));
         if pickle.pairs(block).is_none() {
@@ -329,31 +440,55 @@ fn segment(pickle: &Pickle, value: Value) -> Result<Segment, Problem> {
                 ))));
             }
         };
-        block_bytes = block_bytes.saturating_add(size);
+        block_bytes = add(block_bytes, size).map_err(in_block)?;
         match state {
             BlockState::Free => {
-                segment.free_bytes += size;
+                segment.free_bytes = add(segment.free_bytes, size).map_err(in_block)?;
                 segment.largest_free_bytes = segment.largest_free_bytes.max(size);
             }
             BlockState::Allocated | BlockState::PendingFree => {
-                segment.active_bytes += size;
+                segment.active_bytes = add(segment.active_bytes, size).map_err(in_block)?;
                 if state == BlockState::Allocated {
-                    segment.allocated_bytes += size;
+                    segment.allocated_bytes =
+                        add(segment.allocated_bytes, size).map_err(in_block)?;
                 }
+                let (frame, stack) = match pickle.get(block, "frames") {
+                    Some(frames) => walk
+                        .stacks
+                        .stack(frames)
+                        .map_err(in_block)?
+                        .as_ref()
+                        .clone(),
+                    None => (None, Vec::new()),
+                };
                 segment.live_blocks.push(LiveBlock {
                     address: integer(pickle, block, "address").map_err(in_block)?,
                     size_bytes: size,
                     requested_bytes: integer(pickle, block, "requested_size").unwrap_or(size),
                     state,
-                    frame: pickle
-                        .get(block, "frames")
-                        .and_then(|frames| top_user_frame(pickle, frames)),
-                    stack: pickle
-                        .get(block, "frames")
-                        .map_or_else(Vec::new, |frames| top_frames(pickle, frames)),
+                    frame,
+                    stack,
                 });
             }
         }
+    }
+    let end = segment
+        .address
+        .checked_add(total_bytes)
+        .ok_or_else(|| Problem::Malformed("the segment ends past 2^64".into()))?;
+    // Live blocks lie inside their segment, each at its own bytes.
+    segment.live_blocks.sort_by_key(|block| block.address);
+    let mut reached = segment.address;
+    for block in &segment.live_blocks {
+        let block_end = block.address.checked_add(block.size_bytes);
+        if block.address < reached || block_end.is_none_or(|block_end| block_end > end) {
+            return Err(Problem::Malformed(format!(
+                "live block at {:#x} ({} bytes) overlaps another or lies outside its segment \
+                 [{:#x}, {end:#x})",
+                block.address, block.size_bytes, segment.address
+            )));
+        }
+        reached = block_end.unwrap_or(end);
     }
     if block_bytes != total_bytes {
         return Err(Problem::Malformed(format!(

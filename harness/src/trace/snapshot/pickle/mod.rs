@@ -14,29 +14,7 @@ mod source;
 
 use std::io::BufRead;
 
-/// What the reader accepts before it gives up.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Most bytes of pickle read (after decompression).
-    pub max_bytes: u64,
-    /// Most values on the stack at once: how deep an object may nest.
-    pub max_stack: usize,
-    /// Most open MARKs at once.
-    pub max_marks: usize,
-    /// Most containers and strings in the whole pickle.
-    pub max_objects: usize,
-}
-
-impl Limits {
-    /// Bounds well above any snapshot PyTorch writes: 16 GiB of pickle,
-    /// 1,000,000 open values, 1,000 open marks, 200,000,000 objects.
-    pub const SNAPSHOT: Limits = Limits {
-        max_bytes: 16 << 30,
-        max_stack: 1_000_000,
-        max_marks: 1_000,
-        max_objects: 200_000_000,
-    };
-}
+use crate::trace::budget::ReadBudget;
 
 /// Why a pickle could not be read, and at which byte of it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,6 +32,18 @@ pub enum PickleError {
         offset: u64,
         /// The reader's message.
         message: String,
+    },
+    /// A PROTO opcode naming a protocol this reader does not take.
+    #[error("pickle protocol {protocol} unsupported (need 2+)")]
+    Protocol {
+        /// The protocol.
+        protocol: u8,
+    },
+    /// More bytes than the budget's decoded bytes.
+    #[error("more than {limit_bytes} bytes of pickle")]
+    TooLarge {
+        /// The bound, bytes.
+        limit_bytes: u64,
     },
     /// An opcode that is not part of pickle protocol 2 to 5.
     #[error("byte {offset}: unknown opcode 0x{opcode:02x}")]
@@ -84,7 +74,7 @@ pub enum PickleError {
         /// What was wrong.
         why: &'static str,
     },
-    /// A bound of [`Limits`] was passed.
+    /// A bound of the [`ReadBudget`] was passed.
     #[error("byte {offset}: {what} (limit {limit})")]
     Limit {
         /// Bytes read.
@@ -135,9 +125,24 @@ pub struct Pickle {
     strings: Vec<Box<str>>,
     sequences: Vec<Vec<Value>>,
     dicts: Vec<Vec<(Value, Value)>>,
+    /// Per dict of more than [`INDEXED_PAIRS`] pairs, the positions of its
+    /// str-keyed pairs sorted by key (the last of repeated keys first), so
+    /// a look-up costs a binary search however many pairs a hostile dict
+    /// holds and however often it is referenced. Empty for small dicts.
+    key_order: Vec<Box<[u32]>>,
+    /// Bytes of pickle read, up to its STOP.
+    decoded_bytes: u64,
 }
 
+/// Dicts up to this many pairs are searched pair by pair.
+const INDEXED_PAIRS: usize = 16;
+
 impl Pickle {
+    /// Bytes of pickle read (after decompression), up to its STOP.
+    pub fn decoded_bytes(&self) -> u64 {
+        self.decoded_bytes
+    }
+
     /// The object the pickle holds.
     pub fn root(&self) -> Value {
         self.root.unwrap_or(Value::None)
@@ -172,11 +177,49 @@ impl Pickle {
     /// The value under the str key `key` of a dict (the last one, as Python
     /// keeps the last of repeated keys).
     pub fn get(&self, dict: Value, key: &str) -> Option<Value> {
-        self.pairs(dict)?
-            .iter()
-            .rev()
-            .find(|(name, _)| self.text(*name) == Some(key))
-            .map(|&(_, value)| value)
+        let pairs = self.pairs(dict)?;
+        let Value::Dict(index) = dict else {
+            return None;
+        };
+        match self.key_order.get(index as usize) {
+            Some(order) if !order.is_empty() => {
+                let found = order.partition_point(|&at| self.key_text(pairs, at) < Some(key));
+                let &at = order.get(found)?;
+                (self.key_text(pairs, at) == Some(key)).then(|| pairs[at as usize].1)
+            }
+            _ => pairs
+                .iter()
+                .rev()
+                .find(|(name, _)| self.text(*name) == Some(key))
+                .map(|&(_, value)| value),
+        }
+    }
+
+    fn key_text<'a>(&'a self, pairs: &[(Value, Value)], at: u32) -> Option<&'a str> {
+        self.text(pairs[at as usize].0)
+    }
+
+    /// Index every large dict once the whole pickle is read (dicts may be
+    /// filled after they were first shared, so not before).
+    fn index_dicts(&mut self) {
+        let mut key_order = Vec::with_capacity(self.dicts.len());
+        for pairs in &self.dicts {
+            if pairs.len() <= INDEXED_PAIRS {
+                key_order.push(Box::default());
+                continue;
+            }
+            let mut order: Vec<u32> = (0..pairs.len() as u32)
+                .filter(|&at| self.text(pairs[at as usize].0).is_some())
+                .collect();
+            // By key, and among equal keys the last pair first.
+            order.sort_unstable_by(|&a, &b| {
+                self.key_text(pairs, a)
+                    .cmp(&self.key_text(pairs, b))
+                    .then(b.cmp(&a))
+            });
+            key_order.push(order.into_boxed_slice());
+        }
+        self.key_order = key_order;
     }
 
     /// The Python type name of a value, for messages.
@@ -196,27 +239,33 @@ impl Pickle {
     }
 }
 
-/// Read one pickle from `input`, within `limits`.
-pub fn read(input: impl BufRead, limits: Limits) -> Result<Pickle, PickleError> {
-    reader::Reader::new(input, limits).run()
+/// Read one pickle from `input`, within `budget`.
+pub fn read(input: impl BufRead, budget: &ReadBudget) -> Result<Pickle, PickleError> {
+    let mut pickle = reader::Reader::new(input, budget).run()?;
+    pickle.index_dicts();
+    Ok(pickle)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const TINY: Limits = Limits {
-        max_bytes: 64,
-        max_stack: 8,
-        max_marks: 2,
-        max_objects: 16,
+    const TINY: ReadBudget = ReadBudget {
+        decoded_bytes: 64,
+        stack_values: 8,
+        marks: 2,
+        objects: 16,
+        memo_entries: 16,
+        container_items: 32,
+        ..ReadBudget::CEILING
     };
+    const SNAPSHOT: ReadBudget = ReadBudget::CEILING;
 
     #[test]
     fn a_memoized_list_filled_after_it_was_shared_is_one_object() {
         // d = {}; l = []; d["a"] = l; d["b"] = l; l.append(7)
         let bytes = b"\x80\x04}\x94(\x8c\x01a\x94]\x94\x8c\x01b\x94h\x02uh\x02K\x07a0.";
-        let pickle = read(&bytes[..], Limits::SNAPSHOT).unwrap();
+        let pickle = read(&bytes[..], &SNAPSHOT).unwrap();
         let root = pickle.root();
         let a = pickle.get(root, "a").unwrap();
         assert_eq!(a, pickle.get(root, "b").unwrap());
@@ -226,16 +275,13 @@ mod tests {
     #[test]
     fn every_bound_is_an_error_at_a_byte() {
         let long = [&b"\x80\x04"[..], &b"N0".repeat(40), b"N."].concat();
-        assert!(matches!(
-            read(&long[..], TINY),
-            Err(PickleError::Limit {
-                what: "the pickle is larger than the reader accepts",
-                ..
-            })
-        ));
+        assert_eq!(
+            read(&long[..], &TINY).unwrap_err(),
+            PickleError::TooLarge { limit_bytes: 64 }
+        );
         let deep = [&b"\x80\x04"[..], &[b']'; 9]].concat();
         assert!(matches!(
-            read(&deep[..], TINY),
+            read(&deep[..], &TINY),
             Err(PickleError::Limit {
                 what: "too many values open at once (nesting too deep)",
                 ..
@@ -243,12 +289,12 @@ mod tests {
         ));
         let marks = b"\x80\x04(((";
         assert!(matches!(
-            read(&marks[..], TINY),
+            read(&marks[..], &TINY),
             Err(PickleError::Limit { offset: 4, .. })
         ));
         let objects = [&b"\x80\x04"[..], &b"]0".repeat(17)].concat();
         assert!(matches!(
-            read(&objects[..], TINY),
+            read(&objects[..], &TINY),
             Err(PickleError::Limit {
                 what: "too many objects",
                 ..
@@ -256,13 +302,13 @@ mod tests {
         ));
         // A string longer than the data is truncation, found without
         // allocating its claimed length.
-        let claims = b"\x80\x04\x8d\xff\xff\xff\xff\x00\x00\x00\x00ab";
+        let claims = b"\x80\x04\x8d\xff\xff\xff\x7f\x00\x00\x00\x00ab";
         assert!(matches!(
-            read(&claims[..], Limits::SNAPSHOT),
+            read(&claims[..], &SNAPSHOT),
             Err(PickleError::Truncated { offset: 13 })
         ));
         assert_eq!(
-            read(&b"\x80\x04h\x05."[..], Limits::SNAPSHOT).unwrap_err(),
+            read(&b"\x80\x04h\x05."[..], &SNAPSHOT).unwrap_err(),
             PickleError::Malformed {
                 offset: 2,
                 opcode: "BINGET",
@@ -273,7 +319,7 @@ mod tests {
 
     #[test]
     fn integers_keep_their_value_or_their_width() {
-        let value = |bytes: &[u8]| read(bytes, Limits::SNAPSHOT).unwrap().root();
+        let value = |bytes: &[u8]| read(bytes, &SNAPSHOT).unwrap().root();
         assert_eq!(value(b"\x80\x04J\xff\xff\xff\xff."), Value::Int(-1));
         assert_eq!(value(b"\x80\x04M\x00\x02."), Value::Int(512));
         assert_eq!(

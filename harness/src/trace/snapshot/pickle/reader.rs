@@ -5,12 +5,15 @@ use std::collections::HashMap;
 use std::io::BufRead;
 
 use super::source::Source;
-use super::{Limits, Pickle, PickleError, Value};
+use super::{Pickle, PickleError, Value};
+use crate::trace::budget::{ReadBudget, held_bytes};
 
 /// A pickle being read.
 pub(super) struct Reader<R> {
     input: Source<R>,
-    limits: Limits,
+    budget: ReadBudget,
+    /// Items put in containers so far.
+    items: u64,
     pickle: Pickle,
     stack: Vec<Value>,
     marks: Vec<usize>,
@@ -42,10 +45,11 @@ fn unsupported_name(opcode: u8) -> Option<&'static str> {
 
 impl<R: BufRead> Reader<R> {
     /// A reader of `input` within `limits`, nothing read yet.
-    pub(super) fn new(input: R, limits: Limits) -> Self {
+    pub(super) fn new(input: R, budget: &ReadBudget) -> Self {
         Self {
-            input: Source::new(input, limits.max_bytes),
-            limits,
+            input: Source::new(input, budget.decoded_bytes),
+            budget: *budget,
+            items: 0,
             pickle: Pickle::default(),
             stack: Vec::new(),
             marks: Vec::new(),
@@ -63,11 +67,11 @@ impl<R: BufRead> Reader<R> {
     }
 
     fn push(&mut self, value: Value) -> Result<(), PickleError> {
-        if self.stack.len() >= self.limits.max_stack {
+        if self.stack.len() as u64 >= self.budget.stack_values {
             return Err(PickleError::Limit {
                 offset: self.input.offset,
                 what: "too many values open at once (nesting too deep)",
-                limit: self.limits.max_stack as u64,
+                limit: self.budget.stack_values,
             });
         }
         self.stack.push(value);
@@ -80,21 +84,53 @@ impl<R: BufRead> Reader<R> {
             .ok_or_else(|| self.malformed(at, opcode, "the stack is empty"))
     }
 
-    fn check_objects(&self) -> Result<(), PickleError> {
-        let count =
+    /// Refuse once objects, memo entries and items together hold more than
+    /// the budget's held bytes.
+    fn check_held(&self) -> Result<(), PickleError> {
+        let objects =
             self.pickle.strings.len() + self.pickle.sequences.len() + self.pickle.dicts.len();
-        if count >= self.limits.max_objects {
+        let memo = self.memo.len() + self.sparse_memo.len();
+        let held = held_bytes(objects as u64, memo as u64, self.items);
+        if held > self.budget.held_bytes {
             return Err(PickleError::Limit {
                 offset: self.input.offset,
-                what: "too many objects",
-                limit: self.limits.max_objects as u64,
+                what: "objects, memo entries and items together hold too many bytes",
+                limit: self.budget.held_bytes,
             });
         }
         Ok(())
     }
 
+    fn check_objects(&self) -> Result<(), PickleError> {
+        self.check_held()?;
+        let count =
+            self.pickle.strings.len() + self.pickle.sequences.len() + self.pickle.dicts.len();
+        if count as u64 >= self.budget.objects {
+            return Err(PickleError::Limit {
+                offset: self.input.offset,
+                what: "too many objects",
+                limit: self.budget.objects,
+            });
+        }
+        Ok(())
+    }
+
+    /// Count `count` more container items against the budget.
+    fn take_items(&mut self, count: usize) -> Result<(), PickleError> {
+        self.items = self.items.saturating_add(count as u64);
+        if self.items > self.budget.container_items {
+            return Err(PickleError::Limit {
+                offset: self.input.offset,
+                what: "too many container items",
+                limit: self.budget.container_items,
+            });
+        }
+        self.check_held()
+    }
+
     fn new_sequence(&mut self, items: Vec<Value>) -> Result<u32, PickleError> {
         self.check_objects()?;
+        self.take_items(items.len())?;
         self.pickle.sequences.push(items);
         Ok((self.pickle.sequences.len() - 1) as u32)
     }
@@ -134,18 +170,22 @@ impl<R: BufRead> Reader<R> {
             .last()
             .ok_or_else(|| self.malformed(at, opcode, "the stack is empty"))?;
         let slot = index as usize;
+        let entries = (self.memo.len() + self.sparse_memo.len()) as u64;
+        if slot >= self.memo.len() {
+            if entries >= self.budget.memo_entries {
+                return Err(PickleError::Limit {
+                    offset: at,
+                    what: "too many memo entries",
+                    limit: self.budget.memo_entries,
+                });
+            }
+            self.check_held()?;
+        }
         if slot < self.memo.len() {
             self.memo[slot] = value;
         } else if slot == self.memo.len() {
             self.memo.push(value);
         } else {
-            if self.sparse_memo.len() >= self.limits.max_objects {
-                return Err(PickleError::Limit {
-                    offset: at,
-                    what: "too many memo entries",
-                    limit: self.limits.max_objects as u64,
-                });
-            }
             self.sparse_memo.insert(index, value);
         }
         Ok(())
@@ -170,6 +210,7 @@ impl<R: BufRead> Reader<R> {
     ) -> Result<(), PickleError> {
         match target {
             Value::List(index) => {
+                self.take_items(items.len())?;
                 self.pickle.sequences[index as usize].extend(items);
                 Ok(())
             }
@@ -190,6 +231,7 @@ impl<R: BufRead> Reader<R> {
         if items.len() % 2 != 0 {
             return Err(self.malformed(at, opcode, "an odd number of keys and values"));
         }
+        self.take_items(items.len())?;
         let pairs = &mut self.pickle.dicts[index as usize];
         pairs.reserve_exact(items.len() / 2);
         let mut items = items.into_iter();
@@ -227,7 +269,7 @@ impl<R: BufRead> Reader<R> {
                 0x80 => {
                     let protocol = self.input.byte()?;
                     if !(2..=5).contains(&protocol) {
-                        return Err(self.malformed(at, "PROTO", "protocol is not 2 to 5"));
+                        return Err(PickleError::Protocol { protocol });
                     }
                 }
                 0x95 => {
@@ -236,14 +278,15 @@ impl<R: BufRead> Reader<R> {
                 b'.' => {
                     let root = self.pop(at, "STOP")?;
                     self.pickle.root = Some(root);
+                    self.pickle.decoded_bytes = self.input.offset;
                     return Ok(self.pickle);
                 }
                 b'(' => {
-                    if self.marks.len() >= self.limits.max_marks {
+                    if self.marks.len() as u64 >= self.budget.marks {
                         return Err(PickleError::Limit {
                             offset: at,
                             what: "too many MARKs open at once (nesting too deep)",
-                            limit: self.limits.max_marks as u64,
+                            limit: self.budget.marks,
                         });
                     }
                     self.marks.push(self.stack.len());

@@ -24,7 +24,11 @@ impl<R: BufRead> Source<R> {
     }
 
     pub(super) fn io_error(&self, err: &io::Error) -> PickleError {
-        if err.kind() == io::ErrorKind::UnexpectedEof {
+        if let crate::trace::Problem::TooLarge { limit_bytes } =
+            crate::trace::file::read_problem(err)
+        {
+            PickleError::TooLarge { limit_bytes }
+        } else if err.kind() == io::ErrorKind::UnexpectedEof {
             PickleError::Truncated {
                 offset: self.offset,
             }
@@ -39,10 +43,8 @@ impl<R: BufRead> Source<R> {
     pub(super) fn reserve(&mut self, bytes: u64) -> Result<(), PickleError> {
         match self.offset.checked_add(bytes) {
             Some(end) if end <= self.max_bytes => Ok(()),
-            _ => Err(PickleError::Limit {
-                offset: self.offset,
-                what: "the pickle is larger than the reader accepts",
-                limit: self.max_bytes,
+            _ => Err(PickleError::TooLarge {
+                limit_bytes: self.max_bytes,
             }),
         }
     }
