@@ -65,10 +65,18 @@ fn inner_exhaust_refuse_recover() {
         .expect("first C call")
         .remove(0);
     let (code, _) = allocate(2 * DEVICE_BYTES, 1);
-    assert_eq!(code, CUDAMEM_OUT_OF_MEMORY, "twice the device: {}", last_error());
+    assert_eq!(
+        code,
+        CUDAMEM_OUT_OF_MEMORY,
+        "twice the device: {}",
+        last_error()
+    );
     let message = last_error();
     assert!(message.contains("out of memory on device 0"), "{message}");
-    assert!(message.contains("cudamem pool (physical)"), "the ledger: {message}");
+    assert!(
+        message.contains("cudamem pool (physical)"),
+        "the ledger: {message}"
+    );
 
     // Stream 2 holds one chunk it frees at once: with two streams in use it waits for
     // the stream's work, which the retry before a refusal waits for.
@@ -76,7 +84,10 @@ fn inner_exhaust_refuse_recover() {
     assert_eq!(code, CUDAMEM_OK, "{}", last_error());
     let mut held = Vec::new();
     let refused = loop {
-        assert!(held.len() as u64 <= DEVICE_BYTES / CHUNK, "more chunks than fit");
+        assert!(
+            held.len() as u64 <= DEVICE_BYTES / CHUNK,
+            "more chunks than fit"
+        );
         match allocate(CHUNK, 1) {
             (CUDAMEM_OK, ptr) => held.push(ptr),
             (code, _) => break code,
@@ -94,7 +105,10 @@ fn inner_exhaust_refuse_recover() {
         last_error()
     );
     let message = last_error();
-    assert!(message.contains("cudamem pool (physical)"), "the ledger: {message}");
+    assert!(
+        message.contains("cudamem pool (physical)"),
+        "the ledger: {message}"
+    );
     println!("chunks {}", held.len());
     let stats = device_stats();
     println!("retried {}", stats.num_alloc_retries);
@@ -108,7 +122,10 @@ fn inner_exhaust_refuse_recover() {
     free(big);
     let mut given_back = 0;
     // SAFETY: `given_back` is a live u64.
-    assert_eq!(unsafe { cudamem_empty_cache(0, &mut given_back) }, CUDAMEM_OK);
+    assert_eq!(
+        unsafe { cudamem_empty_cache(0, &mut given_back) },
+        CUDAMEM_OK
+    );
     assert!(given_back > 0, "empty_cache gave nothing back");
     let (code, again) = allocate(DEVICE_BYTES / 2, 1);
     assert_eq!(code, CUDAMEM_OK, "after empty_cache: {}", last_error());
@@ -141,9 +158,15 @@ fn check(policy: &str) {
     let fit = DEVICE_BYTES / CHUNK;
     // The freed chunk of stream 2 was used again: the device was filled to its end
     // but for what the pool's growth rounding leaves.
-    assert!(chunks + 2 >= fit, "{policy}: only {chunks} of {fit} chunks: {out}");
+    assert!(
+        chunks + 2 >= fit,
+        "{policy}: only {chunks} of {fit} chunks: {out}"
+    );
     assert_eq!(figure(&out, "ooms"), 2, "{policy}: {out}");
-    assert!(figure(&out, "retried") >= 1, "{policy}: no retry before the refusal: {out}");
+    assert!(
+        figure(&out, "retried") >= 1,
+        "{policy}: no retry before the refusal: {out}"
+    );
     assert!(out.contains("recovered"), "{policy}: {out}");
 }
 
