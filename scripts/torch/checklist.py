@@ -427,6 +427,9 @@ def main():
     parser.add_argument("--lib", help="libcudamem_torch.so (default: cudamem_torch.find_library)")
     parser.add_argument("--cudamem-bin", help="the cudamem command, to replay the snapshot")
     parser.add_argument("--only", nargs="*", choices=sorted(CASES), help="habits to run (default: all)")
+    parser.add_argument("--part", choices=("all", "shared", "exclusive"), default="all",
+                        help="the habits that run side by side, or those that measure the "
+                             "device and need it to themselves (%s), or both" % ", ".join(EXCLUSIVE))
     parser.add_argument("--allocators", nargs="*", default=list(ALLOCATORS), choices=ALLOCATORS)
     parser.add_argument("--out", default="checklist", help="folder for logs and results")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per habit")
@@ -439,6 +442,8 @@ def main():
         return 0
     os.makedirs(args.out, exist_ok=True)
     names = args.only or list(CASES)
+    if args.part != "all":
+        names = [n for n in names if (n in EXCLUSIVE) == (args.part == "exclusive")]
     results = {}
     shared = [n for n in names if n not in EXCLUSIVE]
     # The default allocator's habits first, alone: its compiled kernels are cached for
@@ -467,7 +472,7 @@ def main():
                     detail += "; DIFFERS from the default's (%s vs %s)" % (r["digest"], base.get("digest"))
             failed += not ok
             print("%s  %-8s %-16s %s" % ("PASS" if ok else "FAIL", allocator, name, detail), flush=True)
-    with open(os.path.join(args.out, "checklist.json"), "w") as f:
+    with open(os.path.join(args.out, "checklist.%s.json" % args.part), "w") as f:
         json.dump([results[k] for k in sorted(results)], f, indent=1)
     print("%d of %d FAIL" % (failed, len(results)))
     return 1 if failed else 0

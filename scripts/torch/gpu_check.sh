@@ -7,12 +7,12 @@
 # `cudamem` command in target/release or target/cuda/release) or a folder laid out
 # like a bundle (lib/libcudamem_torch.so, bin/cudamem, python/, torch-alloc/cpp/,
 # scripts/torch/); CUDAMEM_BIN names the `cudamem` command elsewhere. Steps, each cut
-# at its limit in seconds (the CUT_* settings), which together fit one call of seven
-# minutes:
+# at its limit in seconds (the CUT_* settings), which together fit in seven minutes:
 #
 #   build      the C++ extension with torch.utils.cpp_extension (cached)   CUT_BUILD 90
 #   checklist  scripts/torch/checklist.py, every habit under PyTorch's
 #              default allocator and cudamem's tlsf and stitch pools        CUT_CHECKLIST 150
+#              (the habits that measure the device after the rest)          CUT_EXCLUSIVE 60
 #   bench      scripts/torch/bench_allocator.py, $BENCH_WORKLOADS (default:
 #              all six) x four modes, --repeat $BENCH_REPEAT (default 3)     CUT_BENCH 240
 #              (and never past CUT_ALL, 420 s after the start)
@@ -117,18 +117,20 @@ if want build || want checklist || want bench || want ddp; then
   fi
 fi
 
-run_checklist() {
-  local start=$(date +%s)
+run_checklist() { # part cut
+  local start
+  start=$(date +%s)
   # shellcheck disable=SC2086 # the allocators are meant to split
-  timeout "${CUT_CHECKLIST:-150}" "$python" "$src/scripts/torch/checklist.py" --lib "$lib" \
+  timeout "$2" "$python" "$src/scripts/torch/checklist.py" --lib "$lib" --part "$1" \
     ${bin:+--cudamem-bin "$bin"} --out "$out/checklist" --timeout 120 \
-    --allocators ${CHECKLIST_ALLOCATORS:-default tlsf stitch} > "$out/checklist.txt" 2>&1
-  record checklist $? $(( $(date +%s) - start )) "checklist.txt, checklist/"
-  cat "$out/checklist.txt"
+    --allocators ${CHECKLIST_ALLOCATORS:-default tlsf stitch} > "$out/checklist.$1.txt" 2>&1
+  record "checklist ($1 habits)" $? $(( $(date +%s) - start )) "checklist.$1.txt, checklist/"
+  cat "$out/checklist.$1.txt"
 }
 
-run_ddp() { # prints the exit status last
-  local start=$(date +%s)
+run_ddp() { # prints the exit status and the seconds
+  local start
+  start=$(date +%s)
   timeout "${CUT_DDP:-90}" "$python" "$src/scripts/torch/ddp_bench.py" --lib "$lib" \
     --out "$out/ddp" --world "${DDP_WORLD:-1}" --steps "${DDP_STEPS:-16}" --shapes 4 \
     --timeout 60 --modes default expandable tlsf stitch > "$out/ddp.txt" 2>&1
@@ -136,19 +138,23 @@ run_ddp() { # prints the exit status last
 }
 
 # On one GPU the DDP step checks that the backend runs under DDP and that the losses
-# are deterministic; it measures nothing, so it runs beside the checklist.
+# are deterministic; it measures nothing, so it runs beside the checklist's habits that
+# share the device, before those that need it alone.
 if want ddp; then
   run_ddp > "$out/ddp.status" &
   ddp_pid=$!
 fi
 if want checklist; then
-  run_checklist
+  run_checklist shared "${CUT_CHECKLIST:-150}"
 fi
 if want ddp; then
   wait "$ddp_pid"
   read -r code seconds < "$out/ddp.status"
   record ddp "$code" "$seconds" "ddp.txt, ddp/"
   tail -32 "$out/ddp.txt"
+fi
+if want checklist; then
+  run_checklist exclusive "${CUT_EXCLUSIVE:-60}"
 fi
 
 if want bench; then
