@@ -2,7 +2,8 @@
 //! allocation or a free), for both policies: a ring of live blocks of a conv net's
 //! sizes where each step frees the oldest block and allocates the next, on one stream
 //! (as a training loop runs) and on two (frees then wait for their stream, in stream
-//! order).
+//! order); `pair/<policy>/<bytes>` is one allocation and its free again and again
+//! (no driver call: the bench fails if one was made).
 //!
 //! `allocator/<policy>/<streams>` calls the Rust API (`DeviceAllocator`) on each
 //! backing; `c_abi/<policy>/<streams>` goes through the C functions the C++ backend
@@ -130,6 +131,48 @@ fn allocator(c: &mut Criterion) {
     }
 }
 
+/// One allocation and its free, again and again, on a warm allocator: the host cost
+/// with no driver call (a training loop's repeating request), both policies.
+fn pair(c: &mut Criterion) {
+    let settings = Settings::default();
+    let mut group = c.benchmark_group("pair");
+    group
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2))
+        .throughput(Throughput::Elements(2));
+    for size in [512, 1 << 20, 25 << 20] {
+        let tlsf = backing::tlsf_pool(SimDevice::new(device()), &settings).expect("a TLSF pool");
+        pair_on(&mut group, "tlsf", tlsf, size);
+        let stitch =
+            backing::stitched_pool(SimDevice::new(device()), &settings).expect("a stitched pool");
+        pair_on(&mut group, "stitch", stitch, size);
+    }
+    group.finish();
+}
+
+fn pair_on<B: Backing>(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    pool: B,
+    size: u64,
+) {
+    let alloc = DeviceAllocator::new(0, pool, SimStreams::default()).expect("an allocator");
+    let step = || {
+        let out = alloc
+            .allocate(Request::new(black_box(size), StreamId(1)))
+            .expect("fits");
+        alloc.free(black_box(out.ptr), 0).expect("live");
+    };
+    step();
+    let calls = alloc.backing().memory_driver_calls();
+    group.bench_function(BenchmarkId::new(name, size), |b| b.iter(step));
+    assert_eq!(
+        alloc.backing().memory_driver_calls(),
+        calls,
+        "a warm pair made driver calls"
+    );
+}
+
 fn c_allocate(size: u64, stream: u64) -> u64 {
     let request = CudamemRequest {
         size,
@@ -187,5 +230,5 @@ fn c_abi(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, allocator, c_abi);
+criterion_group!(benches, allocator, pair, c_abi);
 criterion_main!(benches);
