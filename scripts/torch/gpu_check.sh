@@ -25,7 +25,8 @@
 # bench/, ddp.txt, ddp/) with a summary.md; the exit status is non-zero if any step
 # failed. Settings: PYTHON (default /opt/torch/.venv/bin/python3, else python3),
 # CUDA_HOME (default /usr/local/cuda), BENCH_WORKLOADS, BENCH_REPEAT,
-# CHECKLIST_ALLOCATORS (default: all three), DDP_WORLD, DDP_STEPS (default 16).
+# CHECKLIST_ALLOCATORS (default: all three), CHECKLIST_ONLY (habits; default: all),
+# DDP_WORLD, DDP_STEPS (default 16).
 set -u
 if [ $# -lt 2 ]; then
   echo "usage: gpu_check.sh SRC OUTDIR [build|checklist|bench|ddp|all]..." >&2
@@ -122,7 +123,8 @@ run_checklist() { # part cut
   start=$(date +%s)
   # shellcheck disable=SC2086 # the allocators are meant to split
   timeout "$2" "$python" "$src/scripts/torch/checklist.py" --lib "$lib" --part "$1" \
-    ${bin:+--cudamem-bin "$bin"} --out "$out/checklist" --timeout 120 \
+    ${CHECKLIST_ONLY:+--only $CHECKLIST_ONLY} ${bin:+--cudamem-bin "$bin"} \
+    --out "$out/checklist" --timeout 120 \
     --allocators ${CHECKLIST_ALLOCATORS:-default tlsf stitch} > "$out/checklist.$1.txt" 2>&1
   record "checklist ($1 habits)" $? $(( $(date +%s) - start )) "checklist.$1.txt, checklist/"
   cat "$out/checklist.$1.txt"
