@@ -111,6 +111,8 @@ fn inner_exhaust_refuse_recover() {
     );
     println!("chunks {}", held.len());
     let stats = device_stats();
+    let mapped = u64::try_from(stats.reserved_bytes.aggregate.current).unwrap_or(u64::MAX);
+    println!("free {}", DEVICE_BYTES.saturating_sub(mapped));
     println!("retried {}", stats.num_alloc_retries);
     println!("ooms {}", stats.num_ooms);
 
@@ -152,7 +154,7 @@ fn figure(out: &str, label: &str) -> u64 {
         .unwrap_or_else(|| panic!("no `{label}` line in {out}"))
 }
 
-fn check(policy: &str) {
+fn check(policy: &str) -> String {
     let out = run(policy);
     let chunks = figure(&out, "chunks");
     let fit = DEVICE_BYTES / CHUNK;
@@ -168,6 +170,7 @@ fn check(policy: &str) {
         "{policy}: no retry before the refusal: {out}"
     );
     assert!(out.contains("recovered"), "{policy}: {out}");
+    out
 }
 
 #[test]
@@ -177,5 +180,8 @@ fn tlsf_refuses_as_out_of_memory_and_recovers() {
 
 #[test]
 fn stitch_refuses_as_out_of_memory_and_recovers() {
-    check("stitch");
+    let out = check("stitch");
+    // Exhausted, the stitched pool still leaves the context its headroom.
+    let headroom = DEVICE_BYTES / cudamem_torch::backing::STITCHED_HEADROOM_DIVISOR;
+    assert!(figure(&out, "free") >= headroom, "stitch: {out}");
 }
