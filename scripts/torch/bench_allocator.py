@@ -17,7 +17,11 @@ peak mapped bytes exactly: `reserved = pool` in the table), the checksum (must e
 the default run's) and the step time. --repeat N runs the workload N times in the
 process (the first warms up when N > 1): a run's step time is the mean of its steps
 but the first (which builds the model), and the figure reported is the median over
-the repeats; every repeat must give the same checksum.
+the repeats; every repeat must give the same checksum. --rounds R starts R processes
+per mode, the modes taking turns (default, expandable, tlsf, stitch, default, ...):
+the step time is then the median over the processes, the peak their largest (a
+process's step time moves by tens of percent from one process or machine to the
+next, the peak does not).
 A run that fails or passes --timeout seconds is reported and the others go on.
 Prints a table after each workload (the last one is complete) and the verdict of
 the default-policy rule: stitch where its peak is at most expandable segments' on
@@ -137,8 +141,9 @@ def child(name, mode, lib, out, explain, repeat):
         cudamem_torch.explain(0)
 
 
-def run_one(name, mode, args):
-    out = os.path.join(args.out, "%s.%s.json" % (name, mode))
+def run_one(name, mode, args, round_=0):
+    out = os.path.join(args.out, "%s.%s.json" % (name, mode) if round_ == 0 else
+                       "%s.%s.round%d.json" % (name, mode, round_))
     if os.path.exists(out):
         os.remove(out)
     env = dict(os.environ)
@@ -205,6 +210,25 @@ def table(results):
     return "\n".join(rows)
 
 
+def merge_rounds(runs):
+    """One result for a mode's processes: the first good run's figures, the step time
+    the median of the runs' (each already a median over its repeats), the peak the
+    largest; an error only when every run failed."""
+    good = [r for r in runs if "error" not in r]
+    if not good:
+        return runs[0]
+    merged = dict(good[0])
+    steps = sorted(r["median_step_s"] for r in good)
+    merged["median_step_s"] = steps[len(steps) // 2]
+    merged["round_step_s"] = [r["median_step_s"] for r in good]
+    merged["peak_process_bytes"] = max(r["peak_process_bytes"] for r in good)
+    merged["checksums_agree"] = all(r.get("checksums_agree", True) and r["checksum"] == good[0]["checksum"]
+                                    for r in good)
+    merged["rounds"] = len(good)
+    merged["failed_rounds"] = len(runs) - len(good)
+    return merged
+
+
 def verdict(results):
     """The default-policy rule on `results`: (policy, one line per workload why)."""
     lines, stitch_wins = [], True
@@ -236,6 +260,9 @@ def main():
     parser.add_argument("--timeout", type=int, default=120, help="seconds per run")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs of the workload per process (the first warms up when more than 1)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="processes per mode, the modes taking turns; the step time is "
+                             "the median over them")
     parser.add_argument("--explain", metavar="NAME", help="run NAME under cudamem (stitch) and print explain()")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
@@ -255,14 +282,20 @@ def main():
     names = args.only or list(workloads.WORKLOADS)
     results = []
     for name in names:
+        rounds = {mode: [] for mode in args.modes}
+        # Modes take turns round by round, so that a drift of the machine's speed falls
+        # on every mode alike.
+        for round_ in range(max(1, args.rounds)):
+            for mode in args.modes:
+                r = run_one(name, mode, args, round_)
+                if "error" in r:
+                    print("%s / %s failed: %s" % (name, mode, r["error"]), file=sys.stderr, flush=True)
+                else:
+                    print("%s / %s: peak %s MiB, %.2f ms/step" % (
+                        name, mode, mib(r["peak_process_bytes"]), r["median_step_s"] * 1e3), flush=True)
+                rounds[mode].append(r)
         for mode in args.modes:
-            r = run_one(name, mode, args)
-            if "error" in r:
-                print("%s / %s failed: %s" % (name, mode, r["error"]), file=sys.stderr, flush=True)
-            else:
-                print("%s / %s: peak %s MiB, %.2f ms/step" % (
-                    name, mode, mib(r["peak_process_bytes"]), r["median_step_s"] * 1e3), flush=True)
-            results.append(r)
+            results.append(merge_rounds(rounds[mode]))
         # After every workload, so that a run cut short still leaves its table.
         print(table(results), flush=True)
         with open(os.path.join(args.out, "summary.json"), "w") as f:

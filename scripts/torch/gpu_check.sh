@@ -24,7 +24,7 @@
 # alone. Logs go to OUTDIR (build.log, checklist.txt, checklist/, bench.txt,
 # bench/, ddp.txt, ddp/) with a summary.md; the exit status is non-zero if any step
 # failed. Settings: PYTHON (default /opt/torch/.venv/bin/python3, else python3),
-# CUDA_HOME (default /usr/local/cuda), BENCH_WORKLOADS, BENCH_REPEAT,
+# CUDA_HOME (default /usr/local/cuda), BENCH_WORKLOADS, BENCH_REPEAT, BENCH_ROUNDS,
 # CHECKLIST_ALLOCATORS (default: all three), CHECKLIST_ONLY (habits; default: all),
 # DDP_WORLD, DDP_STEPS (default 16).
 set -u
@@ -168,7 +168,7 @@ if want bench; then
   [ "$cut" -lt 1 ] && cut=1
   # shellcheck disable=SC2086 # the workloads are meant to split
   timeout "$cut" "$python" "$src/scripts/torch/bench_allocator.py" --lib "$lib" \
-    --out "$out/bench" --repeat "${BENCH_REPEAT:-3}" --timeout 60 \
+    --out "$out/bench" --repeat "${BENCH_REPEAT:-3}" --rounds "${BENCH_ROUNDS:-1}" --timeout 60 \
     --only ${BENCH_WORKLOADS:-resnet50_train gpt2_train bert_train vit_infer llama_finetune mixtral_moe_infer} \
     > "$out/bench.txt" 2>&1
   record "benchmark (cut at $cut s)" $? $(( $(date +%s) - start )) "bench.txt, bench/"
