@@ -7,7 +7,9 @@
 # `cudamem` command in target/release or target/cuda/release) or a folder laid out
 # like a bundle (lib/libcudamem_torch.so, bin/cudamem, python/, torch-alloc/cpp/,
 # scripts/torch/); CUDAMEM_BIN names the `cudamem` command elsewhere. Steps, each cut
-# at its limit in seconds (the CUT_* settings), which together fit in seven minutes:
+# at its limit in seconds (the CUT_* settings); the benchmark also stops CUT_ALL
+# seconds after the start, so `all` ends within seven minutes (a cut benchmark has the
+# table of the workloads it finished; BENCH_WORKLOADS runs the rest in another go):
 #
 #   build      the C++ extension with torch.utils.cpp_extension (cached)   CUT_BUILD 90
 #   checklist  scripts/torch/checklist.py, every habit under PyTorch's
@@ -21,10 +23,11 @@
 #
 # The build always runs first (the steps need it); then the checklist and the DDP
 # check side by side (on one GPU the DDP check measures nothing), then the benchmark
-# alone. Logs go to OUTDIR (build.log, checklist.txt, checklist/, bench.txt,
-# bench/, ddp.txt, ddp/) with a summary.md; the exit status is non-zero if any step
-# failed. Settings: PYTHON (default /opt/torch/.venv/bin/python3, else python3),
-# CUDA_HOME (default /usr/local/cuda), BENCH_WORKLOADS, BENCH_REPEAT, BENCH_ROUNDS,
+# alone. Logs go to OUTDIR (build.log, checklist.shared.txt, checklist.exclusive.txt,
+# checklist/, bench.txt, bench/, ddp.txt, ddp/) with a summary.md; the exit status is
+# non-zero if any step failed. Settings: PYTHON (default /opt/torch/.venv/bin/python3,
+# else python3), CUDA_HOME (default /usr/local/cuda), BENCH_WORKLOADS, BENCH_REPEAT,
+# BENCH_ROUNDS (default 1),
 # CHECKLIST_ALLOCATORS (default: all three), CHECKLIST_ONLY (habits; default: all),
 # DDP_WORLD, DDP_STEPS (default 16).
 set -u
