@@ -14,9 +14,19 @@ background thread, minus the used bytes right after the context was created; the
 must not be shared), PyTorch's own max_memory_reserved / memory_reserved /
 max_memory_allocated (answered by cudamem under cudamem, which must report the pool's
 peak mapped bytes exactly: `reserved = pool` in the table), the checksum (must equal
-the default run's) and the median step time.
+the default run's) and the step time. --repeat N runs the workload N times in the
+process (the first warms up when N > 1): a run's step time is the mean of its steps
+but the first (which builds the model), and the figure reported is the median over
+the repeats; every repeat must give the same checksum. --rounds R starts R processes
+per mode, the modes taking turns (default, expandable, tlsf, stitch, default, ...):
+the step time is then the median over the processes, the peak their largest (a
+process's step time moves by tens of percent from one process or machine to the
+next, the peak does not).
 A run that fails or passes --timeout seconds is reported and the others go on.
-Prints a table; writes OUTDIR/NAME.MODE.json and OUTDIR/summary.json.
+Prints a table after each workload (the last one is complete) and the verdict of
+the default-policy rule: stitch where its peak is at most expandable segments' on
+every workload and its step time within 1.02 x the default allocator's, else tlsf.
+Writes OUTDIR/NAME.MODE.json and OUTDIR/summary.json.
 --explain NAME runs one workload under cudamem and prints explain() at the end.
 """
 
@@ -68,7 +78,13 @@ class PeakSampler:
         return self.peak
 
 
-def child(name, mode, lib, out, explain):
+# The rule that picks the default policy from a benchmark: the stitched pool when, on
+# every workload, its peak is at most expandable segments' and its step time at most
+# this many times the default allocator's.
+STEP_TIME_GOAL = 1.02
+
+
+def child(name, mode, lib, out, explain, repeat):
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(REPO, "python"))
     if mode in CUDAMEM_MODES:
@@ -84,15 +100,24 @@ def child(name, mode, lib, out, explain):
     baseline = sampler.used()
     sampler.start()
     start = time.perf_counter()
-    checksum, step_s, steps = workloads.run(name, "full")
+    checksums, means, steps = [], [], 0
+    for _ in range(max(1, repeat)):
+        times = []
+        checksum, _, steps = workloads.run(name, "full", times)
+        checksums.append(checksum)
+        steady = times[1:] or times
+        means.append(sum(steady) / len(steady) if steady else 0.0)
     torch.cuda.synchronize()
     wall = time.perf_counter() - start
     peak = sampler.stop()
+    timed = sorted(means[1:] or means)
     result = {
         "workload": name,
         "mode": mode,
-        "checksum": checksum,
-        "median_step_s": step_s,
+        "checksum": checksums[0],
+        "checksums_agree": all(c == checksums[0] for c in checksums),
+        "median_step_s": timed[len(timed) // 2],
+        "repeat_step_s": means,
         "steps": steps,
         "wall_s": wall,
         "used_after_context": baseline,
@@ -116,8 +141,9 @@ def child(name, mode, lib, out, explain):
         cudamem_torch.explain(0)
 
 
-def run_one(name, mode, args):
-    out = os.path.join(args.out, "%s.%s.json" % (name, mode))
+def run_one(name, mode, args, round_=0):
+    out = os.path.join(args.out, "%s.%s.json" % (name, mode) if round_ == 0 else
+                       "%s.%s.round%d.json" % (name, mode, round_))
     if os.path.exists(out):
         os.remove(out)
     env = dict(os.environ)
@@ -128,7 +154,7 @@ def run_one(name, mode, args):
     if mode in CUDAMEM_MODES:
         env["CUDAMEM_POLICY"] = mode
     command = [sys.executable, os.path.abspath(__file__), "--child", name, mode,
-               "--lib", args.lib or "", "--json", out]
+               "--lib", args.lib or "", "--json", out, "--repeat", str(args.repeat)]
     if args.explain:
         command.append("--print-explain")
     started = time.perf_counter()
@@ -171,6 +197,8 @@ def table(results):
             same = "base" if mode == "default" else (
                 "same" if base.get("checksum") == r["checksum"] else
                 "DIFFERS (%r vs %r)" % (r["checksum"], base.get("checksum")))
+            if not r.get("checksums_agree", True):
+                same += "; REPEATS DIFFER"
             if mode in CUDAMEM_MODES:
                 same += "; reserved = pool" if r.get("reserved_equals_pool_peak") else (
                     "; RESERVED %s != POOL PEAK %s" % (r.get("max_memory_reserved"), pool.get("peak_mapped_bytes")))
@@ -182,6 +210,47 @@ def table(results):
     return "\n".join(rows)
 
 
+def merge_rounds(runs):
+    """One result for a mode's processes: the first good run's figures, the step time
+    the median of the runs' (each already a median over its repeats), the peak the
+    largest; an error only when every run failed."""
+    good = [r for r in runs if "error" not in r]
+    if not good:
+        return runs[0]
+    merged = dict(good[0])
+    steps = sorted(r["median_step_s"] for r in good)
+    merged["median_step_s"] = steps[len(steps) // 2]
+    merged["round_step_s"] = [r["median_step_s"] for r in good]
+    merged["peak_process_bytes"] = max(r["peak_process_bytes"] for r in good)
+    merged["checksums_agree"] = all(r.get("checksums_agree", True) and r["checksum"] == good[0]["checksum"]
+                                    for r in good)
+    merged["rounds"] = len(good)
+    merged["failed_rounds"] = len(runs) - len(good)
+    return merged
+
+
+def verdict(results):
+    """The default-policy rule on `results`: (policy, one line per workload why)."""
+    lines, stitch_wins = [], True
+    for name in sorted({r["workload"] for r in results}):
+        by_mode = {r["mode"]: r for r in results if r["workload"] == name and "error" not in r}
+        need = ("default", "expandable", "stitch")
+        if not all(m in by_mode for m in need):
+            lines.append("%s: not decided (missing %s)" % (
+                name, ", ".join(m for m in need if m not in by_mode)))
+            stitch_wins = False
+            continue
+        stitch, expandable, base = by_mode["stitch"], by_mode["expandable"], by_mode["default"]
+        memory = stitch["peak_process_bytes"] <= expandable["peak_process_bytes"]
+        ratio = stitch["median_step_s"] / base["median_step_s"] if base["median_step_s"] else float("inf")
+        fast = ratio <= STEP_TIME_GOAL
+        stitch_wins = stitch_wins and memory and fast
+        lines.append("%s: stitch peak %s MiB vs expandable %s MiB (%s); step %.3f x default (%s)" % (
+            name, mib(stitch["peak_process_bytes"]), mib(expandable["peak_process_bytes"]),
+            "ok" if memory else "MORE", ratio, "ok" if fast else "SLOWER"))
+    return ("stitch" if stitch_wins and lines else "tlsf"), lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lib", help="libcudamem_torch.so (default: cudamem_torch.find_library)")
@@ -189,13 +258,18 @@ def main():
     parser.add_argument("--only", nargs="*", help="workloads to run (default: all)")
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
     parser.add_argument("--timeout", type=int, default=120, help="seconds per run")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of the workload per process (the first warms up when more than 1)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="processes per mode, the modes taking turns; the step time is "
+                             "the median over them")
     parser.add_argument("--explain", metavar="NAME", help="run NAME under cudamem (stitch) and print explain()")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     parser.add_argument("--print-explain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], args.child[1], args.lib or None, args.json, args.print_explain)
+        child(args.child[0], args.child[1], args.lib or None, args.json, args.print_explain, args.repeat)
         return 0
     os.makedirs(args.out, exist_ok=True)
     if args.explain:
@@ -208,17 +282,28 @@ def main():
     names = args.only or list(workloads.WORKLOADS)
     results = []
     for name in names:
+        rounds = {mode: [] for mode in args.modes}
+        # Modes take turns round by round, so that a drift of the machine's speed falls
+        # on every mode alike.
+        for round_ in range(max(1, args.rounds)):
+            for mode in args.modes:
+                r = run_one(name, mode, args, round_)
+                if "error" in r:
+                    print("%s / %s failed: %s" % (name, mode, r["error"]), file=sys.stderr, flush=True)
+                else:
+                    print("%s / %s: peak %s MiB, %.2f ms/step" % (
+                        name, mode, mib(r["peak_process_bytes"]), r["median_step_s"] * 1e3), flush=True)
+                rounds[mode].append(r)
         for mode in args.modes:
-            r = run_one(name, mode, args)
-            if "error" in r:
-                print("%s / %s failed: %s" % (name, mode, r["error"]), file=sys.stderr, flush=True)
-            else:
-                print("%s / %s: peak %s MiB, %.2f ms/step" % (
-                    name, mode, mib(r["peak_process_bytes"]), r["median_step_s"] * 1e3), flush=True)
-            results.append(r)
-    print(table(results))
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(results, f, indent=1)
+            results.append(merge_rounds(rounds[mode]))
+        # After every workload, so that a run cut short still leaves its table.
+        print(table(results), flush=True)
+        with open(os.path.join(args.out, "summary.json"), "w") as f:
+            json.dump(results, f, indent=1)
+    policy, why = verdict(results)
+    print("default policy by the rule: %s" % policy)
+    for line in why:
+        print("  " + line)
     mismatched = [r for r in results if r.get("mode") in CUDAMEM_MODES and "error" not in r
                   and not r.get("reserved_equals_pool_peak")]
     for r in mismatched:

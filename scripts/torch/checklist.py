@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -57,12 +58,15 @@ def expect(condition, message):
 
 
 def digest_of(tensors):
-    """A hash of the tensors' bytes: equal only when bit-identical."""
+    """A hash of the tensors' bytes and shapes: equal only when bit-identical. A 0-dim
+    tensor (a loss) is read as one element: `view(uint8)` refuses 0-dim tensors."""
     import torch
 
     h = hashlib.sha256()
     for t in tensors:
-        h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+        t = t.detach()
+        h.update(repr((tuple(t.shape), str(t.dtype))).encode())
+        h.update(t.reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -285,6 +289,24 @@ def ipc(env):
 def oom(env):
     import torch
 
+    stage = ["twice the device"]
+
+    def free_mib():
+        try:
+            return torch.cuda.mem_get_info()[0] // MIB
+        except Exception as error:  # the device cannot say: say so
+            return "unknown (%s)" % type(error).__name__
+
+    try:
+        return _oom(env, torch, stage, free_mib)
+    except Failed:
+        raise
+    except Exception as error:
+        raise Failed("%s at %r (device free: %s MiB): %s" % (
+            type(error).__name__, stage[0], free_mib(), str(error).splitlines()[0][:200] if str(error) else ""))
+
+
+def _oom(env, torch, stage, free_mib):
     total = torch.cuda.get_device_properties(0).total_memory
     start = time.perf_counter()
     try:
@@ -297,6 +319,7 @@ def oom(env):
     if env["cudamem"] is not None:
         expect("cudamem pool (physical)" in message, "the message lacks the ledger: %s" % message[:300])
     chunks = []
+    stage[0] = "1 GiB at a time"
     start = time.perf_counter()
     try:
         while time.perf_counter() - start < 60:
@@ -306,12 +329,16 @@ def oom(env):
         pass
     loop = time.perf_counter() - start
     got = len(chunks)
+    left = free_mib()
+    stage[0] = "1 GiB after the error"
     del chunks
     again = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    stage[0] = "fill the 1 GiB"
     again.fill_(7)
     torch.cuda.synchronize()
     expect(int(again[-1].item()) == 7, "the 1 GiB after the error is wrong")
-    return "2x device: error in %.2f s; %d GiB then error in %.1f s; then 1 GiB works" % (first, got, loop), None
+    return ("2x device: error in %.2f s; %d GiB then error in %.1f s (%s MiB left free); "
+            "then 1 GiB works" % (first, got, loop, left)), None
 
 
 @case
@@ -357,7 +384,8 @@ def child(name, allocator, lib, cudamem_bin, out):
         result.update(ok=True, detail=detail, digest=digest)
     except Failed as failure:
         result.update(ok=False, detail=str(failure))
-    except Exception as error:  # the habit broke: say how
+    except Exception as error:  # the habit broke: say how (the trace goes to the log)
+        traceback.print_exc()
         result.update(ok=False, detail="%s: %s" % (type(error).__name__, str(error).splitlines()[0][:300] if str(error) else ""))
     with open(out, "w") as f:
         json.dump(result, f)
@@ -399,6 +427,9 @@ def main():
     parser.add_argument("--lib", help="libcudamem_torch.so (default: cudamem_torch.find_library)")
     parser.add_argument("--cudamem-bin", help="the cudamem command, to replay the snapshot")
     parser.add_argument("--only", nargs="*", choices=sorted(CASES), help="habits to run (default: all)")
+    parser.add_argument("--part", choices=("all", "shared", "exclusive"), default="all",
+                        help="the habits that run side by side, or those that measure the "
+                             "device and need it to themselves (%s), or both" % ", ".join(EXCLUSIVE))
     parser.add_argument("--allocators", nargs="*", default=list(ALLOCATORS), choices=ALLOCATORS)
     parser.add_argument("--out", default="checklist", help="folder for logs and results")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per habit")
@@ -411,6 +442,8 @@ def main():
         return 0
     os.makedirs(args.out, exist_ok=True)
     names = args.only or list(CASES)
+    if args.part != "all":
+        names = [n for n in names if (n in EXCLUSIVE) == (args.part == "exclusive")]
     results = {}
     shared = [n for n in names if n not in EXCLUSIVE]
     # The default allocator's habits first, alone: its compiled kernels are cached for
@@ -439,7 +472,7 @@ def main():
                     detail += "; DIFFERS from the default's (%s vs %s)" % (r["digest"], base.get("digest"))
             failed += not ok
             print("%s  %-8s %-16s %s" % ("PASS" if ok else "FAIL", allocator, name, detail), flush=True)
-    with open(os.path.join(args.out, "checklist.json"), "w") as f:
+    with open(os.path.join(args.out, "checklist.%s.json" % args.part), "w") as f:
         json.dump([results[k] for k in sorted(results)], f, indent=1)
     print("%d of %d FAIL" % (failed, len(results)))
     return 1 if failed else 0

@@ -5,16 +5,17 @@ libcudamem_torch.so built for it (README, "Use it from PyTorch"):
 
     python3 scripts/torch/ddp_bench.py --lib path/to/libcudamem_torch.so --out OUTDIR
 
-Each mode is a fresh `torchrun --standalone --nproc_per_node 2` launch of this file
-(NCCL, one GPU per rank, rank r on cuda:r) training a GPT-2 (transformers config, no
+Each mode is a fresh `torchrun --standalone --nproc_per_node W` launch of this file
+(W = --world, 2 by default; NCCL, one GPU per rank, rank r on cuda:r) training a GPT-2 (transformers config, no
 weights downloaded) with AdamW on random tokens: fixed seeds, sequence lengths and
 batches that vary per step (the same on both ranks), different tokens per rank.
 
 Modes: `default` (PyTorch's caching allocator), `default_again` (the same launch a
 second time: PyTorch's own run-to-run spread), `expandable`
-(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and `cudamem` (each rank calls
-cudamem_torch.install(lib) before its first CUDA tensor; the library serves that
-rank's device from its own pool). Deterministic algorithms are on in every mode
+(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), `tlsf` and `stitch` (each rank
+calls cudamem_torch.install(lib) before its first CUDA tensor, with CUDAMEM_POLICY set
+to the mode; the library serves that rank's device from its own pool) and `cudamem`
+(the same with CUDAMEM_POLICY unset: the library's default policy). Deterministic algorithms are on in every mode
 (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8) unless
 --nondeterministic.
 
@@ -37,9 +38,14 @@ matmul on each, checksums compared with the same work on the CPU, cudamem_stats 
 both devices (each must show its own allocations, and peer grants: every mapping of
 each pool is granted to the other GPU).
 
-Goals, checked in the table's last lines: the losses of `cudamem` identical
-to the default's (or within PyTorch's own spread), its peak memory on each GPU at most
-expandable segments', its step time at most 1.02 x the default's.
+Goals, checked in the table's last lines for each cudamem mode run: the losses
+identical to the default's (or within PyTorch's own spread), the peak memory on each
+GPU at most expandable segments', the step time at most 1.02 x the default's. Rank
+0's losses of every mode are printed in full precision (repr) after the table.
+
+On one GPU: --world 1 runs every mode as one rank (NCCL refuses two ranks on one
+device), which checks the backend under DDP and the losses' determinism, not the
+traffic between GPUs; `twogpu` needs two.
 
 Time: five launches, each a Python start, NCCL set-up and --steps (40) steps of a small
 GPT-2 (6 layers, 768 wide, 12 heads; batches of 2-8 sequences of 32-1024 tokens):
@@ -66,14 +72,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-DDP_MODES = ("default", "default_again", "expandable", "cudamem")
+DDP_MODES = ("default", "default_again", "expandable", "tlsf", "stitch", "cudamem")
+CUDAMEM_MODES = ("tlsf", "stitch", "cudamem")
 ALL_MODES = DDP_MODES + ("twogpu",)
 NO_MULTICAST = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
-WORLD = 2
 
 
 # ---------------------------------------------------------------- launcher side
@@ -127,6 +133,9 @@ def environment(mode, args):
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if not args.nondeterministic:
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    env.pop("CUDAMEM_POLICY", None)
+    if mode in ("tlsf", "stitch"):
+        env["CUDAMEM_POLICY"] = mode
     if mode == "twogpu":
         env["CUDAMEM_PEERS"] = "all"
     env["PYTHONPATH"] = os.pathsep.join(
@@ -135,7 +144,8 @@ def environment(mode, args):
 
 
 def worker_args(args):
-    extra = ["--lib", args.lib or "", "--steps", str(args.steps), "--out", os.path.abspath(args.out)]
+    extra = ["--lib", args.lib or "", "--steps", str(args.steps), "--shapes", str(args.shapes),
+             "--out", os.path.abspath(args.out)]
     if args.nondeterministic:
         extra.append("--nondeterministic")
     return extra
@@ -144,7 +154,7 @@ def worker_args(args):
 def launch(mode, args):
     """One fresh launch of `mode`; returns its result dict (or one with "error")."""
     outs = ([os.path.join(args.out, "twogpu.json")] if mode == "twogpu" else
-            [os.path.join(args.out, "%s.rank%d.json" % (mode, r)) for r in range(WORLD)])
+            [os.path.join(args.out, "%s.rank%d.json" % (mode, r)) for r in range(args.world)])
     for out in outs:
         if os.path.exists(out):
             os.remove(out)
@@ -152,9 +162,9 @@ def launch(mode, args):
         command = [sys.executable, os.path.abspath(__file__), "--twogpu-worker"] + worker_args(args)
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc_per_node", str(WORLD), os.path.abspath(__file__),
+                   "--nproc_per_node", str(args.world), os.path.abspath(__file__),
                    "--worker", mode] + worker_args(args)
-    sampler = PeakSampler(range(WORLD))
+    sampler = PeakSampler(range(2 if mode == "twogpu" else args.world))
     before = sampler.used()
     sampler.start()
     started = time.perf_counter()
@@ -243,10 +253,11 @@ def table(results, spread):
             continue
         r0 = r["ranks"][0]
         pools = [rank.get("cudamem", {}).get("peak_mapped_bytes") for rank in r["ranks"]]
+        peaks = r["peak_bytes_per_gpu"]
         step = r0["warm_mean_step_s"]
         ratio = step / base["ranks"][0]["warm_mean_step_s"] if base else None
         lines.append("%-14s %10s %10s %10s %10s %10s %10s %9.2f %9s %s (%.2e)" % (
-            r["mode"], mib(r["peak_bytes_per_gpu"][0]), mib(r["peak_bytes_per_gpu"][1]),
+            r["mode"], mib(peaks[0]), mib(peaks[1] if len(peaks) > 1 else None),
             mib(r0.get("max_memory_reserved")),
             mib(r0.get("max_memory_allocated", r0.get("cudamem", {}).get("peak_live_bytes"))),
             mib(pools[0]), mib(pools[1] if len(pools) > 1 else None), step * 1e3,
@@ -254,6 +265,9 @@ def table(results, spread):
     if spread is not None:
         lines.append("PyTorch's own spread (max_rel of default_again, expandable): %.2e" % spread)
     lines.extend(goals(results))
+    for r in results:
+        if r["mode"] != "twogpu" and "error" not in r:
+            lines.append("losses %s: %s" % (r["mode"], " ".join(repr(v) for v in r["ranks"][0]["losses"])))
     for r in results:
         if r["mode"] != "twogpu":
             continue
@@ -271,23 +285,27 @@ def table(results, spread):
 
 
 def goals(results):
-    """The issue's goals for the `cudamem` mode, one line each."""
+    """The goals for each cudamem mode run, one line each."""
     by_mode = {r["mode"]: r for r in results if "error" not in r}
-    ours, default, expandable = (by_mode.get(m) for m in ("cudamem", "default", "expandable"))
-    if ours is None:
+    default, expandable = by_mode.get("default"), by_mode.get("expandable")
+    ran = [m for m in CUDAMEM_MODES if m in by_mode]
+    if not ran:
         return ["goals: no cudamem result"]
-    lines = ["goal, losses identical to the default's (or within PyTorch's spread): %s" % (
-        "met (%s)" % ours["verdict"] if ours.get("verdict") in ("identical", "within spread")
-        else "NOT met (%s)" % ours.get("verdict", "no default run"))]
-    if expandable is not None:
-        pairs = list(zip(ours["peak_bytes_per_gpu"], expandable["peak_bytes_per_gpu"]))
-        lines.append("goal, peak per GPU at most expandable segments': %s (%s MiB)" % (
-            "met" if all(a <= b for a, b in pairs) else "NOT met",
-            ", ".join("gpu%d %s vs %s" % (i, mib(a), mib(b)) for i, (a, b) in enumerate(pairs))))
-    if default is not None:
-        ratio = ours["ranks"][0]["warm_mean_step_s"] / default["ranks"][0]["warm_mean_step_s"]
-        lines.append("goal, step time at most 1.02 x default's: %s (%.3f)" % (
-            "met" if ratio <= 1.02 else "NOT met", ratio))
+    lines = []
+    for mode in ran:
+        ours = by_mode[mode]
+        lines.append("%s goal, losses identical to the default's (or within PyTorch's spread): %s" % (
+            mode, "met (%s)" % ours["verdict"] if ours.get("verdict") in ("identical", "within spread")
+            else "NOT met (%s)" % ours.get("verdict", "no default run")))
+        if expandable is not None:
+            pairs = list(zip(ours["peak_bytes_per_gpu"], expandable["peak_bytes_per_gpu"]))
+            lines.append("%s goal, peak per GPU at most expandable segments': %s (%s MiB)" % (
+                mode, "met" if all(a <= b for a, b in pairs) else "NOT met",
+                ", ".join("gpu%d %s vs %s" % (i, mib(a), mib(b)) for i, (a, b) in enumerate(pairs))))
+        if default is not None:
+            ratio = ours["ranks"][0]["warm_mean_step_s"] / default["ranks"][0]["warm_mean_step_s"]
+            lines.append("%s goal, step time at most 1.02 x default's: %s (%.3f)" % (
+                mode, "met" if ratio <= 1.02 else "NOT met", ratio))
     return lines
 
 
@@ -301,15 +319,15 @@ def fake_results(args):
         if mode == "default_again":
             losses[-1] += 2e-6
         ranks = []
-        for rank in range(WORLD):
+        for rank in range(args.world):
             r = {"rank": rank, "losses": losses, "median_step_s": 0.020 + 0.001 * i,
                  "warm_mean_step_s": 0.021 + 0.001 * i, "steps": args.steps}
-            if mode == "cudamem":
+            if mode in CUDAMEM_MODES:
                 r["cudamem"] = {"peak_live_bytes": 5 << 30, "peak_mapped_bytes": 5 << 30, "allocations": 100}
             else:
                 r["max_memory_reserved"], r["max_memory_allocated"] = 6 << 30, 5 << 30
             ranks.append(r)
-        results.append({"mode": mode, "peak_bytes_per_gpu": [6 << 30, 6 << 30], "ranks": ranks})
+        results.append({"mode": mode, "peak_bytes_per_gpu": [6 << 30] * args.world, "ranks": ranks})
     results.append({"mode": "twogpu", "peak_bytes_per_gpu": [1 << 30, 1 << 30], "ranks": [
         {"ok": True, "failures": [], "cudamem": [{"allocations": 5, "peer_access_calls": 3},
                                                  {"allocations": 4, "peer_access_calls": 2}]}]})
@@ -323,7 +341,7 @@ def ddp_worker(mode, args):
     rank = int(os.environ["LOCAL_RANK"])
     world = int(os.environ["WORLD_SIZE"])
     lib_stats = None
-    if mode == "cudamem":
+    if mode in CUDAMEM_MODES:
         import cudamem_torch
 
         cudamem_torch.install(args.lib or None)  # before the first CUDA tensor
@@ -454,6 +472,8 @@ def main():
                         help="distinct (length, batch) shapes, cycled; step time is the mean "
                              "of the steps after the first cycle")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per launch")
+    parser.add_argument("--world", type=int, default=2,
+                        help="ranks per launch, one GPU each (1: the one-GPU check)")
     parser.add_argument("--nondeterministic", action="store_true",
                         help="leave PyTorch's nondeterministic algorithms on")
     parser.add_argument("--dry-run", action="store_true",
@@ -463,6 +483,8 @@ def main():
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be at least 2 (the first step is left out of the median), got %d" % args.steps)
+    if args.world < 1:
+        parser.error("--world must be at least 1, got %d" % args.world)
     if args.timeout < 1:
         parser.error("--timeout must be at least 1 s, got %d" % args.timeout)
     if args.worker:

@@ -193,20 +193,24 @@ def bert_train(scale, on_step):
     return checksum
 
 
-def run(name, scale="full"):
-    """Run one workload; returns (checksum, seconds per step, steps)."""
+def run(name, scale="full", times=None):
+    """Run one workload; returns (checksum, seconds per step, steps). The median
+    leaves out the first step, which builds the model; `times`, a list, gets every
+    step's seconds appended."""
     torch.manual_seed(0)
-    times = []
+    seconds = []
     last = [time.perf_counter()]
 
     def on_step(value):
         v = float(value.detach().float().item())  # synchronizes
         now = time.perf_counter()
-        times.append(now - last[0])
+        seconds.append(now - last[0])
         last[0] = now
         return v
 
     checksum = WORKLOADS[name](scale, on_step)
-    steady = sorted(times[1:] or times)
+    if times is not None:
+        times.extend(seconds)
+    steady = sorted(seconds[1:] or seconds)
     median = steady[len(steady) // 2] if steady else 0.0
-    return checksum, median, len(times)
+    return checksum, median, len(seconds)

@@ -31,13 +31,25 @@ pub fn tlsf_pool<D: DeviceFacts>(memory: D, settings: &Settings) -> Result<Pool<
     Ok(Pool::new(memory, settings.pool_config(reserve, peers))?)
 }
 
+/// The part of the device's memory a stitched pool leaves free, as a divisor of the
+/// device's total bytes (1/256: 0.4%). The driver keeps bookkeeping in device memory
+/// for every physical handle, and the stitched pool holds many (one per 32 MiB it
+/// maps), so a pool sized to the free memory left the context too little to load the
+/// next kernel's module (loaded at its first launch) once it had filled the device: the
+/// launch, not an allocation, then failed for lack of memory.
+pub const STITCHED_HEADROOM_DIVISOR: u64 = 256;
+
 /// The stitched pool on `memory` as `settings` say: handles up to the device's free
-/// memory now, granted to `settings.peers`.
+/// memory now less [`STITCHED_HEADROOM_DIVISOR`]'s part of its total, granted to
+/// `settings.peers`.
 pub fn stitched_pool<D: DeviceFacts>(memory: D, settings: &Settings) -> Result<StitchedPool<D>> {
     let peers = settings
         .peers
         .resolve(memory.ordinal(), memory.device_count()?);
-    let capacity = memory.mem_info()?.free;
+    let info = memory.mem_info()?;
+    let capacity = info
+        .free
+        .saturating_sub(info.total / STITCHED_HEADROOM_DIVISOR);
     Ok(StitchedPool::new(
         memory,
         settings.stitched_config(capacity, peers),

@@ -46,6 +46,14 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "a test that calls the C ABI as C code does, under an environment variable",
     ),
     (
+        "torch-alloc/tests/oom_env.rs",
+        "a test that exhausts a device through the C ABI as C code does, under each policy",
+    ),
+    (
+        "torch-alloc/benches/alloc_free.rs",
+        "a bench that calls the C ABI as the C++ backend does",
+    ),
+    (
         "torch-alloc/tests/peers_env.rs",
         "tests that call the C ABI as C code does, with CUDAMEM_PEERS set",
     ),

@@ -334,8 +334,9 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
         ))))
     }
 
-    /// `bytes` from the backing, under the memory fraction; out of memory once more
-    /// after waiting for every freed block (unless `quiet`).
+    /// `bytes` from the backing, under the memory fraction; refused, it tries once more
+    /// (unless `quiet`) after waiting for every freed block and giving the device the
+    /// idle memory (what [`Self::empty_cache`] gives back).
     fn take_from_backing(
         &self,
         state: &mut State<B::Token, E>,
@@ -372,11 +373,17 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
                 Err(error) if is_out_of_memory(&error) => {}
                 Err(error) => return Err(error.into()),
             }
-            let more = !state.order.is_empty() || state.pools.has_releasable();
+            let more = !state.order.is_empty()
+                || state.pools.has_releasable()
+                || self.backing.figures().releasable_bytes > 0;
             if retried || quiet || !more {
                 return Err(self.refused(state, request));
             }
+            // As PyTorch does before it raises: every freed block back, then what
+            // `empty_cache` gives back, then once more.
             self.release_everything(state)?;
+            self.backing.give_back()?;
+            self.note_mapped(state, 0, cause);
             state.stats.num_alloc_retries += 1;
             retried = true;
         }
