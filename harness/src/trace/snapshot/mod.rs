@@ -203,7 +203,7 @@ fn parse_device(
         // PyTorch stamps each entry in microseconds; older snapshots do not.
         if pickle.get(entry, "time_us").is_some() {
             let us = integer(pickle, entry, "time_us").map_err(fail)?;
-            // A stamp past 2^64 ns (584 years) is no time a trace records.
+            // Nanoseconds past 64 bits (584 years) are no time a trace records.
             let ns = us.checked_mul(1_000).ok_or_else(|| {
                 fail(Problem::Malformed(format!(
                     "\"time_us\" {us} is past 2^64 nanoseconds (584 years)"
