@@ -101,6 +101,33 @@ fn pairs_of_huge_requests_cost_stitch_a_bounded_count_of_pages() {
 }
 
 #[test]
+fn many_pairs_of_requests_just_inside_the_model_stop_at_the_traces_page_steps() {
+    // Each 8 TiB less a page: the most pages one request may cover, so
+    // every pair is allowed alone and only the trace's page steps stop it.
+    let size = memcore::MAX_MODEL_PAGES * memcore::PAGE_BYTES - memcore::PAGE_BYTES;
+    let rows: Vec<(&str, u64, u64)> = (0..2000)
+        .flat_map(|_| [("allocate", 0x1000, size), ("free", 0x1000, size)])
+        .collect();
+    let path = csv(&rows);
+    let json = replay_json(&path, &["--policy", "stitch"]);
+    let (name, reason) = &skipped(&json)[0];
+    assert_eq!(name, "stitch");
+    let limit = memcore::model_page_steps(2000);
+    assert!(reason.contains(&limit.to_string()), "{reason}");
+    // Without the bound the model would take every page of every pair.
+    let mut stitch = Stitch::new(StitchConfig {
+        page_steps: limit,
+        ..StitchConfig::default()
+    });
+    let mut pairs = 0u64;
+    while let Ok(block) = stitch.allocate(size) {
+        stitch.free(block).unwrap();
+        pairs += 1;
+    }
+    assert_eq!(pairs, limit / (2 * (memcore::MAX_MODEL_PAGES - 1)));
+}
+
+#[test]
 fn a_huge_capacity_skips_what_cannot_manage_it() {
     let path = csv(&[("allocate", 0x1000, 4096), ("free", 0x1000, 4096)]);
     let json = replay_json(

@@ -78,16 +78,16 @@ pub enum Error {
     /// A plan that was made for another state of the heap.
     #[error("compaction plan is stale: the heap changed since it was made")]
     StalePlan,
-    /// A request that would take more steps than a model takes for one
-    /// request (a stitched pool's pages to track): the model cannot take
-    /// it, though the request is well formed.
-    #[error(
-        "the request needs {steps} steps, more than the {limit} the model takes for one request"
-    )]
+    /// A request that would take a model past the steps it takes (a
+    /// stitched pool's pages to track for one request, or its page steps
+    /// over the whole input): the model cannot take it, though the request
+    /// is well formed.
+    #[error("the request needs {steps} steps, more than the {limit} the model takes")]
     StepBudget {
-        /// Steps the request would take.
+        /// Steps the request would take (for the page-step bound: all
+        /// steps so far with it).
         steps: u64,
-        /// The most one request may take.
+        /// The most the model takes.
         limit: u64,
     },
     /// A plan that was made for another heap: committing it here would

@@ -30,8 +30,8 @@ pub use growth::{GrowthRule, GrowthStep};
 pub use handle::{BlockFlags, BlockInfo, Handle, Heap};
 pub use stitch::driver::{DriverCosts, DriverOp, H200_DRIVER_COSTS};
 pub use stitch::{
-    HandleInfo, MAX_MODEL_PAGES, STITCH_ALIGN, Stitch, StitchBlock, StitchConfig, StitchStats,
-    VIRTUAL_BYTES,
+    HandleInfo, MAX_MODEL_PAGES, MODEL_PAGE_STEPS_FLOOR, MODEL_PAGE_STEPS_PER_REQUEST,
+    STITCH_ALIGN, Stitch, StitchBlock, StitchConfig, StitchStats, VIRTUAL_BYTES, model_page_steps,
 };
 pub use tlsf::Tlsf;
 pub use vmm::{FULL_BANDWIDTH_HANDLE_BYTES, FULL_BANDWIDTH_HANDLE_PAGES, PAGE_BYTES};

@@ -110,6 +110,15 @@ pub fn run(
     record: bool,
 ) -> Result<(Outcome, Option<Placement>)> {
     let context = || format!("replaying {} through {}", trace.name, spec.name);
+    // A model's work stays linear in the trace however large its requests.
+    let settings = &Settings {
+        stitch: memcore::StitchConfig {
+            page_steps: memcore::model_page_steps(trace.allocations.into())
+                .min(settings.stitch.page_steps),
+            ..settings.stitch
+        },
+        ..*settings
+    };
     let measured = Pass::Measured(MeasuredPass {
         spec,
         trace,

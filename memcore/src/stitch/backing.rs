@@ -161,6 +161,12 @@ impl Backing {
         (offset / PAGE_BYTES, (offset + len - 1) / PAGE_BYTES)
     }
 
+    /// Pages `[offset, offset + len)` covers (`len > 0`).
+    pub(super) fn pages_covered(offset: u64, len: u64) -> u64 {
+        let (first, last) = Self::page_span(offset, len);
+        last - first + 1
+    }
+
     /// Physical bytes the pool means to stay within, set before each
     /// [`Backing::touch`]: while creating a handle keeps the footprint
     /// within it, idle handles stay cached where they are mapped.

@@ -62,6 +62,27 @@ pub const VIRTUAL_BYTES: u64 = 1 << 47;
 /// table's memory are bounded whatever the request's size.
 pub const MAX_MODEL_PAGES: u64 = 1 << 22;
 
+/// Page steps a model may take whatever its input: one page touched or let
+/// go by one request is one step.
+pub const MODEL_PAGE_STEPS_FLOOR: u64 = 1 << 27;
+
+/// Page steps a model may take for each request of its input, beyond
+/// [`MODEL_PAGE_STEPS_FLOOR`].
+pub const MODEL_PAGE_STEPS_PER_REQUEST: u64 = 64;
+
+/// The most page steps a model of `requests` requests may take
+/// ([`StitchConfig::page_steps`]): the floor plus a share per request, so
+/// its work stays a linear function of its input however large each
+/// request is.
+///
+/// ```
+/// assert_eq!(memcore::model_page_steps(0), memcore::MODEL_PAGE_STEPS_FLOOR);
+/// assert_eq!(memcore::model_page_steps(10), memcore::MODEL_PAGE_STEPS_FLOOR + 640);
+/// ```
+pub const fn model_page_steps(requests: u64) -> u64 {
+    MODEL_PAGE_STEPS_FLOOR.saturating_add(requests.saturating_mul(MODEL_PAGE_STEPS_PER_REQUEST))
+}
+
 /// How a [`Stitch`] backs and recycles physical memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StitchConfig {
@@ -108,6 +129,12 @@ pub struct StitchConfig {
     /// Keep every driver operation for [`Stitch::take_ops`]: what a backend
     /// on a real device needs; a model that only counts leaves it off.
     pub log_ops: bool,
+    /// The most page steps all requests together may take (each page a
+    /// request covers counts twice: touched, and let go at its free); a
+    /// request past them is [`Error::StepBudget`] and changes nothing.
+    /// `u64::MAX`: no bound (a pool on a device); a model sets
+    /// [`model_page_steps`] of its input.
+    pub page_steps: u64,
 }
 
 impl Default for StitchConfig {
@@ -128,6 +155,7 @@ impl Default for StitchConfig {
             max_idle_bytes: u64::MAX,
             costs: H200_DRIVER_COSTS,
             log_ops: false,
+            page_steps: u64::MAX,
         }
     }
 }
@@ -211,6 +239,8 @@ pub struct Stitch {
     peak_live_bytes: u64,
     live_in_full_bandwidth: u64,
     peak_live_in_full_bandwidth: u64,
+    /// Page steps taken so far, at most `config.page_steps`.
+    page_steps: u64,
 }
 
 impl Stitch {
@@ -229,6 +259,7 @@ impl Stitch {
             peak_live_bytes: 0,
             live_in_full_bandwidth: 0,
             peak_live_in_full_bandwidth: 0,
+            page_steps: 0,
         }
     }
 
@@ -263,6 +294,16 @@ impl Stitch {
             self.arena.free(allocation)?;
             return Err(err);
         }
+        let steps = Backing::pages_covered(allocation.offset, rounded).saturating_mul(2);
+        let taken = self.page_steps.saturating_add(steps);
+        if taken > self.config.page_steps {
+            self.arena.free(allocation)?;
+            return Err(Error::StepBudget {
+                steps: taken,
+                limit: self.config.page_steps,
+            });
+        }
+        self.page_steps = taken;
         let basis = self.peak_live_bytes.max(self.live_bytes + size);
         self.backing
             .set_budget(basis.saturating_add(permille_of(basis, self.config.slack_permille)));
@@ -528,6 +569,30 @@ mod tests {
         pool.trim();
         assert_eq!(pool.stats().physical_bytes, 0);
         pool.check().unwrap();
+    }
+
+    #[test]
+    fn past_its_page_steps_a_model_refuses_and_changes_nothing() {
+        // Room for two 64 MiB requests' 32 pages, touched and let go.
+        let mut pool = Stitch::new(StitchConfig {
+            page_steps: 2 * 2 * 32,
+            ..StitchConfig::default()
+        });
+        let a = pool.allocate(64 * MIB).unwrap();
+        pool.free(a).unwrap();
+        let b = pool.allocate(64 * MIB).unwrap();
+        let before = pool.stats();
+        let refused = pool.allocate(2 * MIB).unwrap_err();
+        assert_eq!(
+            refused,
+            Error::StepBudget {
+                steps: 2 * 2 * 32 + 2,
+                limit: 2 * 2 * 32
+            }
+        );
+        assert_eq!(pool.stats(), before);
+        pool.free(b).unwrap();
+        assert_eq!(pool.stats().live_bytes, 0);
     }
 
     #[test]
