@@ -55,6 +55,24 @@ fn real_log() -> String {
 }
 
 #[test]
+fn a_file_that_is_no_snapshot_is_named_for_what_it_is() {
+    for (path, problem) in [
+        (
+            RESNET50,
+            Problem::NotSnapshot("it is an RMM log (CSV), which `cudamem replay` reads".into()),
+        ),
+        (
+            "/dev/null",
+            Problem::NotSnapshot("the file is empty".into()),
+        ),
+    ] {
+        let err = trace_error(&["explain", "--snapshot", path]);
+        assert_eq!(err.location, Location::File);
+        assert_eq!(err.problem, problem, "{path}");
+    }
+}
+
+#[test]
 fn dev_zero_is_an_error_in_bounded_memory() {
     let (error, peak) = peak_during(|| trace_error(&["replay", "/dev/zero"]));
     assert_eq!(error.location, Location::Line(1));

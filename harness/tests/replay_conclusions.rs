@@ -289,3 +289,20 @@ fn a_fixed_arena_says_who_refused_and_why() {
         "{said:?}"
     );
 }
+
+#[test]
+fn a_trace_recorded_with_expandable_segments_is_not_told_to_set_them() {
+    let json = replay_json(&trace("pytorch/bert_train.full.expandable.pickle.gz"));
+    assert_eq!(json["pytorch_recorded"]["expandable_segments"], true);
+    let said = sentences(&json);
+    assert!(
+        said[0].contains("expandable_segments:True already set"),
+        "{said:?}"
+    );
+    assert!(
+        !said.iter().any(|s| s.contains("would reserve")),
+        "{said:?}"
+    );
+    let json = replay_json(&trace("pytorch/bert_train.full.default.pickle.gz"));
+    assert_eq!(json["pytorch_recorded"]["expandable_segments"], false);
+}

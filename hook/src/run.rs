@@ -19,7 +19,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::{Path, PathBuf};
@@ -216,11 +216,17 @@ pub fn prepare(plan: RunPlan, path_var: Option<&OsStr>) -> Result<Prepared, RunE
     let program = find_program(&plan.program, path_var)?;
     for (what, path) in [("--trace", &plan.trace), ("--report", &plan.report)] {
         if let Some(path) = path {
-            File::create(path).map_err(|source| RunError::Unwritable {
+            let unwritable = |source| RunError::Unwritable {
                 what,
                 path: path.clone(),
                 source,
-            })?;
+            };
+            let mut file = File::create(path).map_err(unwritable)?;
+            // A program that never reaches the driver still leaves a log
+            // `cudamem replay` reads: the header and no rows.
+            if what == "--trace" {
+                writeln!(file, "{}", crate::rmm::HEADER).map_err(unwritable)?;
+            }
         }
     }
     let (log_dir, temporary) = match &plan.trace {

@@ -117,6 +117,13 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         reports.len(),
         if reports.len() == 1 { "" } else { "es" }
     );
+    if reports.is_empty() {
+        let _ = writeln!(
+            err,
+            "cudamem run: the program made no CUDA driver call that cudamem saw (no CUDA \
+             context was created), so there is no GPU memory to explain"
+        );
+    }
     for report in &reports {
         let _ = write!(err, "{}", report.render());
     }

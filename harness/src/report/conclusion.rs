@@ -18,6 +18,9 @@ struct Reference {
 /// The conclusion of `summary`: one or two sentences, none when no row
 /// served every request.
 pub fn conclude(summary: &TraceSummary) -> Vec<String> {
+    if summary.peak_live_bytes == 0 {
+        return vec!["The trace holds no live allocation: there is nothing to compare.".into()];
+    }
     // A row that refused a request has no footprint to compare.
     let served: Vec<&PolicySummary> = summary
         .policies
@@ -37,7 +40,17 @@ pub fn conclude(summary: &TraceSummary) -> Vec<String> {
         bytes: recorded.peak_reserved_bytes,
     });
     let mut reference = recorded.clone();
-    if let Some(own) = own {
+    let already = summary
+        .pytorch_recorded
+        .as_ref()
+        .is_some_and(|recorded| recorded.expandable_segments);
+    if let (true, Some(recorded)) = (already, &recorded) {
+        // The program ran the framework's own setting already: nothing to set.
+        sentences.push(format!(
+            "{framework} reserved {} at its peak with expandable_segments:True already set.",
+            human(recorded.bytes)
+        ));
+    } else if let Some(own) = own {
         let how = own.pick.map_or("", |pick| pick.how);
         let bytes = own.peak_footprint_bytes;
         sentences.push(match &recorded {

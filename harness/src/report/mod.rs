@@ -63,7 +63,7 @@ pub fn page(title: &str, body: &str) -> String {
          .map svg,.curves svg{{cursor:crosshair;max-width:100%;height:auto}}\
          .tip{{font-size:14px;min-height:1.4em;color:#333;margin:0 0 .3em 80px}}\
          table{{border-collapse:collapse;font-size:14px}}td,th{{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd;white-space:nowrap}}\
-         td:last-child{{text-align:left;white-space:normal;word-break:break-all;font-family:monospace}}th{{vertical-align:bottom}}\
+         td:last-child{{text-align:left;white-space:normal;word-break:normal;overflow-wrap:break-word;font-family:monospace}}th{{vertical-align:bottom}}\
          th:first-child,td:first-child{{text-align:left}}svg{{display:block;margin:1em 0 .3em}}\
          .legend{{margin:0 0 1.5em 70px;line-height:1.8}}.legend span{{display:inline-block;margin-right:1.4em;white-space:nowrap}}\
          .legend i{{display:inline-block;width:24px;height:3px;vertical-align:middle;margin-right:.4em}}\

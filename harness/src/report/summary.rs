@@ -94,6 +94,19 @@ pub struct RecordedSummary {
     /// Peak live bytes with each request rounded as PyTorch rounds it (to
     /// 512 bytes): comparable with `torch.cuda.max_memory_allocated()`.
     pub peak_allocated_bytes: u64,
+    /// The program ran with `expandable_segments:True`.
+    pub expandable_segments: bool,
+}
+
+impl RecordedSummary {
+    /// What the table's "how to use it" column says of the row.
+    pub fn ran(&self) -> &'static str {
+        if self.expandable_segments {
+            "what the program ran: PyTorch's caching allocator with expandable_segments:True"
+        } else {
+            "what the program ran: PyTorch's caching allocator"
+        }
+    }
 }
 
 /// The row name of PyTorch's own figures.
@@ -201,6 +214,7 @@ impl TraceSummary {
                 peak_reserved_bytes: recorded.peak_reserved_bytes,
                 footprint_ratio: ratio(recorded.peak_reserved_bytes, trace.peak_live_bytes),
                 peak_allocated_bytes: recorded.peak_allocated_bytes,
+                expandable_segments: recorded.expandable_segments,
             }),
             duration_ns: trace.duration_ns,
             capacity_bytes,
@@ -282,7 +296,7 @@ impl TraceSummary {
                     "-",
                     "-",
                     "-",
-                    "what the program ran: PyTorch's caching allocator",
+                    recorded.ran(),
                 ])
             );
         }

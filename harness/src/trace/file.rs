@@ -73,6 +73,25 @@ pub fn load_pickle(path: &Path) -> Result<(snapshot::pickle::Pickle, ReadBudget)
             problem: Problem::PickleProtocol { protocol },
         });
     }
+    // Pickle protocol 2 and later open with PROTO (0x80).
+    if head.first() != Some(&0x80) {
+        let what = if head.is_empty() {
+            "the file is empty".to_string()
+        } else if head.starts_with(b"Thread,") {
+            "it is an RMM log (CSV), which `cudamem replay` reads".to_string()
+        } else {
+            format!(
+                "a snapshot is a pickle, which starts with byte 0x80; this file starts with \
+                 0x{:02x}",
+                head[0]
+            )
+        };
+        return Err(TraceError {
+            path: path.to_path_buf(),
+            location: Location::File,
+            problem: Problem::NotSnapshot(what),
+        });
+    }
     let pickle = snapshot::read_pickle(path, decoded, &budget)?;
     Ok((pickle, budget))
 }

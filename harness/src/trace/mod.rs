@@ -318,6 +318,9 @@ pub struct Recorded {
     /// Most bytes allocated at once, each request counted as the recording
     /// allocator rounds it.
     pub peak_allocated_bytes: u64,
+    /// The recording ran with expandable segments (its history maps and
+    /// unmaps segments rather than allocating them).
+    pub expandable_segments: bool,
 }
 
 impl Trace {

@@ -325,6 +325,19 @@ fn exit_statuses_pass_through_and_programs_without_cuda_record_nothing() {
 }
 
 #[test]
+fn a_program_without_cuda_says_so_and_leaves_a_trace_that_replays() {
+    let Traced { trace, output } = traced("no-cuda", &["true"], &[]);
+    assert_eq!(output.status.code(), Some(0));
+    assert!(
+        text(&output.stderr).contains("made no CUDA driver call"),
+        "{}",
+        text(&output.stderr)
+    );
+    let json = replay(&trace);
+    assert_eq!(events_replayed(&json), 0);
+}
+
+#[test]
 fn the_interposer_is_appended_to_the_users_preload() {
     let probe = fixtures().dir.join("libprobe_a.so");
     let output = run(

@@ -190,6 +190,7 @@ fn parse_device(
     let mut trace = TraceBuilder::new(name);
     let mut pushed = 0usize;
     let mut reserved = 0u64;
+    let mut expandable_segments = false;
     let mut peak_reserved = 0u64;
     let mut curve = vec![(0usize, 0u64)];
     let mut model = BlockModel::default();
@@ -238,6 +239,7 @@ fn parse_device(
                     model.segment_alloc(addr, size);
                 } else {
                     model.expandable();
+                    expandable_segments = true;
                 }
                 reserved = reserved.checked_add(size).ok_or_else(|| {
                     fail(Problem::BadSize {
@@ -255,6 +257,7 @@ fn parse_device(
                     model.segment_free(addr, size);
                 } else {
                     model.expandable();
+                    expandable_segments = true;
                 }
                 // A segment reserved before recording began: the curve counts
                 // only what the history shows.
@@ -281,6 +284,7 @@ fn parse_device(
         reserved: reserved_curve,
         peak_reserved_bytes: peak_reserved,
         peak_allocated_bytes: model.peak_allocated_bytes(),
+        expandable_segments,
     });
     Ok(trace)
 }
