@@ -356,7 +356,9 @@ pub fn html(
 fn state_html(state: &State) -> String {
     let mut body = format!(
         "<p>{} segments, {} reserved, {} allocated, {} active, {} free. Largest free block {}; \
-         fragmented {} ({:.1}% of reserved); pinned free {} ({:.1}% of reserved).</p>\n<p>{}</p>\n",
+         free outside it {} ({:.1}% of reserved; the retry before an out of memory returns what \
+         of it lies in segments with no live block); stranded (free in segments holding a live \
+         block) {} ({:.1}% of reserved).</p>\n<p>{}</p>\n",
         state.segments.len(),
         human(state.reserved_bytes),
         human(state.allocated_bytes),

@@ -39,7 +39,7 @@ pub(super) fn peak_bars(curves: &[FootprintCurve<'_>], peak_live: u64) -> String
     let low = (least - (high - least).max(high * 0.01) / 20.0).max(0.0);
     let (left, width, row) = (190.0, 600.0, 26.0);
     let x = |bytes: f64| left + (bytes.min(high) - low) / (high - low).max(1.0) * width;
-    let height = row * curves.len() as f64 + 50.0;
+    let height = row * curves.len() as f64 + 60.0;
     let mut svg = format!(
         "<svg class=\"peaks\" width=\"960\" height=\"{height}\" viewBox=\"0 0 960 {height}\" \
          xmlns=\"http://www.w3.org/2000/svg\" font-family=\"sans-serif\" font-size=\"14\">"
@@ -48,23 +48,23 @@ pub(super) fn peak_bars(curves: &[FootprintCurve<'_>], peak_live: u64) -> String
         let RGBColor(r, g, b) = curve_color(index);
         let y = 10.0 + row * index as f64;
         let ratio = bytes as f64 / peak_live.max(1) as f64;
-        let cut = if bytes as f64 > high {
-            " » past the axis"
+        // A bar cut at the axis's end carries its figure inside, in white.
+        let (cut, vx, anchor, fill) = if bytes as f64 > high {
+            (" » past the axis", left + width - 6.0, "end", "white")
         } else {
-            ""
+            ("", x(bytes as f64) + 6.0, "start", "black")
         };
         svg += &format!(
             "<g><title>{name}: peak {human} ({bytes} bytes), {ratio:.3} x the peak live bytes</title>\
              <text x=\"{tx}\" y=\"{ty}\" text-anchor=\"end\">{name}</text>\
              <rect x=\"{left}\" y=\"{y}\" width=\"{w:.1}\" height=\"{h}\" fill=\"rgb({r},{g},{b})\"/>\
-             <text x=\"{vx:.1}\" y=\"{ty}\">{human} ({ratio:.3}){cut}</text></g>",
+             <text x=\"{vx:.1}\" y=\"{ty}\" text-anchor=\"{anchor}\" fill=\"{fill}\">{human} ({ratio:.3}){cut}</text></g>",
             name = escape(curve.name),
             human = human(bytes),
             tx = left - 8.0,
             ty = y + 16.0,
             w = (x(bytes as f64) - left).max(1.0),
             h = row - 6.0,
-            vx = x(bytes as f64) + 6.0,
         );
     }
     let bottom = 10.0 + row * curves.len() as f64;
