@@ -192,14 +192,7 @@ pub(super) fn footprint_chart(
         let y_desc = format!("bytes ({unit_name})");
         let y_max = span as f64 * 1.05 / unit;
         let mut chart = chart_on(&root, axis, 0.0, y_max, &y_desc)?;
-        let (px, py) = chart.plotting_area().get_pixel_range();
-        frame = PlotFrame {
-            px: (px.start, px.end),
-            py: (py.start, py.end),
-            x: (0.0, axis.end()),
-            y: (0.0, y_max),
-            unit,
-        };
+        frame = PlotFrame::of(&chart, axis, y_max, unit);
         for (index, curve) in curves.iter().enumerate() {
             let points = mapped_steps(curve.mapped, events, unit, axis);
             chart.draw_series(LineSeries::new(
@@ -356,6 +349,20 @@ pub(super) struct PlotFrame {
     pub unit: f64,
 }
 
+impl PlotFrame {
+    /// Where `chart` draws `axis` against 0 to `y_max` units of `unit` bytes.
+    fn of(chart: &Chart<'_, '_>, axis: &TimeAxis, y_max: f64, unit: f64) -> Self {
+        let (px, py) = chart.plotting_area().get_pixel_range();
+        PlotFrame {
+            px: (px.start, px.end),
+            py: (py.start, py.end),
+            x: (0.0, axis.end()),
+            y: (0.0, y_max),
+            unit,
+        }
+    }
+}
+
 pub(super) fn memory_map_chart(
     raster: &Raster,
     placement: &Placement,
@@ -373,14 +380,7 @@ pub(super) fn memory_map_chart(
         let y_desc = format!("{address_desc} ({unit_name})");
         let y_max = span as f64 / unit;
         let mut chart = chart_on(&root, axis, 0.0, y_max, &y_desc)?;
-        let (px, py) = chart.plotting_area().get_pixel_range();
-        frame = PlotFrame {
-            px: (px.start, px.end),
-            py: (py.start, py.end),
-            x: (0.0, axis.end()),
-            y: (0.0, y_max),
-            unit,
-        };
+        frame = PlotFrame::of(&chart, axis, y_max, unit);
         let mut cells = Vec::new();
         for (row, occupancy) in raster.cells.iter().enumerate() {
             let y0 = row as f64 * raster.bytes_per_row / unit;

@@ -339,6 +339,18 @@ fn history(
 }
 
 impl Layout {
+    /// A segment of `size` bytes the walk back brings back, on the layout's
+    /// device (the history names none).
+    fn segment_of(&self, size: u64, expandable: bool) -> SegmentInfo {
+        SegmentInfo {
+            device: self.segments.values().next().map_or(0, |s| s.device),
+            bytes: size,
+            pool: pool_of(size).into(),
+            stream: 0,
+            expandable,
+        }
+    }
+
     /// The dump's segments and live blocks of `device`.
     fn of(dump: &State, device: u64) -> Layout {
         let mut layout = Layout::default();
@@ -392,17 +404,8 @@ impl Layout {
                 self.segments.remove(&addr);
             }
             Action::SegmentFree => {
-                let device = self.segments.values().next().map_or(0, |s| s.device);
-                self.segments.insert(
-                    addr,
-                    SegmentInfo {
-                        device,
-                        bytes: size,
-                        pool: pool_of(size).into(),
-                        stream: 0,
-                        expandable: false,
-                    },
-                );
+                let segment = self.segment_of(size, false);
+                self.segments.insert(addr, segment);
             }
             Action::SegmentMap => self.carve(addr, size),
             Action::SegmentUnmap => self.map_back(addr, size),
@@ -450,17 +453,8 @@ impl Layout {
         match before.and_then(|start| self.segments.get_mut(&start)) {
             Some(info) => info.bytes = info.bytes.saturating_add(size),
             None => {
-                let device = self.segments.values().next().map_or(0, |s| s.device);
-                self.segments.insert(
-                    addr,
-                    SegmentInfo {
-                        device,
-                        bytes: size,
-                        pool: pool_of(size).into(),
-                        stream: 0,
-                        expandable: true,
-                    },
-                );
+                let segment = self.segment_of(size, true);
+                self.segments.insert(addr, segment);
             }
         }
     }
