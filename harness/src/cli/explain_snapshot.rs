@@ -261,6 +261,7 @@ pub fn text(name: &str, state: &State, story: &OomStory) -> String {
         human(story.largest_stranded_block_bytes),
         human(story.retry_frees_bytes),
     );
+    let _ = writeln!(out, "=> {}", story.conclusion);
     let _ = writeln!(
         out,
         "  {:<14} {:<5} {:>11} {:>11} {:>11} {:>11} {:>13}",
@@ -314,7 +315,6 @@ pub fn text(name: &str, state: &State, story: &OomStory) -> String {
             pinned.len() - LISTED_SEGMENTS
         );
     }
-    let _ = writeln!(out, "{}", story.conclusion);
     out
 }
 
@@ -326,7 +326,10 @@ pub fn html(
     first: Option<(&State, &OomStory)>,
     ooms: &[OomEntry],
 ) -> String {
-    let mut body = format!("<p>moment: --at {}</p>\n", escape(&moment_name(at)));
+    let mut body = format!(
+        "<p>the moment shown: {} (another with <code>--at dump|peak|oom|N</code>)</p>\n",
+        escape(&moment_name(at))
+    );
     let Some((state, story)) = first else {
         body += "<p>The history holds no oom entry.</p>\n";
         return page(&format!("cudamem explain: {name}"), &body);

@@ -85,29 +85,35 @@ pub struct ReplayArgs {
     pub gpu: Option<u32>,
     /// The stitch policies' large handles, in bytes (a multiple of 2 MiB;
     /// 0 or 2MiB: 2 MiB handles only).
-    #[arg(long, value_parser = byte_size::parse, default_value = DEFAULT_STITCH_LARGE.as_str())]
+    #[arg(long, value_parser = byte_size::parse, default_value = DEFAULT_STITCH_LARGE.as_str(), help_heading = "Tuning the stitch model (research; the defaults are what cudamem ships)")]
     pub stitch_large: u64,
     /// Idle bytes the stitch policies keep mapped even past their budget
     /// (0: recycle whenever the budget says so, least memory).
-    #[arg(long, value_parser = byte_size::parse, default_value = DEFAULT_STITCH_KEEP_IDLE.as_str())]
+    #[arg(long, value_parser = byte_size::parse, default_value = DEFAULT_STITCH_KEEP_IDLE.as_str(), help_heading = "Tuning the stitch model (research; the defaults are what cudamem ships)")]
     pub stitch_keep_idle: u64,
     /// The stitch policies' footprint budget over the most bytes live so
     /// far, in parts per thousand: within it idle handles stay cached
     /// (fewer driver calls), past it they are recycled (less memory).
-    #[arg(long, default_value_t = memcore::StitchConfig::default().slack_permille)]
+    #[arg(long, default_value_t = memcore::StitchConfig::default().slack_permille, help_heading = "Tuning the stitch model (research; the defaults are what cudamem ships)")]
     pub stitch_slack: u32,
     /// How far a new large handle of the stitch policies may take their
     /// footprint past the budget, in thousandths of the handle (1000: grow
     /// by whole large handles; 0: stitch the frontier from 2 MiB handles).
-    #[arg(long, default_value_t = memcore::StitchConfig::default().overshoot_permille)]
+    #[arg(long, default_value_t = memcore::StitchConfig::default().overshoot_permille, help_heading = "Tuning the stitch model (research; the defaults are what cudamem ships)")]
     pub stitch_overshoot: u32,
     /// With nothing idle, let the stitch policies stitch growth past their
     /// budget from 2 MiB pages rather than take a whole large handle.
-    #[arg(long)]
+    #[arg(
+        long,
+        help_heading = "Tuning the stitch model (research; the defaults are what cudamem ships)"
+    )]
     pub stitch_grow_pages: bool,
     /// Place the stitch policies' requests of at least a large handle at a
     /// multiple of it rather than at any 512-byte address.
-    #[arg(long)]
+    #[arg(
+        long,
+        help_heading = "Tuning the stitch model (research; the defaults are what cudamem ships)"
+    )]
     pub stitch_align_large: bool,
 }
 

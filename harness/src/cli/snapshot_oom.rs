@@ -124,6 +124,16 @@ pub fn story(state: &State, oom: Option<&OomEntry>) -> OomStory {
              PyTorch's retry before any out-of-memory.",
             human(retry)
         ),
+        // Under 1% of what PyTorch holds: not worth a change of allocator.
+        _ if stranded.saturating_mul(100) < state.reserved_bytes => format!(
+            "conclusion: only {} is truly stranded (under 1% of the {} reserved): fragmentation \
+             costs nothing worth fixing here; {} is cached in segments with no live block, which \
+             PyTorch frees and retries with before it raises out of memory, and \
+             torch.cuda.empty_cache() gives back to the device at once.",
+            human(stranded),
+            human(state.reserved_bytes),
+            human(retry),
+        ),
         _ => format!(
             "conclusion: {} is truly stranded (free bytes in segments holding live blocks; a \
              request over {} cannot use them and PyTorch's retry cannot return them); {} more \

@@ -424,7 +424,8 @@ pub const COLUMNS: &[Column] = &[
         header: "cpu ns/call",
         width: 11,
         means: "host time the allocator's own bookkeeping took per allocate or free, in \
-                nanoseconds, on this machine (driver time not included)",
+                nanoseconds, on this machine (driver time not included); it moves with the \
+                machine's load, so compare rows of one run, not runs",
     },
     Column {
         header: "driver calls",
