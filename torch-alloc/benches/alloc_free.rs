@@ -20,11 +20,12 @@ use std::ffi::c_void;
 use std::hint::black_box;
 use std::time::Duration;
 
+#[path = "../tests/support/c_abi.rs"]
+mod c_abi;
+
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use ctx::{SimConfig, SimDevice, StreamId};
-use cudamem_torch::ffi::{
-    CUDAMEM_OK, CudamemOutcome, CudamemRequest, cudamem_allocate, cudamem_free,
-};
+use cudamem_torch::ffi::{CUDAMEM_OK, CudamemOutcome, cudamem_free};
 use cudamem_torch::{Backing, DeviceAllocator, Request, Settings, SimStreams, backing, registry};
 
 /// Request sizes, bytes, in the order the ring asks for them: activations,
@@ -174,17 +175,7 @@ fn pair_on<B: Backing>(
 }
 
 fn c_allocate(size: u64, stream: u64) -> u64 {
-    let request = CudamemRequest {
-        size,
-        stream: stream as *mut c_void,
-        pool_first: 0,
-        pool_second: 0,
-        capturing: 0,
-        context: 0,
-    };
-    let mut out = CudamemOutcome::default();
-    // SAFETY: both structs are live; the simulated backend only compares streams.
-    let code = unsafe { cudamem_allocate(0, &request, &mut out) };
+    let (code, out) = c_abi::allocate_with(0, c_abi::request(size, stream as usize));
     assert_eq!(code, CUDAMEM_OK, "the simulated device has room");
     out.ptr
 }

@@ -5,6 +5,10 @@ use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
+#[path = "support/c_abi.rs"]
+mod c_abi;
+use c_abi::{last_error, request};
+
 use ctx::{SimConfig, StreamId};
 use cudamem_torch::ffi::{
     CUDAMEM_ERROR, CUDAMEM_OK, CUDAMEM_OUT_OF_MEMORY, CudamemBlockInfo, CudamemOutcome,
@@ -12,9 +16,9 @@ use cudamem_torch::ffi::{
     cudamem_begin_allocate_to_pool, cudamem_block, cudamem_block_mappings, cudamem_check_pool_live,
     cudamem_checkpoint_pool, cudamem_device_stats, cudamem_device_stats_size, cudamem_empty_cache,
     cudamem_end_allocate_to_pool, cudamem_explain, cudamem_free, cudamem_largest_block,
-    cudamem_last_error, cudamem_record_history, cudamem_record_stream, cudamem_release_pool,
-    cudamem_reset_peak_stats, cudamem_restore_checkpoint, cudamem_snapshot, cudamem_stats,
-    cudamem_stats_fields, cudamem_take_dead_contexts,
+    cudamem_record_history, cudamem_record_stream, cudamem_release_pool, cudamem_reset_peak_stats,
+    cudamem_restore_checkpoint, cudamem_snapshot, cudamem_stats, cudamem_stats_fields,
+    cudamem_take_dead_contexts,
 };
 use cudamem_torch::{AllocatorStats, DeviceStats, SimStreams, registry};
 
@@ -29,23 +33,9 @@ fn devices() -> &'static [SimStreams] {
     })
 }
 
-fn request(size: u64, stream: usize) -> CudamemRequest {
-    CudamemRequest {
-        size,
-        stream: stream as *mut c_void,
-        pool_first: 0,
-        pool_second: 0,
-        capturing: 0,
-        context: 0,
-    }
-}
-
 fn allocate_with(device: c_int, r: CudamemRequest) -> (c_int, CudamemOutcome) {
     devices();
-    let mut out = CudamemOutcome::default();
-    // SAFETY: both structs are live; the simulated backend only compares streams.
-    let code = unsafe { cudamem_allocate(device, &r, &mut out) };
-    (code, out)
+    c_abi::allocate_with(device, r)
 }
 
 fn allocate(device: c_int, size: u64, stream: usize) -> u64 {
@@ -59,16 +49,6 @@ fn free(ptr: u64) -> c_int {
     let mut out = CudamemOutcome::default();
     // SAFETY: `out` is live; the pointer is only compared.
     unsafe { cudamem_free(ptr as *mut c_void, 0, &mut out) }
-}
-
-fn last_error() -> String {
-    // SAFETY: a null buffer asks the length only.
-    let n = unsafe { cudamem_last_error(std::ptr::null_mut(), 0) };
-    let mut buf = vec![0u8; n as usize + 1];
-    // SAFETY: `buf` holds `n + 1` writable bytes.
-    unsafe { cudamem_last_error(buf.as_mut_ptr().cast::<c_char>(), buf.len()) };
-    buf.pop();
-    String::from_utf8(buf).unwrap()
 }
 
 fn device_stats(device: c_int) -> DeviceStats {

@@ -5,42 +5,27 @@
 //! device serves again. The outer test runs the inner one in a child process per
 //! policy, since the environment and the registry are process-wide.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::process::Command;
 
+#[path = "support/c_abi.rs"]
+mod c_abi;
+
+use c_abi::last_error;
 use ctx::{SimConfig, StreamId};
 use cudamem_torch::ffi::{
-    CUDAMEM_OK, CUDAMEM_OUT_OF_MEMORY, CudamemOutcome, CudamemRequest, cudamem_allocate,
-    cudamem_device_stats, cudamem_empty_cache, cudamem_free, cudamem_last_error,
+    CUDAMEM_OK, CUDAMEM_OUT_OF_MEMORY, cudamem_device_stats, cudamem_empty_cache, cudamem_free,
 };
 use cudamem_torch::{DeviceStats, registry};
 
 const MIB: u64 = 1 << 20;
-const DEVICE_BYTES: u64 = 64 * MIB;
-const CHUNK: u64 = 4 * MIB;
-
-fn last_error() -> String {
-    let mut buf = vec![0u8; 1 << 16];
-    // SAFETY: `buf` holds that many writable bytes.
-    let n = unsafe { cudamem_last_error(buf.as_mut_ptr().cast::<c_char>(), buf.len()) };
-    buf.truncate((n.max(0) as usize).min(buf.len() - 1));
-    String::from_utf8_lossy(&buf).into_owned()
-}
 
 fn allocate(size: u64, stream: usize) -> (c_int, u64) {
-    let request = CudamemRequest {
-        size,
-        stream: stream as *mut c_void,
-        pool_first: 0,
-        pool_second: 0,
-        capturing: 0,
-        context: 0,
-    };
-    let mut out = CudamemOutcome::default();
-    // SAFETY: both structs are live; the simulated backend only compares streams.
-    let code = unsafe { cudamem_allocate(0, &request, &mut out) };
+    let (code, out) = c_abi::allocate_with(0, c_abi::request(size, stream));
     (code, out.ptr)
 }
+const DEVICE_BYTES: u64 = 64 * MIB;
+const CHUNK: u64 = 4 * MIB;
 
 fn free(ptr: u64) {
     // SAFETY: a pointer the device handed out; a null out is allowed.

@@ -3,40 +3,22 @@
 //! every call with its message. The outer tests run the inner one in a child process
 //! with the variable set, since the environment and the registry are process-wide.
 
-use std::ffi::{c_char, c_void};
+use std::ffi::c_void;
 use std::process::Command;
 
+#[path = "support/c_abi.rs"]
+mod c_abi;
+
 use ctx::SimConfig;
-use cudamem_torch::ffi::{
-    CUDAMEM_OK, CudamemOutcome, CudamemRequest, cudamem_allocate, cudamem_free, cudamem_last_error,
-    cudamem_stats,
-};
+use cudamem_torch::ffi::{CUDAMEM_OK, cudamem_free, cudamem_stats};
 use cudamem_torch::{AllocatorStats, registry};
 
 const MIB: u64 = 1 << 20;
 
-fn last_error() -> String {
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: `buf` holds 4096 writable bytes.
-    let n = unsafe { cudamem_last_error(buf.as_mut_ptr().cast::<c_char>(), buf.len()) };
-    buf.truncate((n as usize).min(4095));
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
 fn allocate(device: i32, size: u64) -> Result<u64, String> {
-    let request = CudamemRequest {
-        size,
-        stream: std::ptr::null_mut(),
-        pool_first: 0,
-        pool_second: 0,
-        capturing: 0,
-        context: 0,
-    };
-    let mut out = CudamemOutcome::default();
-    // SAFETY: both structs are live; the simulated backend only compares streams.
-    match unsafe { cudamem_allocate(device, &request, &mut out) } {
-        CUDAMEM_OK => Ok(out.ptr),
-        _ => Err(last_error()),
+    match c_abi::allocate_with(device, c_abi::request(size, 0)) {
+        (CUDAMEM_OK, out) => Ok(out.ptr),
+        _ => Err(c_abi::last_error()),
     }
 }
 

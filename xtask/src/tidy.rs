@@ -42,6 +42,10 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "tests that call the C ABI as C code does",
     ),
     (
+        "torch-alloc/tests/support/c_abi.rs",
+        "the C calls the C ABI tests share, made as C code makes them",
+    ),
+    (
         "torch-alloc/tests/policy_env.rs",
         "a test that calls the C ABI as C code does, under an environment variable",
     ),
