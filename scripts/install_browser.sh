@@ -11,4 +11,4 @@ else
     run() { sudo "$@"; }
 fi
 run apt-get update
-run env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+run env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium fonts-liberation fonts-dejavu-core
