@@ -137,6 +137,12 @@ pub struct DeviceState {
     pub heap_fifo_measured: u64,
     /// Module and library loads.
     pub module_loads: u64,
+    /// Device bytes the driver took making streams, events, executable
+    /// graphs and memory pools, and at a graph's first upload or launch,
+    /// measured around the first calls of each kind.
+    pub objects_measured: u64,
+    /// Those calls measured.
+    pub object_calls: u64,
     /// Kernels launched at least once whose local memory was read.
     pub kernels: Vec<Kernel>,
     /// The last reading of free memory.
@@ -426,10 +432,16 @@ impl Accounting {
                     self.failed(*result);
                 }
                 let state = self.current_device_mut();
-                if call.is_load() {
-                    state.module_loads += 1;
+                let taken = window.taken_bytes().unwrap_or(0);
+                if call.is_object() {
+                    state.objects_measured += taken;
+                    state.object_calls += 1;
+                } else {
+                    if call.is_load() {
+                        state.module_loads += 1;
+                    }
+                    state.module_measured += taken;
                 }
-                state.module_measured += window.taken_bytes().unwrap_or(0);
             }
             Event::Launch {
                 local_bytes,
@@ -721,6 +733,8 @@ impl DeviceState {
             module_measured: 0,
             heap_fifo_measured: 0,
             module_loads: 0,
+            objects_measured: 0,
+            object_calls: 0,
             kernels: Vec::new(),
             last_reading: None,
         }

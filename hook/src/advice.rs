@@ -47,13 +47,20 @@ pub fn holders(snapshot: &Snapshot) -> Vec<Holder> {
         if bytes.device_bytes > 0 {
             holders.push(Holder {
                 name: format!(
-                    "allocations by {} ({} blocks)",
+                    "allocations by {} ({} block{})",
                     file_name(path),
-                    bytes.blocks
+                    bytes.blocks,
+                    if bytes.blocks == 1 { "" } else { "s" }
                 ),
                 bytes: bytes.device_bytes,
             });
         }
+    }
+    if snapshot.objects_measured > 0 {
+        holders.push(Holder {
+            name: "the driver's streams, events and graphs".into(),
+            bytes: snapshot.objects_measured,
+        });
     }
     if let Some(held) = snapshot.pool_held().filter(|&held| held > 0) {
         holders.push(Holder {

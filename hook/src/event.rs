@@ -104,11 +104,19 @@ pub enum Call {
     KernelSetAttribute,
     FuncLoad,
     OccupancyMaxActiveBlocksPerMultiprocessor,
+    StreamCreate,
+    StreamCreateWithPriority,
+    EventCreate,
+    GraphInstantiateWithFlags,
+    GraphInstantiateWithParams,
+    GraphUpload,
+    GraphLaunch,
+    MemPoolCreate,
 }
 
 impl Call {
     /// Every call, for parsing.
-    pub const ALL: [Call; 38] = [
+    pub const ALL: [Call; 46] = [
         Call::MemAlloc,
         Call::MemAllocPitch,
         Call::MemAllocManaged,
@@ -147,6 +155,14 @@ impl Call {
         Call::KernelSetAttribute,
         Call::FuncLoad,
         Call::OccupancyMaxActiveBlocksPerMultiprocessor,
+        Call::StreamCreate,
+        Call::StreamCreateWithPriority,
+        Call::EventCreate,
+        Call::GraphInstantiateWithFlags,
+        Call::GraphInstantiateWithParams,
+        Call::GraphUpload,
+        Call::GraphLaunch,
+        Call::MemPoolCreate,
     ];
 
     /// The driver's name of the function (the ABI's base name: the
@@ -193,6 +209,14 @@ impl Call {
             Call::OccupancyMaxActiveBlocksPerMultiprocessor => {
                 "cuOccupancyMaxActiveBlocksPerMultiprocessor"
             }
+            Call::StreamCreate => "cuStreamCreate",
+            Call::StreamCreateWithPriority => "cuStreamCreateWithPriority",
+            Call::EventCreate => "cuEventCreate",
+            Call::GraphInstantiateWithFlags => "cuGraphInstantiateWithFlags",
+            Call::GraphInstantiateWithParams => "cuGraphInstantiateWithParams",
+            Call::GraphUpload => "cuGraphUpload",
+            Call::GraphLaunch => "cuGraphLaunch",
+            Call::MemPoolCreate => "cuMemPoolCreate",
         }
     }
 
@@ -213,6 +237,24 @@ impl Call {
                 | Call::ModuleLoadFatBinary
                 | Call::LibraryLoadData
                 | Call::LibraryLoadFromFile
+        )
+    }
+
+    /// Whether the call makes a driver object (a stream, an event, an
+    /// executable graph, a memory pool) or first uses one (a graph's first
+    /// upload or launch): device memory such a call takes is the driver's,
+    /// named apart from module code.
+    pub const fn is_object(self) -> bool {
+        matches!(
+            self,
+            Call::StreamCreate
+                | Call::StreamCreateWithPriority
+                | Call::EventCreate
+                | Call::GraphInstantiateWithFlags
+                | Call::GraphInstantiateWithParams
+                | Call::GraphUpload
+                | Call::GraphLaunch
+                | Call::MemPoolCreate
         )
     }
 

@@ -41,6 +41,10 @@ pub struct Snapshot {
     pub local_measured: Option<u64>,
     /// What module loads and first launches took, measured.
     pub module_measured: u64,
+    /// Device bytes streams, events, graphs and pools took, measured.
+    pub objects_measured: u64,
+    /// The calls measured for them.
+    pub object_calls: u64,
     /// What setting the malloc heap and printf FIFO limits took at once.
     pub heap_fifo_measured: u64,
     /// Device bytes live in allocations and VMM handles.
@@ -119,6 +123,8 @@ impl Snapshot {
             local_predicted,
             local_measured,
             module_measured: device.module_measured,
+            objects_measured: device.objects_measured,
+            object_calls: device.object_calls,
             heap_fifo_measured: device.heap_fifo_measured,
             live_device_bytes: accounting.live_device_bytes(),
             live_blocks: accounting.live_blocks(),
@@ -167,6 +173,7 @@ impl Snapshot {
         let named = i128::from(self.context_measured()?)
             + i128::from(self.local_measured.unwrap_or(self.local_predicted))
             + i128::from(self.module_measured)
+            + i128::from(self.objects_measured)
             + i128::from(self.heap_fifo_measured)
             + i128::from(self.live_device_bytes)
             + i128::from(self.pool_held().unwrap_or(0));
@@ -265,6 +272,17 @@ impl Snapshot {
                     "cuMemCreate handles (in user allocations); {} mapped, {} of address space reserved",
                     human(self.vmm_mapped),
                     human(self.vmm_reserved)
+                ),
+            });
+        }
+        if self.object_calls > 0 {
+            lines.push(ExtraLine {
+                name: "driver objects".into(),
+                bytes: self.objects_measured,
+                why: format!(
+                    "the driver's own memory for streams, events, graphs and pools: free memory \
+                     taken around {} of their creations and first graph uploads and launches",
+                    self.object_calls
                 ),
             });
         }

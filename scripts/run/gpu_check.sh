@@ -37,6 +37,7 @@ python="${PYTHON:-/opt/torch/.venv/bin/python3}"
 nvcc="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 rounds="${ROUNDS:-5}"
 step_rounds="${STEP_ROUNDS:-5}"
+step_count="${STEPS:-60}"
 workload="${WORKLOAD:-resnet50_train}"
 case_timeout="${CASE_TIMEOUT:-120}"
 summary="$out/summary.md"
@@ -138,19 +139,57 @@ done
 
 echo "==> overhead: the cheap calls, bare and under cudamem run, $rounds rounds"
 : > "$out/calls.log"
+# Both sides pinned to one core (the same each time): where the scheduler
+# puts a process moves these calls' cost more than the interposer does.
+pin=()
+if command -v taskset > /dev/null; then
+  pin=(taskset -c "$(( $(nproc) / 2 ))")
+fi
 for round in $(seq "$rounds"); do
-  "$out/build/alloc_pairs" 20000 | sed "s/^/bare $round /" >> "$out/calls.log"
-  "$cudamem" run -- "$out/build/alloc_pairs" 20000 2> /dev/null | sed "s/^/hooked $round /" >> "$out/calls.log"
+  "${pin[@]}" "$out/build/alloc_pairs" 20000 | sed "s/^/bare $round /" >> "$out/calls.log"
+  "${pin[@]}" "$cudamem" run -- "$out/build/alloc_pairs" 20000 2> /dev/null | sed "s/^/hooked $round /" >> "$out/calls.log"
 done
 echo "==> overhead: a ResNet-50 training step, bare and under cudamem run, $step_rounds rounds"
 : > "$out/step.log"
+# One run first, not counted: the first process after an idle spell meets
+# a cold GPU. Then the order alternates (bare first in odd rounds, hooked
+# first in even ones), so neither side always runs on the warmer device.
+"$python" "$here/torch_step.py" loop "$step_count" > /dev/null 2>&1
+step_bare() { echo "bare $1 $("$python" "$here/torch_step.py" loop "$step_count" 2> /dev/null)" >> "$out/step.log"; }
+step_hooked() { echo "hooked $1 $("$cudamem" run -- "$python" "$here/torch_step.py" loop "$step_count" 2> /dev/null)" >> "$out/step.log"; }
 for round in $(seq "$step_rounds"); do
-  echo "bare $round $("$python" "$here/torch_step.py" loop 20 2> /dev/null)" >> "$out/step.log"
-  echo "hooked $round $("$cudamem" run -- "$python" "$here/torch_step.py" loop 20 2> /dev/null)" >> "$out/step.log"
+  if [ $((round % 2)) -eq 1 ]; then
+    step_bare "$round"; step_hooked "$round"
+  else
+    step_hooked "$round"; step_bare "$round"
+  fi
 done
 # The workload's own median step, bare, beside the traced case's.
 echo "bare-workload 1 $("$python" "$here/torch_step.py" "$workload" full 2> /dev/null)" >> "$out/step.log"
 echo "hooked-workload 1 $(cat "$out/torch-$workload/stdout.log" 2> /dev/null | tail -1)" >> "$out/step.log"
+echo "==> overhead on this machine's CPU: the fake driver's calls, bare, preloaded, preloaded with a log"
+# The same calls against a driver that does nothing tell the interposer's
+# own cost on this CPU apart from what the real driver adds around it.
+fake_log="$out/fake-calls.log"
+{
+  echo "clock source: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null || echo unknown)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "temporary folder: $(df -T "${TMPDIR:-/tmp}" 2>/dev/null | awk 'NR==2 {print $2}')"
+  echo "columns: launch (not the first), cuMemGetInfo_v2, cuMemAllocAsync+cuMemFreeAsync pair, cuModuleGetFunction (seen before); ns per call"
+} > "$fake_log"
+if sh "$bundle/fixtures/build.sh" "$out/fixtures" > "$out/build/fixtures.log" 2>&1; then
+  for round in 1 2 3; do
+    echo "bare   $(LD_LIBRARY_PATH="$out/fixtures" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
+    echo "hook   $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_hook.so" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
+    rm -rf "$out/fixtures/logs"; mkdir -p "$out/fixtures/logs"
+    echo "logged $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_hook.so" CUDAMEM_HOOK_DIR="$out/fixtures/logs" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
+  done
+  rm -rf "$out/fixtures/logs"
+else
+  echo "the fake driver did not build: see build/fixtures.log" >> "$fake_log"
+fi
+{ echo; echo "The interposer against the fake driver on this machine's CPU:"; echo '```'; cat "$fake_log"; echo '```'; } >> "$summary"
+
 "$python" - "$out/calls.log" "$out/step.log" >> "$summary" << 'PY'
 import math, statistics, sys
 calls, step = sys.argv[1], sys.argv[2]
@@ -158,26 +197,33 @@ calls, step = sys.argv[1], sys.argv[2]
 def median(values):
     return statistics.median(values) if values else math.nan
 
-rows = {}
+# calls.log: SIDE ROUND KIND MEDIAN_BATCH FASTEST_BATCH (ns per call or pair)
+rows, fastest = {}, {}
 for line in open(calls):
     parts = line.split()
-    if len(parts) == 4:
+    if len(parts) == 5:
         rows.setdefault(parts[2], {}).setdefault(parts[0], []).append(float(parts[3]))
-print("\n## Overhead: bare against under `cudamem run`, medians of alternating rounds\n")
-print("| call | rounds | bare ns (median) | under cudamem run ns | added per driver call ns |")
-print("| --- | ---: | ---: | ---: | ---: |")
+        fastest.setdefault(parts[2], {}).setdefault(parts[0], []).append(float(parts[4]))
+print("\n## Overhead: bare against under `cudamem run`, alternating rounds, pinned to one core\n")
+print("Per round, each kind runs in 25 batches: the median batch, and the fastest (a quiet machine).\n")
+print("| call | rounds | bare ns (median of medians) | under cudamem run ns | added per driver call ns | added per call, fastest batches ns |")
+print("| --- | ---: | ---: | ---: | ---: | ---: |")
 for kind, by in rows.items():
     bare, hooked = median(by.get("bare", [])), median(by.get("hooked", []))
+    quick = fastest[kind]
+    quick_bare, quick_hooked = min(quick.get("bare", [math.nan])), min(quick.get("hooked", [math.nan]))
     # A pair is two driver calls.
     per = 2 if "+" in kind else 1
-    print(f"| {kind} | {len(by.get('bare', []))} | {bare:.0f} | {hooked:.0f} | {(hooked - bare) / per:+.0f} |")
+    print(f"| {kind} | {len(by.get('bare', []))} | {bare:.0f} | {hooked:.0f} | {(hooked - bare) / per:+.0f} "
+          f"| {(quick_hooked - quick_bare) / per:+.0f} |")
 steps = {}
 for line in open(step):
     parts = line.split()
     if len(parts) == 6:
         steps.setdefault(parts[0], []).append(float(parts[3]))
+steps_per_run = next((float(line.split()[4]) for line in open(step) if len(line.split()) == 6), 0)
 bare, hooked = median(steps.get("bare", [])), median(steps.get("hooked", []))
-print(f"| ResNet-50 training step, batch 32 (median of 20 steps per run) | {len(steps.get('bare', []))} "
+print(f"| ResNet-50 training step, batch 32 (median of {int(steps_per_run)} steps per run) | {len(steps.get('bare', []))} "
       f"| {bare * 1e9:.0f} | {hooked * 1e9:.0f} | {(hooked / bare - 1) * 100:+.2f}% of the step |")
 wb, wh = median(steps.get("bare-workload", [])), median(steps.get("hooked-workload", []))
 print(f"| workload's median step (scripts/torch/workloads.py, one run each) | 1 "

@@ -13,6 +13,9 @@
 //! DIR/scripts/run/     `cudamem run`'s GPU check: CUDA C sources (built there
 //!                      with nvcc), Python jobs, gpu_check.sh
 //! DIR/scripts/torch/   the PyTorch workloads gpu_check.sh times
+//! DIR/fixtures/        the fake driver and its test programs (C sources):
+//!                      gpu_check.sh times the interposer against them on
+//!                      the GPU machine's CPU, beside the real driver
 //! DIR/run.sh           runs them all; logs and summary.md to $1 or $OUT
 //! ```
 //!
@@ -351,6 +354,7 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
             &dir.join("scripts").join(scripts),
         )?;
     }
+    copy_tree(&root.join("hook").join("fixtures"), &dir.join("fixtures"))?;
     step::run(
         "chmod gpu_check.sh",
         Command::new("chmod")

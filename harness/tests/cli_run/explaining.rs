@@ -170,3 +170,54 @@ fn code_loaded_lazily_by_an_attribute_query_is_module_code_not_unexplained() {
         .unwrap();
     assert!(unexplained.contains(" 0.0% of the"), "{unexplained}");
 }
+
+#[test]
+fn memory_the_driver_takes_for_streams_and_graphs_is_named_not_unexplained() {
+    let run = traced("objects", &[&program("cuda_linked"), "objects"], &[]);
+    assert_eq!(run.status(), Some(0), "{}", run.stderr());
+    assert!(run.stdout().contains("objects: done"), "{}", run.stdout());
+    let log = run.log();
+    // Every creation is measured, and the graph's first launch; its second
+    // launch is not recorded.
+    let measured: Vec<(&str, u64)> = records(&log, "module")
+        .iter()
+        .map(|r| {
+            let before: u64 = r[5].parse().unwrap();
+            let after: u64 = r[6].parse().unwrap();
+            (r[3], before - after)
+        })
+        .collect();
+    assert_eq!(
+        measured,
+        [
+            ("cuStreamCreate", 2 << 20),
+            ("cuStreamCreateWithPriority", 2 << 20),
+            ("cuEventCreate", 0),
+            ("cuEventCreate", 0),
+            ("cuEventCreate", 0),
+            ("cuMemPoolCreate", 0),
+            ("cuGraphInstantiateWithFlags", 0),
+            ("cuGraphLaunch", 1 << 20),
+        ],
+        "{log}"
+    );
+    let stderr = run.stderr();
+    let objects = stderr
+        .lines()
+        .find(|line| line.starts_with("driver objects"))
+        .unwrap_or_else(|| panic!("no line for the driver's objects in {stderr}"));
+    assert!(objects.contains("5.00 MiB"), "{objects}");
+    assert!(objects.contains("around 8 of their"), "{objects}");
+    // The 5 MiB are not module code, and nothing is left unexplained.
+    let module_row = stderr
+        .lines()
+        .find(|line| line.starts_with("module code"))
+        .unwrap_or_else(|| panic!("no module code row in {stderr}"));
+    assert!(!module_row.contains("5.0 MiB"), "{module_row}");
+    let unexplained = stderr
+        .lines()
+        .find(|line| line.starts_with("unexplained"))
+        .unwrap();
+    assert!(unexplained.contains(" 0.0% of the"), "{unexplained}");
+    assert!(unexplained.contains(" 0 B "), "{unexplained}");
+}

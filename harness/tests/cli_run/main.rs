@@ -158,6 +158,27 @@ fn events_replayed(json: &serde_json::Value) -> u64 {
 }
 
 #[test]
+fn a_program_polling_free_memory_records_each_new_figure_once() {
+    // `calls 500` reads free memory 500 times with nothing allocated
+    // between the reads: one reading of that figure is recorded, and the
+    // program runs to its end (its four timings printed).
+    let run = traced("polling", &[&program("cuda_linked"), "calls", "500"], &[]);
+    assert_eq!(run.status(), Some(0), "{}", run.stderr());
+    assert_eq!(
+        run.stdout().split_whitespace().count(),
+        4,
+        "{}",
+        run.stdout()
+    );
+    let log = run.log();
+    let readings = records(&log, "meminfo")
+        .into_iter()
+        .filter(|r| r[3] == "program")
+        .count();
+    assert_eq!(readings, 1, "{log}");
+}
+
+#[test]
 fn a_linked_program_has_every_kind_of_call_recorded_and_its_trace_replays() {
     let run = traced("linked", &[&program("cuda_linked"), "linked"], &[]);
     assert_eq!(run.status(), Some(0), "{}", run.stderr());

@@ -167,6 +167,11 @@ impl State {
             thread,
             event,
         };
+        self.emit_record(record);
+    }
+
+    /// Write and apply a record already stamped.
+    fn emit_record(&mut self, record: Record<'_>) {
         let last = matches!(record.event, Event::Exit { .. } | Event::Signal { .. });
         if let Some(log) = &mut self.log {
             self.line.encode(&record);
@@ -363,7 +368,13 @@ fn record_fast<R>(
     } else {
         with(|state| {
             before(state);
-            state.emit(thread, record.event);
+            // Stamped before the state (and its start) existed: stamp again.
+            let time_ns = if start == 0 {
+                state.now()
+            } else {
+                record.time_ns
+            };
+            state.emit_record(Record { time_ns, ..record });
             after(state)
         })
     }
@@ -597,8 +608,21 @@ pub fn context(how: ContextHow, ctx: *mut c_void, device: c_int, result: c_int) 
     }
 }
 
-/// The program read free memory: record what it saw.
+/// The last reading the program made, free and total bytes, so a program
+/// that polls free memory records each new figure once rather than every
+/// poll (each record is a driver call and the lock).
+static LAST_PROGRAM_READ: [AtomicU64; 2] = [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)];
+
+/// The program read free memory: record what it saw, unless it saw the
+/// same as its previous reading.
 pub fn program_read(free: u64, total: u64) {
+    let [last_free, last_total] = &LAST_PROGRAM_READ;
+    if last_free.swap(free, Ordering::Relaxed) == free
+        && last_total.swap(total, Ordering::Relaxed) == total
+    {
+        return;
+    }
+    last_total.store(total, Ordering::Relaxed);
     let device = read::current_device().unwrap_or(-1);
     let thread = thread_id();
     with(|state| {
@@ -715,6 +739,9 @@ pub fn after_fork_parent() {
 /// `pthread_atfork` child: release it, and start over on the first record.
 pub fn after_fork_child() {
     forget_thread_id();
+    for last in &LAST_PROGRAM_READ {
+        last.store(u64::MAX, Ordering::Relaxed);
+    }
     FORKED.store(true, Ordering::Release);
     STATE.release_held();
 }

@@ -18,6 +18,7 @@ use crate::driver::Sym;
 pub mod context;
 pub mod memory;
 pub mod module;
+pub mod objects;
 
 /// One driver ABI the interposer knows.
 pub struct Entry {
@@ -230,6 +231,16 @@ pub static ENTRIES: &[&Entry] = &[
     &module::cuFuncLoad::ENTRY,
     &module::cuOccupancyMaxActiveBlocksPerMultiprocessor::ENTRY,
     &module::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags::ENTRY,
+    &objects::cuStreamCreate::ENTRY,
+    &objects::cuStreamCreateWithPriority::ENTRY,
+    &objects::cuEventCreate::ENTRY,
+    &objects::cuGraphInstantiateWithFlags::ENTRY,
+    &objects::cuGraphInstantiateWithParams::ENTRY,
+    &objects::cuGraphUpload::ENTRY,
+    &objects::cuGraphUpload_ptsz::ENTRY,
+    &objects::cuGraphLaunch::ENTRY,
+    &objects::cuGraphLaunch_ptsz::ENTRY,
+    &objects::cuMemPoolCreate::ENTRY,
     &crate::interpose::cuGetProcAddress::ENTRY,
     &crate::interpose::cuGetProcAddress_v2::ENTRY,
     &MEM_ALLOC_V1,
