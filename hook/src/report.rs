@@ -267,14 +267,19 @@ impl ProcessReport {
             self.ending()
         );
         let c = &self.counts;
+        let counted =
+            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let _ = writeln!(
             out,
-            "{} allocations, {} frees, {} out-of-memory returns, {} other failures; peak of live \
-             device bytes {}",
-            c.allocations,
-            c.frees,
-            c.out_of_memory,
-            c.other_failures,
+            "{}, {}, {}, {}; peak of live device bytes {}",
+            counted(c.allocations, "allocation", "allocations"),
+            counted(c.frees, "free", "frees"),
+            counted(
+                c.out_of_memory,
+                "out-of-memory return",
+                "out-of-memory returns"
+            ),
+            counted(c.other_failures, "other failure", "other failures"),
             human(self.peak_live_bytes)
         );
         if c.unknown_frees > 0 {

@@ -12,7 +12,7 @@
 # - the interposer's overhead: the cheap calls it wraps (alloc_pairs.cu:
 #   allocation pairs, stream-ordered pairs, cudaMemGetInfo, launches) and a
 #   PyTorch ResNet-50 training step, each bare and under `cudamem run`,
-#   alternating, medians of the rounds.
+#   alternating, pinned to the same cores, medians of the rounds.
 # Logs go to OUTDIR, with summary.md: the cases, the overhead table, and the
 # PyTorch workload's ledger at its peak with its unexplained share. Meant to
 # end within 300 s on one H200. Exits non-zero if a case did not end as
@@ -154,9 +154,15 @@ echo "==> overhead: a ResNet-50 training step, bare and under cudamem run, $step
 # One run first, not counted: the first process after an idle spell meets
 # a cold GPU. Then the order alternates (bare first in odd rounds, hooked
 # first in even ones), so neither side always runs on the warmer device.
-"$python" "$here/torch_step.py" loop "$step_count" > /dev/null 2>&1
-step_bare() { echo "bare $1 $("$python" "$here/torch_step.py" loop "$step_count" 2> /dev/null)" >> "$out/step.log"; }
-step_hooked() { echo "hooked $1 $("$cudamem" run -- "$python" "$here/torch_step.py" loop "$step_count" 2> /dev/null)" >> "$out/step.log"; }
+# Both sides on the same four cores, so where the scheduler puts the
+# Python thread and the driver's does not differ between them.
+step_pin=()
+if command -v taskset > /dev/null && [ "$(nproc)" -ge 8 ]; then
+  step_pin=(taskset -c "4-7")
+fi
+"${step_pin[@]}" "$python" "$here/torch_step.py" loop "$step_count" > /dev/null 2>&1
+step_bare() { echo "bare $1 $("${step_pin[@]}" "$python" "$here/torch_step.py" loop "$step_count" 2> /dev/null)" >> "$out/step.log"; }
+step_hooked() { echo "hooked $1 $("${step_pin[@]}" "$cudamem" run -- "$python" "$here/torch_step.py" loop "$step_count" 2> /dev/null)" >> "$out/step.log"; }
 for round in $(seq "$step_rounds"); do
   if [ $((round % 2)) -eq 1 ]; then
     step_bare "$round"; step_hooked "$round"
@@ -223,11 +229,13 @@ for line in open(step):
         steps.setdefault(parts[0], []).append(float(parts[3]))
 steps_per_run = next((float(line.split()[4]) for line in open(step) if len(line.split()) == 6), 0)
 bare, hooked = median(steps.get("bare", [])), median(steps.get("hooked", []))
+quick_step = min(steps.get("hooked", [math.nan])) / min(steps.get("bare", [math.nan])) - 1
 print(f"| ResNet-50 training step, batch 32 (median of {int(steps_per_run)} steps per run) | {len(steps.get('bare', []))} "
-      f"| {bare * 1e9:.0f} | {hooked * 1e9:.0f} | {(hooked / bare - 1) * 100:+.2f}% of the step |")
+      f"| {bare * 1e9:.0f} | {hooked * 1e9:.0f} | {(hooked / bare - 1) * 100:+.2f}% of the step "
+      f"| {quick_step * 100:+.2f}% (fastest run of each) |")
 wb, wh = median(steps.get("bare-workload", [])), median(steps.get("hooked-workload", []))
 print(f"| workload's median step (scripts/torch/workloads.py, one run each) | 1 "
-      f"| {wb * 1e9:.0f} | {wh * 1e9:.0f} | {(wh / wb - 1) * 100:+.2f}% of the step |")
+      f"| {wb * 1e9:.0f} | {wh * 1e9:.0f} | {(wh / wb - 1) * 100:+.2f}% of the step | |")
 print("\nPer round (ns; steps in ms):\n```")
 for kind, by in rows.items():
     print(f"{kind:<40} bare {' '.join(f'{v:.0f}' for v in by.get('bare', []))} | "
