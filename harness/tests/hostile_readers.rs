@@ -12,7 +12,7 @@ use support::pickle::*;
 use support::*;
 
 use cudamem::trace::budget::ReadBudget;
-use cudamem::trace::file::{load, load_pickle};
+use cudamem::trace::file::{load, load_device, load_pickle};
 use cudamem::trace::snapshot::state;
 use cudamem::trace::{Event, Location, Problem, TraceError};
 
@@ -167,8 +167,9 @@ fn a_segment_shared_a_thousand_times_is_refused_not_copied() {
     );
 }
 
-#[test]
-fn one_event_list_shared_by_many_devices_is_refused() {
+/// A snapshot whose `device_traces` names one list of 2,000 entries as
+/// `devices + 1` devices (the list itself, then `devices` references).
+fn one_list_as_many_devices(devices: usize) -> Vec<u8> {
     let mut pickler = Pickler::new();
     pickler.raw(b"}");
     pickler.memoize();
@@ -194,11 +195,16 @@ fn one_event_list_shared_by_many_devices_is_refused() {
         pickler.value(item);
     }
     pickler.raw(b"e");
-    for _ in 0..2000 {
+    for _ in 0..devices {
         pickler.get(list);
     }
     pickler.raw(b"eu");
-    let bytes = pickler.finish();
+    pickler.finish()
+}
+
+#[test]
+fn one_event_list_shared_by_many_devices_is_refused() {
+    let bytes = one_list_as_many_devices(2000);
     let path = write_file("devices.pickle", &bytes);
     let (result, peak) = peak_during(|| load(&path));
     assert!(matches!(
@@ -212,6 +218,39 @@ fn one_event_list_shared_by_many_devices_is_refused() {
         peak < 16 * bytes.len() as u64 + (8 << 20),
         "{peak} bytes held"
     );
+}
+
+#[test]
+fn one_device_of_many_is_read_alone() {
+    // The same list named as 2,000 devices: all of them are past the
+    // budget, one of them is 2,000 entries and is read.
+    let bytes = one_list_as_many_devices(2000);
+    let path = write_file("one-device.pickle", &bytes);
+    let (result, peak) = peak_during(|| load_device(&path, Some(7)));
+    let traces = result.expect("one device's entries are within the budget");
+    assert_eq!(traces.len(), 1);
+    assert_eq!(traces[0].device, Some(7));
+    assert_eq!(traces[0].events.len(), 2000);
+    assert!(
+        peak < 16 * bytes.len() as u64 + (8 << 20),
+        "{peak} bytes held"
+    );
+    // A device past the list is a typed error naming the devices there are.
+    let err = load_device(&path, Some(5000)).unwrap_err();
+    match err.problem {
+        Problem::NoEventsForDevice { device, present } => {
+            assert_eq!(device, 5000);
+            assert_eq!(present.len(), 2001);
+        }
+        other => panic!("{other:?}"),
+    }
+    // An RMM log names no device to pick.
+    let csv = write_file(
+        "one-device.csv",
+        b"Thread,Time,Action,Pointer,Size,Stream\n1,0,allocate,0x10,64,0\n",
+    );
+    let err = load_device(&csv, Some(0)).unwrap_err();
+    assert!(matches!(err.problem, Problem::NotSnapshot(_)), "{err}");
 }
 
 #[test]

@@ -337,28 +337,11 @@ fn load_traces(args: &ReplayArgs) -> Result<Vec<Trace>> {
     let mut traces = Vec::new();
     for path in &args.traces {
         let spinner = reading_spinner(path);
-        let loaded = trace::file::load(path);
+        let device = snapshot_device.map(|device| u32::try_from(device).unwrap_or(u32::MAX));
+        let loaded = trace::file::load_device(path, device);
         spinner.finish_and_clear();
-        let mut loaded = loaded?;
+        let loaded = loaded?;
         warn_oddities(&loaded);
-        if let Some(device) = snapshot_device {
-            let present: Vec<String> = loaded
-                .iter()
-                .filter_map(|trace| trace.device.map(|device| device.to_string()))
-                .collect();
-            loaded.retain(|trace| trace.device == Some(device));
-            if loaded.is_empty() {
-                bail!(
-                    "{}: no events for device {device} (devices with events: {})",
-                    path.display(),
-                    if present.is_empty() {
-                        "none; not a snapshot".to_string()
-                    } else {
-                        present.join(", ")
-                    }
-                );
-            }
-        }
         traces.extend(loaded);
     }
     Ok(traces)

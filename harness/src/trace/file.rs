@@ -52,8 +52,15 @@ fn open(path: &Path) -> Result<(BufReader<File>, ReadBudget), TraceError> {
 /// Read every trace in the file at `path` (a snapshot holds one per device
 /// that has events; a CSV log holds one), within the budget of its size.
 pub fn load(path: &Path) -> Result<Vec<Trace>, TraceError> {
+    load_device(path, None)
+}
+
+/// [`load`], keeping of a PyTorch snapshot only `device`'s trace when one
+/// is given (the other devices' entries are not read into events); an RMM
+/// log, which names no device, is refused with [`Problem::NotSnapshot`].
+pub fn load_device(path: &Path, device: Option<u32>) -> Result<Vec<Trace>, TraceError> {
     let (input, budget) = open(path)?;
-    read_limited(path, &display_name(path), input, &budget)
+    read_device(path, &display_name(path), input, &budget, device)
 }
 
 /// Read the pickle of the PyTorch snapshot at `path` (gzip or plain),
@@ -114,6 +121,17 @@ pub fn read_limited(
     input: impl BufRead,
     budget: &ReadBudget,
 ) -> Result<Vec<Trace>, TraceError> {
+    read_device(path, name, input, budget, None)
+}
+
+/// [`read_limited`], of one snapshot device when `device` is given.
+pub fn read_device(
+    path: &Path,
+    name: &str,
+    input: impl BufRead,
+    budget: &ReadBudget,
+    device: Option<u32>,
+) -> Result<Vec<Trace>, TraceError> {
     let mut input = decoded(path, input, budget)?;
     let file_error = |err: io::Error| TraceError {
         path: path.to_path_buf(),
@@ -122,7 +140,15 @@ pub fn read_limited(
     };
     let head = input.fill_buf().map_err(file_error)?;
     if head.first() == Some(&PICKLE_PROTO) {
-        snapshot::parse(path, name, input, budget)
+        snapshot::parse(path, name, input, budget, device)
+    } else if let Some(device) = device {
+        Err(TraceError {
+            path: path.to_path_buf(),
+            location: Location::File,
+            problem: Problem::NotSnapshot(format!(
+                "an RMM log names no devices, so device {device} cannot be picked from it"
+            )),
+        })
     } else if let Some(protocol) = old_pickle_protocol(head) {
         Err(TraceError {
             path: path.to_path_buf(),

@@ -114,6 +114,19 @@ pub enum Problem {
     /// A pickle that is not a PyTorch memory snapshot.
     #[error("not a PyTorch memory snapshot: {}", plain(.0))]
     NotSnapshot(String),
+    /// A snapshot with no events for the device asked for.
+    #[error(
+        "no events for device {device} (devices with events: {})",
+        if present.is_empty() { "none".to_string() } else {
+            present.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+        }
+    )]
+    NoEventsForDevice {
+        /// The device asked for.
+        device: u32,
+        /// The devices whose lists hold events.
+        present: Vec<u32>,
+    },
     /// More allocations than dense ids can name.
     #[error("more than {} allocations", u32::MAX)]
     TooManyAllocations,

@@ -61,15 +61,17 @@ pub fn read_pickle(
     })
 }
 
-/// Parse a snapshot: one trace per device with events.
+/// Parse a snapshot: one trace per device with events, or only
+/// `device`'s (the others' entries are neither built nor counted).
 pub fn parse(
     path: &Path,
     name: &str,
     input: impl BufRead,
     budget: &ReadBudget,
+    device: Option<u32>,
 ) -> Result<Vec<Trace>, TraceError> {
     let pickle = read_pickle(path, input, budget)?;
-    traces(path, name, &pickle, budget)
+    traces(path, name, &pickle, budget, device)
 }
 
 /// The snapshot's root dict, checked to be one.
@@ -94,14 +96,15 @@ pub fn root(path: &Path, pickle: &Pickle) -> Result<Value, TraceError> {
     Ok(root)
 }
 
-/// The traces of a read snapshot, one per device with events; all
-/// devices' entries together (a list shared by several devices counted
-/// once per device) within `budget.events`.
+/// The traces of a read snapshot, one per device with events (only
+/// `device`'s when given); the entries read together (a list shared by
+/// several devices counted once per device) within `budget.events`.
 pub fn traces(
     path: &Path,
     name: &str,
     pickle: &Pickle,
     budget: &ReadBudget,
+    device: Option<u32>,
 ) -> Result<Vec<Trace>, TraceError> {
     let whole = |problem| TraceError {
         path: path.to_path_buf(),
@@ -132,6 +135,24 @@ pub fn traces(
         lists.push(entries);
     }
     let non_empty = lists.iter().filter(|entries| !entries.is_empty()).count();
+    if let Some(wanted) = device {
+        let present: Vec<u32> = (0u32..)
+            .zip(&lists)
+            .filter(|(_, entries)| !entries.is_empty())
+            .map(|(index, _)| index)
+            .collect();
+        if !present.contains(&wanted) {
+            return Err(whole(Problem::NoEventsForDevice {
+                device: wanted,
+                present,
+            }));
+        }
+        for (index, entries) in (0u32..).zip(lists.iter_mut()) {
+            if index != wanted {
+                *entries = &[];
+            }
+        }
+    }
     let total: u64 = lists.iter().map(|entries| entries.len() as u64).sum();
     let mut entries_read = Counter::new(budget.events);
     if !entries_read.take(total) {
