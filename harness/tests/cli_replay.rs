@@ -190,10 +190,7 @@ fn policy_selection_and_the_table() {
         &path,
         &["--policy", "best-fit", "--policy", "range-alloc"],
     ));
-    assert!(
-        stdout.contains("peak live 3.91 KiB (4000 bytes)"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("peak live 3.91 KiB (4000 B)"), "{stdout}");
     assert!(
         stdout.contains("best-fit") && stdout.contains("range-alloc"),
         "{stdout}"
