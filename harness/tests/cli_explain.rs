@@ -183,11 +183,33 @@ fn a_cm_heap_is_a_ledger_line_beside_cudas_malloc_heap() {
     assert_eq!(free(&plain) - free(&json), expected);
 
     let text = output(&["explain", "--cm-heap", "1GiB"]);
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("cm_malloc heap"))
-        .expect("a cm_malloc heap line");
-    assert!(line.contains("taken from the pool"), "{line}");
+    // The why column wraps under itself: the words, one line.
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("cm_malloc heap 1.00 GiB - cm_malloc's heap: descriptor and regions")
+            && words.contains("taken from the pool"),
+        "{text}"
+    );
+    // The command ends with what it concluded and what to do, with numbers.
+    let at = text.find("\nconclusion: ").expect("a conclusion");
+    let conclusion = text[at..].split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        conclusion.starts_with("conclusion: the cm_malloc heap takes 1.00 GiB from the pool")
+            && conclusion.contains("give --cm-heap what one launch holds at once"),
+        "{conclusion}"
+    );
+    // ... last: what follows its first line is its own wrapped lines.
+    assert!(
+        text[at + 1..].lines().skip(1).all(|l| l.starts_with("  ")),
+        "{text}"
+    );
+    assert_eq!(
+        json["cm_heap_conclusion"]
+            .as_str()
+            .map(|s| s.starts_with("conclusion: the cm_malloc heap takes ")),
+        Some(true)
+    );
+    assert!(plain.get("cm_heap_conclusion").is_none());
 
     assert!(message(&["explain", "--cm-heap", "3 parsecs"]).contains("--cm-heap"));
     let said = message(&["explain", "--cm-heap", "100GiB"]);
@@ -309,8 +331,12 @@ fn big_local_memory_says_how_to_find_it_and_what_to_do() {
     );
     // A raised stack limit is the cause when no kernel frame is larger.
     let stack = output(&["explain", "--stack-size", "8KiB"]);
-    assert!(stack.contains("set by the stack limit, 8192 B"), "{stack}");
-    assert!(stack.contains("lower the stack limit"), "{stack}");
+    let words = stack.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("set by the stack limit, 8.00 KiB (8192 B)"),
+        "{stack}"
+    );
+    assert!(words.contains("lower the stack limit"), "{stack}");
     // The default stack is no big item: no advice.
     assert!(!output(&["explain"]).contains("how to find a kernel's local memory"));
 }

@@ -268,12 +268,13 @@ fn the_report_is_html_with_svg() {
     assert!(html.contains("Memory map: tlsf-compact"));
 }
 
-/// A bare `cudamem` replays the built-in trace with `cudamem replay`'s
-/// defaults: the same rows as `cudamem replay` of the trace's file (but for
+/// A bare `cudamem` replays the built-in traces with `cudamem replay`'s
+/// defaults: the same rows as `cudamem replay` of each trace's file (but for
 /// time), so what the README shows first is what the benchmarks say.
 #[test]
 fn the_bare_command_and_replay_of_the_built_in_trace_give_the_same_rows() {
     use cudamem::cli::replay_command::{self, ReplayArgs};
+    use cudamem::trace::file::EMBEDDED;
 
     let mut bare = ReplayArgs::defaults().unwrap();
     // As the bare command runs, but JSON, and the report out of the way.
@@ -281,8 +282,39 @@ fn the_bare_command_and_replay_of_the_built_in_trace_give_the_same_rows() {
     bare.report = Some(temp_path("bare.html"));
     let mut printed = Vec::new();
     replay_command::run(bare, &mut printed).unwrap();
-    let bare: serde_json::Value = serde_json::from_slice(&printed).unwrap();
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/rmm/resnet50_train.csv.gz");
+    let lines: Vec<serde_json::Value> = String::from_utf8(printed)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), EMBEDDED.len());
+    // The PyTorch snapshot first, then the RMM log.
+    assert_eq!(lines[0]["framework"], "pytorch");
+    assert_eq!(lines[1]["framework"], "rmm");
+    let pytorch = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../traces")
+        .join(EMBEDDED[0].path);
+    assert_eq!(
+        lines[0]["policies"],
+        json(&["replay", pytorch.to_str().unwrap(), "--json"])["policies"]
+            .as_array()
+            .map(|rows| {
+                let mut rows = rows.clone();
+                for (row, bare) in rows
+                    .iter_mut()
+                    .zip(lines[0]["policies"].as_array().unwrap())
+                {
+                    row["ns_per_op"] = bare["ns_per_op"].clone();
+                    row["ops_per_second"] = bare["ops_per_second"].clone();
+                }
+                serde_json::Value::Array(rows)
+            })
+            .unwrap()
+    );
+    let bare = &lines[1];
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../traces")
+        .join(EMBEDDED[1].path);
     let replayed = json(&["replay", file.to_str().unwrap(), "--json"]);
     let rows = |json: &serde_json::Value| {
         let mut rows = json["policies"].as_array().unwrap().clone();

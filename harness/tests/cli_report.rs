@@ -144,7 +144,7 @@ fn a_snapshots_stacks_are_in_its_page_once_and_bounded() {
         "no-stacks.html",
         &["replay", rmm.to_str().unwrap(), "--policy", "best-fit"],
     );
-    assert!(!html.contains("data-stacks"));
+    assert!(!html.contains("data-stacks=\""));
     let blocks = html.split("data-blocks=\"").nth(1).unwrap();
     let blocks: Vec<Vec<f64>> = serde_json::from_str(blocks.split('"').next().unwrap()).unwrap();
     assert!(blocks.iter().all(|block| block[6] == -1.0));
