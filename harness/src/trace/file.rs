@@ -29,9 +29,9 @@ impl Embedded {
 }
 
 /// The traces compiled into the binary, in the order a bare `cudamem`
-/// replays them: ResNet-50 training on an H200 as PyTorch's memory snapshot
-/// (what a PyTorch user asks about first), then the same workload as an
-/// RMM log.
+/// replays them: ResNet-50 training as PyTorch's memory snapshot (what a
+/// PyTorch user asks about first), then the same workload as an RMM log
+/// (traces/README.md says where they were recorded).
 pub const EMBEDDED: [Embedded; 2] = [
     Embedded {
         path: "pytorch/resnet50_train.full.default.pickle.gz",
