@@ -161,12 +161,11 @@ pub fn replay_page(traces: &[TraceReport<'_>], settings: &Settings) -> Result<St
 fn trace_section(report: &TraceReport<'_>) -> Result<String> {
     let summary = report.summary;
     let mut html = format!(
-        "<h2>{}</h2>\n<p>{} events, {} allocations, peak live {} ({} bytes){}</p>\n",
+        "<h2>{}</h2>\n<p>{} events, {} allocations, peak live {}{}</p>\n",
         escape(&summary.trace),
         summary.events,
         report.trace.allocations,
-        human(summary.peak_live_bytes),
-        summary.peak_live_bytes,
+        memcore::bytes::exact(summary.peak_live_bytes),
         summary
             .capacity_bytes
             .map(|bytes| format!(", fixed arena of {}", human(bytes)))
