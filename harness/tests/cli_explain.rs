@@ -183,11 +183,33 @@ fn a_cm_heap_is_a_ledger_line_beside_cudas_malloc_heap() {
     assert_eq!(free(&plain) - free(&json), expected);
 
     let text = output(&["explain", "--cm-heap", "1GiB"]);
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("cm_malloc heap"))
-        .expect("a cm_malloc heap line");
-    assert!(line.contains("taken from the pool"), "{line}");
+    // The why column wraps under itself: the words, one line.
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("cm_malloc heap 1.00 GiB - cm_malloc's heap: descriptor and regions")
+            && words.contains("taken from the pool"),
+        "{text}"
+    );
+    // The command ends with what it concluded and what to do, with numbers.
+    let at = text.find("\nconclusion: ").expect("a conclusion");
+    let conclusion = text[at..].split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        conclusion.starts_with("conclusion: the cm_malloc heap takes 1.00 GiB from the pool")
+            && conclusion.contains("give --cm-heap what one launch holds at once"),
+        "{conclusion}"
+    );
+    // ... last: what follows its first line is its own wrapped lines.
+    assert!(
+        text[at + 1..].lines().skip(1).all(|l| l.starts_with("  ")),
+        "{text}"
+    );
+    assert_eq!(
+        json["cm_heap_conclusion"]
+            .as_str()
+            .map(|s| s.starts_with("conclusion: the cm_malloc heap takes ")),
+        Some(true)
+    );
+    assert!(plain.get("cm_heap_conclusion").is_none());
 
     assert!(message(&["explain", "--cm-heap", "3 parsecs"]).contains("--cm-heap"));
     let said = message(&["explain", "--cm-heap", "100GiB"]);
@@ -197,8 +219,10 @@ fn a_cm_heap_is_a_ledger_line_beside_cudas_malloc_heap() {
 #[test]
 fn a_model_says_so_and_what_it_does_not_know_is_unknown_not_zero() {
     let text = output(&["explain", "--profile", "rtx4090"]);
+    // The first sentence, wrapped to the line width.
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        text.starts_with(
+        words.starts_with(
             "model for NVIDIA GeForce RTX 4090 (not measured: run `cudamem explain --device N` \
              on the GPU, or `cudamem run -- PROGRAM`)"
         ),
@@ -209,7 +233,7 @@ fn a_model_says_so_and_what_it_does_not_know_is_unknown_not_zero() {
         .find(|l| l.starts_with("driver + context"))
         .expect("a driver line");
     assert!(
-        driver.contains("unknown") && !driver.contains(" 0 (0.0 MiB)"),
+        driver.contains("unknown") && !driver.contains(" 0 B "),
         "{driver}"
     );
     let free = text.lines().find(|l| l.starts_with("free")).unwrap();
@@ -289,13 +313,12 @@ fn big_local_memory_says_how_to_find_it_and_what_to_do() {
     ] {
         assert!(text.contains(needed), "{needed}: {text}");
     }
-    let conclusion = text
-        .lines()
-        .find(|l| l.starts_with("conclusion:"))
-        .expect("a conclusion");
+    // The conclusion is the last paragraph, wrapped: its words, one line.
+    let at = text.find("\nconclusion:").expect("a conclusion");
+    let conclusion = text[at..].split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
         conclusion.contains("local memory is the big item, 4.12 GiB")
-            && conclusion.contains("largest kernel frame, 16384 B per thread")
+            && conclusion.contains("largest kernel frame, 16.0 KiB (16384 B) per thread")
             && conclusion.contains("270336 resident threads")
             && conclusion.contains("shrink that kernel's frame")
             && conclusion.contains("264 MiB, 3.87 GiB back"),
@@ -308,8 +331,12 @@ fn big_local_memory_says_how_to_find_it_and_what_to_do() {
     );
     // A raised stack limit is the cause when no kernel frame is larger.
     let stack = output(&["explain", "--stack-size", "8KiB"]);
-    assert!(stack.contains("set by the stack limit, 8192 B"), "{stack}");
-    assert!(stack.contains("lower the stack limit"), "{stack}");
+    let words = stack.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("set by the stack limit, 8.00 KiB (8192 B)"),
+        "{stack}"
+    );
+    assert!(words.contains("lower the stack limit"), "{stack}");
     // The default stack is no big item: no advice.
     assert!(!output(&["explain"]).contains("how to find a kernel's local memory"));
 }

@@ -259,10 +259,17 @@ fn a_sliver_stranded_beside_much_cached_is_not_worth_a_new_allocator() {
             "/../traces/pytorch/resnet50_train.full.default.pickle.gz"
         ),
     ]);
-    let conclusion = text
-        .lines()
-        .find(|line| line.starts_with("=> conclusion"))
+    // The conclusion's wrapped lines, one line.
+    let at = text
+        .find("=> conclusion")
         .unwrap_or_else(|| panic!("{text}"));
+    let conclusion = text[at..]
+        .lines()
+        .enumerate()
+        .take_while(|(index, line)| *index == 0 || line.starts_with("   "))
+        .map(|(_, line)| line.trim())
+        .collect::<Vec<_>>()
+        .join(" ");
     assert!(
         conclusion.contains("fragmentation costs nothing worth fixing here")
             && conclusion.contains("torch.cuda.empty_cache()")

@@ -190,10 +190,7 @@ fn policy_selection_and_the_table() {
         &path,
         &["--policy", "best-fit", "--policy", "range-alloc"],
     ));
-    assert!(
-        stdout.contains("peak live 3.91 KiB (4000 bytes)"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("peak live 3.91 KiB (4000 B)"), "{stdout}");
     assert!(
         stdout.contains("best-fit") && stdout.contains("range-alloc"),
         "{stdout}"
@@ -271,12 +268,13 @@ fn the_report_is_html_with_svg() {
     assert!(html.contains("Memory map: tlsf-compact"));
 }
 
-/// A bare `cudamem` replays the built-in trace with `cudamem replay`'s
-/// defaults: the same rows as `cudamem replay` of the trace's file (but for
+/// A bare `cudamem` replays the built-in traces with `cudamem replay`'s
+/// defaults: the same rows as `cudamem replay` of each trace's file (but for
 /// time), so what the README shows first is what the benchmarks say.
 #[test]
 fn the_bare_command_and_replay_of_the_built_in_trace_give_the_same_rows() {
     use cudamem::cli::replay_command::{self, ReplayArgs};
+    use cudamem::trace::file::EMBEDDED;
 
     let mut bare = ReplayArgs::defaults().unwrap();
     // As the bare command runs, but JSON, and the report out of the way.
@@ -284,9 +282,15 @@ fn the_bare_command_and_replay_of_the_built_in_trace_give_the_same_rows() {
     bare.report = Some(temp_path("bare.html"));
     let mut printed = Vec::new();
     replay_command::run(bare, &mut printed).unwrap();
-    let bare: serde_json::Value = serde_json::from_slice(&printed).unwrap();
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/rmm/resnet50_train.csv.gz");
-    let replayed = json(&["replay", file.to_str().unwrap(), "--json"]);
+    let lines: Vec<serde_json::Value> = String::from_utf8(printed)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), EMBEDDED.len());
+    // The PyTorch snapshot first, then the RMM log.
+    assert_eq!(lines[0]["framework"], "pytorch");
+    assert_eq!(lines[1]["framework"], "rmm");
     let rows = |json: &serde_json::Value| {
         let mut rows = json["policies"].as_array().unwrap().clone();
         for row in &mut rows {
@@ -296,10 +300,17 @@ fn the_bare_command_and_replay_of_the_built_in_trace_give_the_same_rows() {
         }
         rows
     };
-    assert_eq!(rows(&bare).len(), 9);
-    assert_eq!(rows(&bare), rows(&replayed));
-    assert_eq!(bare["peak_live_bytes"], replayed["peak_live_bytes"]);
-    let stitch = &rows(&bare)[7];
+    for (bare, embedded) in lines.iter().zip(EMBEDDED) {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../traces")
+            .join(embedded.path);
+        let replayed = json(&["replay", file.to_str().unwrap(), "--json"]);
+        assert_eq!(rows(bare).len(), 9);
+        assert_eq!(rows(bare), rows(&replayed));
+        assert_eq!(bare["peak_live_bytes"], replayed["peak_live_bytes"]);
+        assert_eq!(bare["conclusion"], replayed["conclusion"]);
+    }
+    let stitch = &rows(&lines[1])[7];
     assert_eq!(stitch["name"], "stitch");
     assert_eq!(stitch["full_bandwidth_share"], 1.0, "{stitch}");
 }

@@ -77,3 +77,75 @@ fn the_replay_report_has_legends_keys_and_the_overhead_chart() {
     assert!(html.contains("<b>Moved bytes</b>"));
     assert!(legends[2].contains("75-100% live") && legends[2].contains("bytes mapped"));
 }
+
+/// Where a snapshot recorded stacks, the page carries each stack its maps
+/// can name once, in one table for all of the trace's maps, and only the
+/// largest blocks' stacks, each a few frames: it grows with the blocks a
+/// map names, not with the trace. An RMM log's page carries no table.
+#[test]
+fn a_snapshots_stacks_are_in_its_page_once_and_bounded() {
+    let fixture = root().join("traces/pytorch/resnet50_train.fixture.default.pickle.gz");
+    let html = report_of(
+        "stacks.html",
+        &[
+            "replay",
+            fixture.to_str().unwrap(),
+            "--policy",
+            "first-fit",
+            "--policy",
+            "stitch",
+        ],
+    );
+    let tables: Vec<&str> = html
+        .split("data-stacks=\"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap())
+        .collect();
+    assert_eq!(tables.len(), 1, "one table for both maps");
+    let json = tables[0]
+        .replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
+    let stacks: Vec<String> = serde_json::from_str(&json).unwrap();
+    assert!(!stacks.is_empty());
+    let mut distinct = stacks.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), stacks.len(), "a stack twice: {stacks:?}");
+    // The blocks a map names (400 at most), each stack the user's frame and
+    // the top frames, every frame's names cut to 80 characters.
+    let frame_bytes = 2 * 80 + 30;
+    assert!(
+        tables[0].len() <= 400 * (1 + cudamem::trace::HOVER_FRAMES) * frame_bytes,
+        "{} bytes of stacks",
+        tables[0].len()
+    );
+    for stack in &stacks {
+        let lines: Vec<&str> = stack.lines().collect();
+        assert!(lines.len() <= 1 + cudamem::trace::HOVER_FRAMES, "{stack}");
+        assert!(
+            lines[1..].iter().all(|frame| frame.contains(" in ")),
+            "{stack}"
+        );
+        // A frame of an installed package is named from the package on.
+        assert!(!stack.contains("site-packages"), "{stack}");
+    }
+    // Every map's blocks name stacks of that one table.
+    for blocks in html.split("data-blocks=\"").skip(1) {
+        let blocks: Vec<Vec<f64>> =
+            serde_json::from_str(blocks.split('"').next().unwrap()).unwrap();
+        assert!(blocks.iter().any(|block| block[6] >= 0.0));
+        assert!(blocks.iter().all(|block| block[6] < stacks.len() as f64));
+    }
+
+    let rmm = root().join("traces/rmm/resnet50_train.csv.gz");
+    let html = report_of(
+        "no-stacks.html",
+        &["replay", rmm.to_str().unwrap(), "--policy", "best-fit"],
+    );
+    assert!(!html.contains("data-stacks=\""));
+    let blocks = html.split("data-blocks=\"").nth(1).unwrap();
+    let blocks: Vec<Vec<f64>> = serde_json::from_str(blocks.split('"').next().unwrap()).unwrap();
+    assert!(blocks.iter().all(|block| block[6] == -1.0));
+}

@@ -97,8 +97,13 @@ fn a_pytorch_trace_ends_with_what_expandable_segments_and_cudamem_save() {
     // The table says the same under its rows.
     let path = trace("pytorch/resnet50_train.fixture.default.pickle.gz");
     let table = support::output(&["replay", path.to_str().unwrap()]);
+    // Wrapped to the line width: compared word by word.
+    let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
     for sentence in said {
-        assert!(table.contains(&format!("=> {sentence}")), "{table}");
+        assert!(
+            words(&table).contains(&format!("=> {}", words(sentence))),
+            "{table}"
+        );
     }
 }
 
@@ -168,7 +173,11 @@ fn the_table_lists_what_the_user_can_pick_first_and_whether_each_row_moves() {
         let line = lines[at(&format!("{name} "))];
         assert_eq!(line.split_whitespace().nth(1), Some(moves), "{line}");
     }
-    assert!(lines[order[1]].ends_with("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
+    // How to use a row is said on the line under it.
+    assert_eq!(
+        lines[order[1] + 1].trim(),
+        "how to use it: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    );
     assert!(table.contains("modelled"), "{table}");
 }
 
@@ -200,44 +209,78 @@ fn replay_help_explains_every_column_in_plain_words() {
     assert!(help.contains("H200"), "{help}");
 }
 
-/// The rows of a replay table with the host-time column blanked: what
-/// two runs of the same trace must print alike.
+/// The rows of a replay table with the host-time column blanked, each
+/// trace's from its header on (its title names the file): what two runs of
+/// the same traces must print alike.
 fn rows_but_time(table: &str) -> Vec<String> {
     // Words of a policy row: name, moves, peak (a number and a unit),
     // x live, copied (number, unit), failed, then the host time.
     let time = 8;
-    table
-        .lines()
-        .skip(1)
-        .filter(|line| !line.starts_with("report: "))
-        .map(|line| {
-            let mut cells: Vec<&str> = line.split_whitespace().collect();
-            // A policy row: name, moves, then figures; the host time is
-            // the only figure that changes from run to run.
-            if cells.len() > time && matches!(cells[1], "yes" | "no") {
-                cells[time] = "-";
-            }
-            cells.join(" ")
-        })
-        .collect()
+    let mut rows = Vec::new();
+    let mut in_table = false;
+    for line in table.lines() {
+        // A title (or a line after the tables) starts at the margin.
+        if !line.starts_with(' ') {
+            in_table = false;
+            continue;
+        }
+        in_table |= line.trim_start().starts_with("policy ");
+        if !in_table {
+            continue;
+        }
+        let mut cells: Vec<&str> = line.split_whitespace().collect();
+        // A policy row: name, moves, then figures; the host time is the
+        // only figure that changes from run to run.
+        if cells.len() > time && matches!(cells[1], "yes" | "no") {
+            cells[time] = "-";
+        }
+        rows.push(cells.join(" "));
+    }
+    rows
 }
 
 /// The bare command (as `cli::run` runs it: `ReplayArgs::defaults()`, its
-/// report sent elsewhere) and `cudamem replay` of the built-in trace's file
-/// print the same table, groups, rows and conclusion.
+/// report sent elsewhere) and `cudamem replay` of the built-in traces'
+/// files print the same tables, groups, rows and conclusions; the PyTorch
+/// trace and its conclusion come first, and the last line says how to ask
+/// about one's own program.
 #[test]
 fn the_bare_command_prints_what_replay_of_its_trace_prints() {
-    use cudamem::cli::replay_command::{self, ReplayArgs};
+    use cudamem::cli::replay_command::{self, ASK_ABOUT_YOURS, ReplayArgs};
+    use cudamem::trace::file::EMBEDDED;
 
     let mut bare = ReplayArgs::defaults().unwrap();
     bare.report = Some(support::temp_path("bare.html"));
     let mut printed = Vec::new();
     replay_command::run(bare, &mut printed).unwrap();
     let bare = String::from_utf8(printed).unwrap();
-    let file = trace("rmm/resnet50_train.csv.gz");
-    let replayed = support::output(&["replay", file.to_str().unwrap()]);
-    assert!(bare.contains("=> "), "{bare}");
-    assert_eq!(rows_but_time(&bare), rows_but_time(&replayed));
+    let files: Vec<PathBuf> = EMBEDDED
+        .iter()
+        .map(|embedded| trace(embedded.path))
+        .collect();
+    let mut args = vec!["replay"];
+    args.extend(files.iter().map(|file| file.to_str().unwrap()));
+    let replayed = support::output(&args);
+    let rows = rows_but_time(&bare);
+    assert!(rows.iter().any(|row| row.starts_with("=> ")), "{bare}");
+    assert_eq!(rows, rows_but_time(&replayed));
+
+    // A PyTorch user meets PyTorch first: its trace, its rows, its conclusion.
+    assert!(
+        bare.starts_with("resnet50_train.full.default.pickle.gz (embedded): "),
+        "{bare}"
+    );
+    let first_conclusion = rows.iter().find(|row| row.starts_with("=> ")).unwrap();
+    assert!(
+        first_conclusion.starts_with("=> PyTorch reserved "),
+        "{bare}"
+    );
+    assert!(
+        bare.find("what a PyTorch program can use") < bare.find("what an RMM program can use"),
+        "{bare}"
+    );
+    assert_eq!(bare.lines().last(), Some(ASK_ABOUT_YOURS), "{bare}");
+    assert!(!replayed.contains(ASK_ABOUT_YOURS), "{replayed}");
 }
 
 /// In a fixed arena the conclusion says who refused and why: below the

@@ -304,7 +304,71 @@ document.querySelectorAll('.map, .curves').forEach(function (box) {
             map.starts_with("block of ") && map.contains(", live from "),
             "{map}"
         );
+        // The fixture was recorded with Python frames: the block's stack
+        // follows its lifetime, its innermost frame a file, line and
+        // function of the recorded program.
+        let stack = map
+            .split("allocated at ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no stack in {map:?}"));
+        let frame = stack.lines().next().unwrap();
+        assert!(
+            frame.contains(".py:") && frame.contains(" in "),
+            "{frame:?} in {map:?}"
+        );
     }
+    std::fs::remove_file(&page).unwrap();
+    std::fs::remove_file(&probed).unwrap();
+}
+
+/// An RMM log records no stacks: its maps' pointer says size and lifetime
+/// and nothing more, and the page carries no table of stacks.
+#[test]
+fn a_trace_without_stacks_shows_none() {
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/rmm/resnet50_train.csv.gz");
+    let page = support::temp_path("rmm.html");
+    support::output(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--policy",
+        "best-fit",
+        "--report",
+        page.to_str().unwrap(),
+    ]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains("data-stacks=\""),
+        "a table of stacks in the page"
+    );
+    let probe = r#"<script>
+var box = document.querySelector('.map'), svg = box.querySelector('svg'), d = box.dataset;
+var r = svg.getBoundingClientRect(), scale = r.width / svg.viewBox.baseVal.width;
+var area = function (b) { return (b[1] - b[0]) * (b[3] - b[2]); };
+var b = JSON.parse(d.blocks).reduce(function (x, y) { return area(y) > area(x) ? y : x; });
+var x = r.left + (+d.px0 + (d.px1 - d.px0) * (b[0] + b[1]) / 2 / d.x1) * scale;
+var y = r.top + (+d.py1 - (d.py1 - d.py0) * (b[2] + b[3]) / 2 / d.y1) * scale;
+svg.dispatchEvent(new MouseEvent('mousemove', { clientX: x, clientY: y, bubbles: true }));
+box.setAttribute('data-probe', box.querySelector('.tip').textContent);
+</script></body>"#;
+    let probed = support::temp_path("rmm-probed.html");
+    std::fs::write(&probed, html.replace("</body>", probe)).unwrap();
+    let out = chromium()
+        .arg("--dump-dom")
+        .arg(url(&probed))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let dom = String::from_utf8(out.stdout).unwrap();
+    let said = dom
+        .split("data-probe=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap();
+    assert!(
+        said.starts_with("block of ") && said.contains(", live from "),
+        "{said}"
+    );
+    assert!(!said.contains("allocated at"), "{said}");
     std::fs::remove_file(&page).unwrap();
     std::fs::remove_file(&probed).unwrap();
 }

@@ -108,6 +108,20 @@ fn unit_scale(unit: &str) -> Option<u64> {
     })
 }
 
+/// Whether `word` is a byte unit (`MiB`, `GB`, `B`; trailing punctuation
+/// aside, and not the bare letters `K`, `M`, ... that prose uses for other
+/// things): a word a wrapped line keeps beside its number.
+///
+/// ```
+/// use memcore::bytes::is_unit;
+/// assert!(is_unit("MiB") && is_unit("GiB),") && is_unit("B"));
+/// assert!(!is_unit("M") && !is_unit("less") && !is_unit("%"));
+/// ```
+pub fn is_unit(word: &str) -> bool {
+    let word = word.trim_end_matches(|c: char| !c.is_ascii_alphabetic());
+    (word.len() > 1 || word == "B") && unit_scale(word).is_some()
+}
+
 /// A byte count for people, in binary units with three significant digits:
 /// `812 B`, `37.5 KiB`, `5.43 GiB`.
 pub fn human(bytes: u64) -> String {
@@ -126,6 +140,23 @@ pub fn human(bytes: u64) -> String {
         format!("{value:.1} {}", UNITS[unit])
     } else {
         format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+/// A byte count for people with the exact count beside it, where the
+/// exact figure matters (a kernel's frame, as ptxas prints it):
+/// `16.0 KiB (16384 B)`; below 1 KiB [`human`] is exact already: `512 B`.
+///
+/// ```
+/// use memcore::bytes::exact;
+/// assert_eq!(exact(16 << 10), "16.0 KiB (16384 B)");
+/// assert_eq!(exact(512), "512 B");
+/// ```
+pub fn exact(bytes: u64) -> String {
+    if bytes < KIB {
+        human(bytes)
+    } else {
+        format!("{} ({bytes} B)", human(bytes))
     }
 }
 

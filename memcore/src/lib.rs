@@ -15,6 +15,7 @@ mod growth;
 mod handle;
 pub mod pytorch;
 mod stitch;
+pub mod text;
 mod tlsf;
 mod vmm;
 

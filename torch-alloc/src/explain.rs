@@ -93,7 +93,7 @@ impl Explanation {
                 self.pool_bytes,
                 &format!(
                     "mapped pages; peak {}",
-                    bytes::mib(figures.peak_mapped_bytes)
+                    bytes::human(figures.peak_mapped_bytes)
                 ),
             ),
             measured("    live", figures.live_bytes, "tensors not freed"),
@@ -107,7 +107,7 @@ impl Explanation {
                 self.pool_free_bytes,
                 &format!(
                     "largest free block {}; fragmentation {:.1}%",
-                    bytes::mib(figures.largest_free_bytes),
+                    bytes::human(figures.largest_free_bytes),
                     figures.fragmentation() * 100.0
                 ),
             ),

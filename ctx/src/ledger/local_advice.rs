@@ -4,7 +4,8 @@
 
 use std::fmt;
 
-use memcore::bytes::{GIB, human};
+use memcore::bytes::{GIB, exact, human};
+use memcore::text::{LINE_WIDTH, wrap};
 
 use super::{Ledger, LedgerItemKind, Limits};
 
@@ -70,11 +71,14 @@ impl LocalMemoryAdvice {
         };
         let cause = if self.set_by_kernel {
             format!(
-                "the largest kernel frame, {} B per thread",
-                self.per_thread_bytes
+                "the largest kernel frame, {} per thread",
+                exact(self.per_thread_bytes)
             )
         } else {
-            format!("the stack limit, {} B per thread", self.per_thread_bytes)
+            format!(
+                "the stack limit, {} per thread",
+                exact(self.per_thread_bytes)
+            )
         };
         let fix = if self.set_by_kernel {
             "shrink that kernel's frame (or set the stack limit back after it runs)"
@@ -83,28 +87,29 @@ impl LocalMemoryAdvice {
         };
         format!(
             "conclusion: local memory is the big item, {} ({share:.1}% of the device), set by \
-             {cause} for {} resident threads; {fix}: at the default {} B it is {}, {} back.",
+             {cause} for {} resident threads; {fix}: at the default {} it is {}, {} back.",
             human(self.reservation_bytes),
             self.threads,
-            self.default_stack_bytes,
+            human(self.default_stack_bytes),
             human(self.default_bytes),
             human(self.saving_bytes()),
         )
     }
 }
 
-/// How to find a kernel's local memory, the fixes, then the conclusion.
+/// How to find a kernel's local memory, the fixes, then the conclusion,
+/// wrapped within [`LINE_WIDTH`].
 impl fmt::Display for LocalMemoryAdvice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "how to find a kernel's local memory:")?;
         for line in FIND_LOCAL_MEMORY {
-            writeln!(f, "  - {line}")?;
+            writeln!(f, "{}", wrap(line, LINE_WIDTH, "  - ", "    "))?;
         }
         writeln!(f, "what lowers it:")?;
         for line in REDUCE_LOCAL_MEMORY {
-            writeln!(f, "  - {line}")?;
+            writeln!(f, "{}", wrap(line, LINE_WIDTH, "  - ", "    "))?;
         }
-        writeln!(f, "{}", self.conclusion())
+        writeln!(f, "{}", wrap(&self.conclusion(), LINE_WIDTH, "", "  "))
     }
 }
 

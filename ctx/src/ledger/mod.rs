@@ -8,6 +8,9 @@ mod table;
 
 use std::fmt;
 
+use memcore::bytes::{exact, human};
+use memcore::text::{LINE_WIDTH, wrap};
+
 use crate::error::{Error, Result};
 use crate::profile::DeviceProfile;
 pub use figure::{Figure, Prediction};
@@ -340,9 +343,9 @@ impl Ledger {
         let reservation = per_sm(profile.max_threads_per_sm, per_thread)
             .saturating_mul(u64::from(profile.sm_count));
         let frame_source = if largest_frame > limits.stack_bytes {
-            format!("largest kernel frame {largest_frame} B")
+            format!("the largest kernel frame, {}", exact(largest_frame))
         } else {
-            format!("stack limit {} B", limits.stack_bytes)
+            format!("the stack limit, {}", human(limits.stack_bytes))
         };
         let mut lines: Vec<Line> = vec![
             (
@@ -369,10 +372,11 @@ impl Ledger {
                 LedgerItemKind::LocalMemory,
                 Prediction::Bytes(reservation),
                 format!(
-                    "{per_thread} B/thread ({frame_source}, rounded up to {} B) x {} threads/SM x {} SMs",
-                    profile.local_memory_granule_bytes,
+                    "{} per thread x {} threads/SM x {} SMs: {frame_source}, rounded up to {}",
+                    human(per_thread),
                     profile.max_threads_per_sm,
-                    profile.sm_count
+                    profile.sm_count,
+                    human(profile.local_memory_granule_bytes),
                 ),
             ),
             module_line(profile, workload),
@@ -387,8 +391,8 @@ impl Ledger {
                     LedgerItemKind::MallocHeap,
                     Prediction::Bytes(0),
                     format!(
-                        "limit {} B, taken only once a kernel calling malloc runs",
-                        limits.malloc_heap_bytes
+                        "limit {}, taken only once a kernel calling malloc runs",
+                        human(limits.malloc_heap_bytes)
                     ),
                 )
             },
@@ -645,16 +649,16 @@ fn fifo_line(profile: &DeviceProfile, limits: &Limits, workload: &Workload<'_>) 
             kind,
             Prediction::Bytes(0),
             format!(
-                "limit {} B; no kernel calls printf",
-                limits.printf_fifo_bytes
+                "limit {}; no kernel calls printf",
+                human(limits.printf_fifo_bytes)
             ),
         ),
         (true, Some(_)) => (
             kind,
             Prediction::Bytes(0),
             format!(
-                "limit {} B; no cost apart from the printf module load (measured)",
-                limits.printf_fifo_bytes
+                "limit {}; no cost apart from the printf module load (measured)",
+                human(limits.printf_fifo_bytes)
             ),
         ),
         (true, None) => (
@@ -670,33 +674,28 @@ fn per_sm(max_threads_per_sm: u32, per_thread: u64) -> u64 {
     u64::from(max_threads_per_sm).saturating_mul(per_thread)
 }
 
-/// `bytes` with its size in MiB, for the summary line.
-fn with_mib(bytes: u64) -> String {
-    format!("{bytes} ({})", memcore::bytes::mib(bytes))
-}
-
 /// The limits, the table of every line ([`render_rows`]), and how local
-/// memory adds up.
+/// memory adds up, every line within [`LINE_WIDTH`].
 impl fmt::Display for Ledger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "ledger of {}: stack {} B/thread, malloc heap {} B, printf FIFO {} B",
+        let limits = format!(
+            "ledger of {}: stack {} per thread, malloc heap {}, printf FIFO {}",
             self.device,
-            self.limits.stack_bytes,
-            self.limits.malloc_heap_bytes,
-            self.limits.printf_fifo_bytes
-        )?;
+            human(self.limits.stack_bytes),
+            human(self.limits.malloc_heap_bytes),
+            human(self.limits.printf_fifo_bytes)
+        );
+        writeln!(f, "{}", wrap(&limits, LINE_WIDTH, "", "  "))?;
         render_rows(f, &self.rows())?;
-        writeln!(
-            f,
-            "local memory: {} B/thread x {} threads = {} per SM; x {} SMs = {}",
-            self.per_thread_local_bytes,
+        let local = format!(
+            "local memory: {} per thread x {} threads = {} per SM; x {} SMs = {}",
+            human(self.per_thread_local_bytes),
             self.max_threads_per_sm,
-            with_mib(self.local_memory_per_sm_bytes()),
+            human(self.local_memory_per_sm_bytes()),
             self.sm_count,
-            with_mib(self.local_memory_reservation_bytes())
-        )
+            human(self.local_memory_reservation_bytes())
+        );
+        writeln!(f, "{}", wrap(&local, LINE_WIDTH, "", "  "))
     }
 }
 

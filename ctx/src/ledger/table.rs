@@ -1,10 +1,13 @@
 //! The one text form of a ledger: rows of what, bytes predicted, bytes
-//! measured and why, in aligned columns, each figure exact and in MiB
-//! ([`memcore::bytes::mib`]). [`Ledger`](super::Ledger)'s `Display` writes
+//! measured and why, in columns sized to their cells, each figure in
+//! [`memcore::bytes::human`]'s form, within [`LINE_WIDTH`]. [`Ledger`](super::Ledger)'s `Display` writes
 //! its items so; a caller with rows of its own (a pool's, a process's)
 //! writes them the same way.
 
 use std::fmt;
+
+use memcore::bytes::human;
+use memcore::text::{LINE_WIDTH, wrap};
 
 use super::Prediction;
 
@@ -23,16 +26,12 @@ pub struct LedgerRow {
     pub why: String,
 }
 
-/// The narrowest the item column gets, characters: as wide as the ledger's
-/// own names need.
-const ITEM_WIDTH: usize = 18;
-/// Width of each figure column, characters: a bound on a device of a
-/// hundred-odd GiB fits.
-const FIGURE_WIDTH: usize = 36;
-
 /// Writes `rows` under a header line (`item  predicted  measured  why`),
-/// one a line; a row no model covers shows `-`, a model's unknown shows
-/// `unknown`, a bound `at most ...`.
+/// one a line, each column as wide as its widest cell and every figure in
+/// [`memcore::bytes::human`]'s form; the why column is wrapped at words so
+/// that no line passes [`LINE_WIDTH`], later lines indented under it. A row
+/// no model covers shows `-`, a model's unknown shows `unknown`, a bound
+/// `at most ...`.
 ///
 /// ```
 /// use ctx::{LedgerRow, render_rows};
@@ -45,38 +44,51 @@ const FIGURE_WIDTH: usize = 36;
 /// }];
 /// let mut text = String::new();
 /// render_rows(&mut text, &rows)?;
-/// assert!(text.lines().nth(1).unwrap().contains("3145728 (3.0 MiB)  mapped pages"));
+/// assert_eq!(text.lines().nth(1).unwrap(), "pool         - 3.00 MiB  mapped pages");
 /// # Ok::<(), std::fmt::Error>(())
 /// ```
 pub fn render_rows(out: &mut impl fmt::Write, rows: &[LedgerRow]) -> fmt::Result {
-    let width = rows
+    let cells: Vec<[String; 3]> = rows
         .iter()
-        .map(|row| row.item.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(ITEM_WIDTH);
+        .map(|row| {
+            [
+                row.item.clone(),
+                prediction(row.predicted),
+                figure(row.measured),
+            ]
+        })
+        .collect();
+    let headers = ["item", "predicted", "measured"];
+    let widths: [usize; 3] = core::array::from_fn(|column| {
+        cells
+            .iter()
+            .map(|cell| cell[column].chars().count())
+            .chain([headers[column].len()])
+            .max()
+            .unwrap_or(0)
+    });
+    let why_at = widths.iter().sum::<usize>() + 4;
+    let indent = " ".repeat(why_at);
+    let [item, predicted, measured] = widths;
     writeln!(
         out,
-        "{:<width$} {:>FIGURE_WIDTH$} {:>FIGURE_WIDTH$}  why",
-        "item", "predicted", "measured"
+        "{:<item$} {:>predicted$} {:>measured$}  why",
+        headers[0], headers[1], headers[2]
     )?;
-    for row in rows {
-        writeln!(
-            out,
-            "{:<width$} {:>FIGURE_WIDTH$} {:>FIGURE_WIDTH$}  {}",
-            row.item,
-            prediction(row.predicted),
-            figure(row.measured),
-            row.why
-        )?;
+    for (row, cell) in rows.iter().zip(&cells) {
+        let lead = format!(
+            "{:<item$} {:>predicted$} {:>measured$}  ",
+            cell[0], cell[1], cell[2]
+        );
+        writeln!(out, "{}", wrap(&row.why, LINE_WIDTH, &lead, &indent))?;
     }
     Ok(())
 }
 
-/// `bytes` exactly and in MiB, or `-` for a figure nobody has.
+/// `bytes` for people, or `-` for a figure nobody has.
 fn figure(bytes: Option<u64>) -> String {
     match bytes {
-        Some(bytes) => format!("{bytes} ({})", memcore::bytes::mib(bytes)),
+        Some(bytes) => human(bytes),
         None => "-".into(),
     }
 }
@@ -85,9 +97,7 @@ fn figure(bytes: Option<u64>) -> String {
 fn prediction(predicted: Option<Prediction>) -> String {
     match predicted {
         None => "-".into(),
-        Some(Prediction::Bytes(bytes)) => figure(Some(bytes)),
-        Some(Prediction::AtMost(bytes)) => format!("at most {}", figure(Some(bytes))),
-        Some(Prediction::Unknown) => "unknown".into(),
+        Some(predicted) => predicted.to_string(),
     }
 }
 
@@ -96,32 +106,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn columns_line_up_and_widen_for_long_items() {
-        let row = |item: &str, predicted, measured| LedgerRow {
+    fn columns_fit_their_cells_and_the_why_wraps_under_itself() {
+        let row = |item: &str, predicted, measured, why: &str| LedgerRow {
             item: item.into(),
             predicted,
             measured,
-            why: "because".into(),
+            why: why.into(),
         };
+        let long = "because ".repeat(30);
         let mut text = String::new();
         render_rows(
             &mut text,
             &[
-                row("total", Some(Prediction::Bytes(1 << 30)), None),
-                row("    freed, waiting on streams", None, Some(512)),
-                row("driver + context", Some(Prediction::Unknown), None),
-                row("free", Some(Prediction::AtMost(1 << 20)), None),
+                row("total", Some(Prediction::Bytes(1 << 30)), None, "because"),
+                row("    freed, waiting on streams", None, Some(512), "because"),
+                row("driver + context", Some(Prediction::Unknown), None, &long),
+                row("free", Some(Prediction::AtMost(1 << 20)), None, "because"),
             ],
         )
         .unwrap();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 5);
-        let why_at: Vec<usize> = lines.iter().map(|l| l.rfind("  ").unwrap()).collect();
-        assert!(why_at.windows(2).all(|w| w[0] == w[1]), "{text}");
-        assert!(lines[1].contains("1073741824 (1024.0 MiB)"), "{text}");
-        assert!(lines[2].contains("512 (0.0 MiB)  because"), "{text}");
-        assert!(lines[1].trim_end().ends_with("-  because"), "{text}");
+        assert!(lines.len() > 5, "{text}");
+        assert!(
+            lines.iter().all(|line| line.chars().count() <= LINE_WIDTH),
+            "{text}"
+        );
+        let why_at = lines[0].find("why").unwrap();
+        for line in &lines[1..] {
+            assert_eq!(line.find("because"), Some(why_at), "{text}");
+        }
+        assert!(lines[1].contains("1.00 GiB        -  because"), "{text}");
+        assert!(lines[2].contains("-    512 B  because"), "{text}");
         assert!(lines[3].contains("unknown"), "{text}");
-        assert!(lines[4].contains("at most 1048576 (1.0 MiB)"), "{text}");
+        assert!(
+            lines.iter().any(|line| line.contains("at most 1.00 MiB")),
+            "{text}"
+        );
+        // The item column is as wide as its widest cell, no wider.
+        assert_eq!(lines[0].find("predicted"), Some(37), "{text}");
     }
 }

@@ -14,9 +14,10 @@ use plotters::prelude::*;
 use serde_json::{Map, Value, json};
 
 use crate::cli::byte_size;
-use crate::report::{Swatch, escape, legend, page};
+use crate::report::{Swatch, conclusion, escape, legend, page};
 use crate::trace::snapshot::moments;
-use memcore::bytes::human;
+use memcore::bytes::{exact, human};
+use memcore::text::{LINE_WIDTH, wrap};
 
 /// `--profile`'s help: the built-in models, from the profile table.
 fn profile_help() -> String {
@@ -160,8 +161,10 @@ pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
     let most = kernels::cm_heap::region_bytes(kernels::cm_heap::MAX_CHUNKS);
     if let Some(bytes) = args.cm_heap.filter(|&b| b > most) {
         return Err(anyhow!(
-            "--cm-heap {bytes} B: a cm_malloc heap holds at most {} chunks, {most} B of regions",
-            kernels::cm_heap::MAX_CHUNKS
+            "--cm-heap {}: a cm_malloc heap holds at most {} chunks, {} of regions",
+            memcore::bytes::exact(bytes),
+            kernels::cm_heap::MAX_CHUNKS,
+            memcore::bytes::exact(most)
         ));
     }
     if args.device == Some(DeviceChoice::All) {
@@ -236,15 +239,17 @@ pub(crate) fn model_header(profile: &DeviceProfile) -> String {
 pub(crate) fn text(explained: &Explained) -> String {
     let ledger = &explained.ledger;
     let mut out = String::new();
-    if !ledger.is_measured() {
-        out += &model_header(&explained.profile);
+    let mut say = |text: &str| {
+        out += &wrap(text, LINE_WIDTH, "", "  ");
         out.push('\n');
+    };
+    if !ledger.is_measured() {
+        say(&model_header(&explained.profile));
     }
-    out += &ledger.to_string();
     let unknown: Vec<&str> = ledger.unknown_items().map(|item| item.name()).collect();
-    if !unknown.is_empty() {
-        out += &format!(
-            "unknown for this model: {}; so free is at most {}\n",
+    let unknown = (!unknown.is_empty()).then(|| {
+        format!(
+            "unknown for this model: {}; so free is at most {}",
             unknown.join(", "),
             human(
                 ledger
@@ -252,10 +257,19 @@ pub(crate) fn text(explained: &Explained) -> String {
                     .and_then(|item| item.predicted.most())
                     .unwrap_or(0)
             )
-        );
+        )
+    });
+    out += &ledger.to_string();
+    if let Some(unknown) = unknown {
+        out += &wrap(&unknown, LINE_WIDTH, "", "  ");
+        out.push('\n');
     }
     if let Some(advice) = ledger.local_memory_advice() {
         out += &advice.to_string();
+    }
+    if let Some(conclusion) = conclusion::cm_heap(ledger) {
+        out += &wrap(&conclusion, LINE_WIDTH, "", "  ");
+        out.push('\n');
     }
     out
 }
@@ -364,6 +378,9 @@ pub(crate) fn to_json(explained: &Explained, kernel_local_bytes: &[u64]) -> Valu
             .collect::<Vec<_>>()
             .into(),
     );
+    if let Some(conclusion) = conclusion::cm_heap(ledger) {
+        object.insert("cm_heap_conclusion".into(), conclusion.into());
+    }
     if let Some(advice) = ledger.local_memory_advice() {
         object.insert(
             "local_memory_advice".into(),
@@ -527,6 +544,9 @@ fn ledger_page(explained: &Explained) -> Result<String> {
             list(&ctx::REDUCE_LOCAL_MEMORY)
         );
     }
+    if let Some(conclusion) = conclusion::cm_heap(ledger) {
+        body += &format!("<p><b>{}</b></p>\n", escape(&conclusion));
+    }
     body += &svg;
     body += &legend(&entries);
     body += "<table><tr><th>item</th><th>predicted</th><th>measured</th><th>why</th></tr>\n";
@@ -534,14 +554,12 @@ fn ledger_page(explained: &Explained) -> Result<String> {
         body += &format!(
             "<tr><td>{}</td><td>{}</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>\n",
             escape(item.name()),
-            match item.predicted.most() {
-                Some(bytes) => format!("{} ({bytes} B)", item.predicted),
-                None => item.predicted.to_string(),
+            match item.predicted {
+                ctx::Prediction::Bytes(bytes) => exact(bytes),
+                ctx::Prediction::AtMost(bytes) => format!("at most {}", exact(bytes)),
+                ctx::Prediction::Unknown => item.predicted.to_string(),
             },
-            item.measured.map_or_else(
-                || "-".into(),
-                |bytes| format!("{} ({bytes} B)", human(bytes))
-            ),
+            item.measured.map_or_else(|| "-".into(), exact),
             escape(&item.explanation)
         );
     }

@@ -20,6 +20,7 @@ use crate::trace::display_name;
 use crate::trace::snapshot::moments::{self, AtMoment, Moment, OomEntry};
 use crate::trace::snapshot::state::{self, Segment, State};
 use memcore::bytes::human;
+use memcore::text::{LINE_WIDTH, wrap};
 
 /// Pinned segments the text lists before it says how many more there are.
 const LISTED_SEGMENTS: usize = 10;
@@ -199,24 +200,7 @@ fn block_origin(block: &state::LiveBlock) -> String {
 
 /// A frame as `file:line in function`, control characters escaped.
 fn frame_text(frame: &state::Frame) -> String {
-    printable(&format!(
-        "{}:{} in {}",
-        frame.file, frame.line, frame.function
-    ))
-}
-
-/// `text` with control characters written as escapes, so a recorded name
-/// cannot move the terminal's cursor.
-fn printable(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
+    trace::printable(&frame.to_string())
 }
 
 /// A block's stack, innermost first, one frame a line.
@@ -244,24 +228,37 @@ fn segment_line(segment: &Segment) -> String {
 
 /// The state for people, with its out-of-memory story.
 pub fn text(name: &str, state: &State, story: &OomStory) -> String {
-    let mut out = format!(
-        "{name}: {} segments, {} reserved, {} allocated, {} active, {} free\n",
-        state.segments.len(),
-        human(state.reserved_bytes),
-        human(state.allocated_bytes),
-        human(state.active_bytes),
-        human(state.free_bytes),
+    let mut out = String::new();
+    let say = |out: &mut String, text: &str, first: &str, rest: &str| {
+        let _ = writeln!(out, "{}", wrap(text, LINE_WIDTH, first, rest));
+    };
+    say(
+        &mut out,
+        &format!(
+            "{name}: {} segments, {} reserved, {} allocated, {} active, {} free",
+            state.segments.len(),
+            human(state.reserved_bytes),
+            human(state.allocated_bytes),
+            human(state.active_bytes),
+            human(state.free_bytes),
+        ),
+        "",
+        "  ",
     );
-    let _ = writeln!(
-        out,
-        "free: {} truly stranded in segments holding live blocks (largest free block there {}); \
-         {} in segments with no live block, which PyTorch frees and retries with before it \
-         raises out of memory",
-        human(story.stranded_bytes),
-        human(story.largest_stranded_block_bytes),
-        human(story.retry_frees_bytes),
+    say(
+        &mut out,
+        &format!(
+            "free: {} truly stranded in segments holding live blocks (largest free block there \
+             {}); {} in segments with no live block, which PyTorch frees and retries with before \
+             it raises out of memory",
+            human(story.stranded_bytes),
+            human(story.largest_stranded_block_bytes),
+            human(story.retry_frees_bytes),
+        ),
+        "",
+        "  ",
     );
-    let _ = writeln!(out, "=> {}", story.conclusion);
+    say(&mut out, &story.conclusion, "=> ", "   ");
     let _ = writeln!(
         out,
         "  {:<14} {:<5} {:>11} {:>11} {:>11} {:>11} {:>13}",
@@ -271,13 +268,17 @@ pub fn text(name: &str, state: &State, story: &OomStory) -> String {
         let _ = writeln!(out, "  {}", segment_line(segment));
     }
     let pinned = state.pinned_segments();
-    let _ = writeln!(
-        out,
-        "live blocks keep {} segments from being returned: {} free ({:.1}% of reserved) \
-         that empty_cache() cannot release",
-        pinned.len(),
-        human(state.pinned_free_bytes),
-        share(state.pinned_free_bytes, state.reserved_bytes),
+    say(
+        &mut out,
+        &format!(
+            "live blocks keep {} segments from being returned: {} free ({:.1}% of reserved) \
+             that empty_cache() cannot release",
+            pinned.len(),
+            human(state.pinned_free_bytes),
+            share(state.pinned_free_bytes, state.reserved_bytes),
+        ),
+        "",
+        "  ",
     );
     for segment in pinned.iter().take(LISTED_SEGMENTS) {
         let _ = writeln!(
@@ -289,15 +290,14 @@ pub fn text(name: &str, state: &State, story: &OomStory) -> String {
             segment.live_blocks.len()
         );
         for block in segment.live_blocks.iter().take(LISTED_BLOCKS) {
-            let _ = writeln!(
-                out,
-                "    {:>11} at {:#x}  {}",
+            let lead = format!(
+                "    {:>11} at {:#x}  ",
                 human(block.size_bytes),
-                block.address,
-                block_origin(block)
+                block.address
             );
+            say(&mut out, &block_origin(block), &lead, "          ");
             for frame in stack_text(block, LISTED_FRAMES) {
-                let _ = writeln!(out, "        at {frame}");
+                say(&mut out, &frame, "        at ", "          ");
             }
         }
         if segment.live_blocks.len() > LISTED_BLOCKS {

@@ -16,7 +16,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::cli::byte_size;
-use memcore::bytes::{MIB, human};
+use memcore::bytes::{MIB, exact, human};
+use memcore::text::{LINE_WIDTH, wrap};
 
 /// Assumed header of every device-heap block, bytes.
 pub const BLOCK_HEADER_BYTES: u64 = 16;
@@ -149,39 +150,35 @@ pub fn run(args: HeapArgs, out: &mut dyn Write) -> Result<()> {
         writeln!(out, "{value}")?;
         return Ok(());
     }
-    writeln!(
-        out,
-        "pattern: {} threads, each holding {} ({} requested bytes per thread)",
-        args.threads,
-        args.sizes
-            .iter()
-            .map(|&size| human(size))
-            .collect::<Vec<_>>()
-            .join(" + "),
-        prediction.requested_bytes_per_thread
-    )?;
-    writeln!(
-        out,
-        "prediction (no GPU measured): minimum heap {} ({} B), recommended cudaLimitMallocHeapSize {} ({} B)",
-        human(prediction.minimum_heap_bytes),
-        prediction.minimum_heap_bytes,
-        human(prediction.recommended_heap_bytes),
-        prediction.recommended_heap_bytes
-    )?;
-    writeln!(
-        out,
-        "model: each block takes its size rounded up to {BLOCK_GRANULE_BYTES} B plus a {BLOCK_HEADER_BYTES} B header \
-         (an assumption; NVIDIA does not document the device heap); the recommendation adds \
-         {HEADROOM_PERCENT}% because the H200's heap returned NULL early under a million concurrent callers"
-    )?;
+    let mut lines = vec![
+        format!(
+            "pattern: {} threads, each holding {} ({} requested bytes per thread)",
+            args.threads,
+            args.sizes
+                .iter()
+                .map(|&size| human(size))
+                .collect::<Vec<_>>()
+                .join(" + "),
+            prediction.requested_bytes_per_thread
+        ),
+        format!(
+            "prediction (no GPU measured): minimum heap {}, recommended cudaLimitMallocHeapSize {}",
+            exact(prediction.minimum_heap_bytes),
+            exact(prediction.recommended_heap_bytes),
+        ),
+        format!(
+            "model: each block takes its size rounded up to {BLOCK_GRANULE_BYTES} B plus a \
+             {BLOCK_HEADER_BYTES} B header (an assumption; NVIDIA does not document the device \
+             heap); the recommendation adds {HEADROOM_PERCENT}% because the H200's heap returned \
+             NULL early under a million concurrent callers"
+        ),
+    ];
     if let Some(measured) = measured {
-        writeln!(
-            out,
+        lines.push(format!(
             "measured on the GPU: smallest heap with no NULL {}; tried {}",
-            measured.smallest_sufficient_bytes.map_or_else(
-                || "not found".into(),
-                |bytes| format!("{} ({bytes} B)", human(bytes))
-            ),
+            measured
+                .smallest_sufficient_bytes
+                .map_or_else(|| "not found".into(), exact),
             measured
                 .tries
                 .iter()
@@ -193,7 +190,10 @@ pub fn run(args: HeapArgs, out: &mut dyn Write) -> Result<()> {
                 ))
                 .collect::<Vec<_>>()
                 .join(", ")
-        )?;
+        ));
+    }
+    for line in lines {
+        writeln!(out, "{}", wrap(&line, LINE_WIDTH, "", "  "))?;
     }
     Ok(())
 }

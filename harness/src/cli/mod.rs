@@ -25,14 +25,21 @@ program's own allocations take (`cudamem run -- PROGRAM` for your own program), 
 allocation traces (RMM logs, PyTorch memory snapshots) through the allocators the program could use \
 instead, ending with which setting saves how much.
 
-With no command, cudamem replays its built-in ResNet-50 training trace, prints the table and its \
-conclusion, and writes the HTML report cudamem-report.html in the current directory.";
+With no command, cudamem replays its built-in ResNet-50 training traces (a PyTorch memory snapshot, \
+then an RMM log), prints each table and its conclusion, and writes the HTML report \
+cudamem-report.html in the current directory.";
 
 /// The command line of `cudamem`.
 #[derive(Debug, Parser)]
-#[command(name = "cudamem", version, about = ABOUT, long_about = None)]
+#[command(
+    name = "cudamem",
+    version,
+    about = ABOUT,
+    long_about = None,
+    max_term_width = memcore::text::LINE_WIDTH
+)]
 pub struct Cli {
-    /// The subcommand; none: `replay` of the built-in trace.
+    /// The subcommand; none: `replay` of the built-in traces.
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -42,7 +49,7 @@ pub struct Cli {
 pub enum Command {
     /// Replay allocation traces through the allocators a program could use,
     /// and say which saves how much (with no trace: the built-in ResNet-50
-    /// trace, and an HTML report).
+    /// traces, and an HTML report).
     #[command(after_long_help = crate::report::summary::columns_help())]
     Replay(replay_command::ReplayArgs),
     /// What a CUDA context costs before the first allocation, item by item.

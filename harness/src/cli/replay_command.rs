@@ -20,8 +20,13 @@ use crate::report::{self, TraceReport};
 use crate::trace;
 use crate::trace::Trace;
 
-/// Where the report goes when `cudamem` runs on the built-in trace.
+/// Where the report goes when `cudamem` runs on the built-in traces.
 pub const DEFAULT_REPORT: &str = "cudamem-report.html";
+
+/// The last line of a replay of the built-in traces: how to ask the same
+/// about one's own program.
+pub const ASK_ABOUT_YOURS: &str = "Your program: `cudamem run -- PROGRAM`, or `cudamem replay \
+FILE` (a PyTorch snapshot, an RMM log).";
 
 /// `--stitch-large`'s default: memcore's large handle (`human` reads back
 /// exactly for it, which a test holds).
@@ -46,9 +51,10 @@ struct Replayed {
 /// of them: a bare `cudamem` runs [`ReplayArgs::defaults`].
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
-    /// Trace files: RMM logging_resource_adaptor CSV logs (gzip or plain) or
-    /// PyTorch memory snapshots (torch.cuda.memory._dump_snapshot). None: the
-    /// built-in ResNet-50 trace, with an HTML report.
+    /// Trace files: PyTorch memory snapshots (torch.cuda.memory._dump_snapshot)
+    /// or RMM logging_resource_adaptor CSV logs (gzip or plain). None: the
+    /// built-in ResNet-50 traces (a PyTorch snapshot, then an RMM log), with
+    /// an HTML report.
     pub traces: Vec<PathBuf>,
     /// Replay through this policy only (repeatable); default: all of them
     /// but stitched-pool (with --gpu: stitched-pool).
@@ -303,6 +309,9 @@ pub fn run(args: ReplayArgs, out: &mut dyn Write) -> Result<()> {
             writeln!(out, "report: {}", path.display())?;
         }
     }
+    if args.traces.is_empty() && !args.json {
+        writeln!(out, "{ASK_ABOUT_YOURS}")?;
+    }
     Ok(())
 }
 
@@ -324,7 +333,7 @@ fn warn_oddities(traces: &[Trace]) {
     }
 }
 
-/// The traces `args` names (the built-in one if none), of the snapshot
+/// The traces `args` names (the built-in ones if none), of the snapshot
 /// device it picks.
 fn load_traces(args: &ReplayArgs) -> Result<Vec<Trace>> {
     if args.traces.is_empty() {

@@ -8,7 +8,7 @@ use std::fmt;
 use anyhow::Result;
 use ctx::CompactionPolicy;
 use memcore::bytes::human;
-use memcore::{Fit, PAGE_BYTES, STITCH_ALIGN, StitchConfig, VIRTUAL_BYTES, pytorch};
+use memcore::{Fit, PAGE_BYTES, StitchConfig, pytorch};
 use serde::Serialize;
 
 use crate::replay::baseline::{OffsetAllocatorPolicy, RangeAllocPolicy};
@@ -131,7 +131,8 @@ impl PolicySpec {
     /// in a few sentences, for the report and `--help`.
     pub fn summary(&self, settings: &Settings) -> String {
         let moves = if self.moves_blocks {
-            "Moves live blocks (compaction): only for callers that hold handles, not pointers."
+            "Moves live blocks to close gaps, so only code that lets its blocks move can use it \
+             (no PyTorch or RMM program can)."
         } else {
             "Never moves a block."
         };
@@ -209,7 +210,9 @@ pub static POLICIES: &[PolicySpec] = &[
     PolicySpec {
         name: "first-fit",
         describe: |_| {
-            "a reference free list: each request takes the lowest free range that fits".into()
+            "a plain free list: each request goes in the lowest gap that fits (the textbook \
+             baseline)"
+                .into()
         },
         moves_blocks: false,
         pytorch: None,
@@ -223,9 +226,9 @@ pub static POLICIES: &[PolicySpec] = &[
     PolicySpec {
         name: "best-fit",
         describe: |_| {
-            "the same free list, taking the smallest free range that fits: how RMM's \
-             pool_memory_resource places blocks (that pool grows by whole steps of its own, so \
-             it holds at least this footprint)"
+            "the same free list, each request in the smallest gap that fits, as RMM's pool \
+             places blocks (that pool also grows in steps of its own, so it holds at least this \
+             much)"
                 .into()
         },
         moves_blocks: false,
@@ -243,8 +246,8 @@ pub static POLICIES: &[PolicySpec] = &[
     PolicySpec {
         name: "tlsf",
         describe: |_| {
-            "two-level segregated fit (TLSF): constant-time allocate and free over size \
-             classes, in one address range grown at its end, never moving a block"
+            "cudamem's default pool for PyTorch: one range of memory grown at its end, each \
+             request put in a close-fitting gap in constant time (TLSF)"
                 .into()
         },
         moves_blocks: false,
@@ -262,10 +265,9 @@ pub static POLICIES: &[PolicySpec] = &[
     PolicySpec {
         name: "tlsf-compact",
         describe: |_| {
-            "a compacting pool (TLSF whose blocks the caller names by handles, so they can \
-             move), set to grow the least: when a request does not fit, it first moves the \
-             fewest blocks that make room; when no move can, it slides every block down and \
-             grows by what is still missing"
+            "a pool that moves blocks to grow the least: when a request does not fit, it first \
+             moves the fewest blocks that make room, else slides every block down, and only \
+             then grows"
                 .into()
         },
         moves_blocks: true,
@@ -284,8 +286,8 @@ pub static POLICIES: &[PolicySpec] = &[
         name: "pool-vmm",
         describe: |_| {
             format!(
-                "the compacting pool as it runs on a GPU: moves blocks to close gaps before it \
-                 grows, and grows by mapping {} pages of virtual memory",
+                "the same moving pool as it runs on a GPU: it moves blocks to close gaps before \
+                 it grows, and grows by mapping {} pages",
                 human(GRANULE)
             )
         },
@@ -304,8 +306,8 @@ pub static POLICIES: &[PolicySpec] = &[
     PolicySpec {
         name: "offset-allocator",
         describe: |_| {
-            "the offset-allocator crate (Sebastian Aaltonen's OffsetAllocator): constant-time, in \
-             one fixed arena"
+            "the offset-allocator crate (a port of Sebastian Aaltonen's OffsetAllocator): \
+             constant time, in one range of fixed size"
                 .into()
         },
         moves_blocks: false,
@@ -319,9 +321,7 @@ pub static POLICIES: &[PolicySpec] = &[
     },
     PolicySpec {
         name: "range-alloc",
-        describe: |_| {
-            "the range-alloc crate (wgpu's range allocator): best fit, grown at its end".into()
-        },
+        describe: |_| "the range-alloc crate (wgpu's allocator): best fit, grown at its end".into(),
         moves_blocks: false,
         pytorch: None,
         rmm: None,
@@ -333,7 +333,7 @@ pub static POLICIES: &[PolicySpec] = &[
     },
     PolicySpec {
         name: "stitch",
-        describe: |settings| describe_stitch("cudamem's stitching allocator", &settings.stitch),
+        describe: |settings| describe_stitch(&settings.stitch),
         moves_blocks: false,
         pytorch: Some(Pick {
             how: "CUDAMEM_POLICY=stitch with cudamem_torch",
@@ -351,9 +351,8 @@ pub static POLICIES: &[PolicySpec] = &[
         describe: |_| {
             format!(
                 "a model of PyTorch's caching allocator with expandable segments: requests \
-                 rounded up to {} blocks; those up to {} in the small pool's segment, grown by {} \
-                 pages, the rest in the large pool's, grown by {} pages; best fit over what is \
-                 mapped, pages mapped at the end and kept",
+                 rounded up to {}; those up to {} in one segment grown by {} pages, the rest in \
+                 another grown by {} pages; each segment keeps the pages it mapped",
                 human(pytorch::MIN_BLOCK_BYTES),
                 human(pytorch::SMALL_SIZE_BYTES),
                 human(pytorch::SMALL_BUFFER_BYTES),
@@ -380,9 +379,9 @@ pub static POLICIES: &[PolicySpec] = &[
                 None => "a simulated H200 (with --gpu N, CUDA device N)".to_string(),
             };
             format!(
-                "the stitching pool on {on}: the stitch policy carried out through the driver's \
-                 virtual memory calls, each allocate and free timed; its footprint and driver calls are the \
-                 stitch row's, and what the device measured is listed under the table"
+                "the stitch policy run for real on {on}, through the driver's virtual memory \
+                 calls, each allocate and free timed; its memory is the stitch row's, and what \
+                 the device measured is listed under the table"
             )
         },
         moves_blocks: false,
@@ -396,59 +395,38 @@ pub static POLICIES: &[PolicySpec] = &[
     },
 ];
 
-/// What a stitching allocator with `config` does, after `what`: the
-/// placement, the handles, the budget and the idle cache, as memcore's
-/// `Stitch` carries them out.
-fn describe_stitch(what: &str, config: &StitchConfig) -> String {
+/// What the stitched pool with `config` does, in a user's words: where
+/// blocks sit, what backs them, and when it makes or reuses memory.
+fn describe_stitch(config: &StitchConfig) -> String {
     let large = u64::from(config.large_pages) * PAGE_BYTES;
-    let mut text = format!(
-        "{what}: blocks at any {} address{} in a {} virtual range, placed by TLSF preferring low \
-         addresses (close to best fit, so blocks stay dense on few pages); ",
-        human(STITCH_ALIGN),
-        if config.align_large && config.large_pages > 1 && large.is_power_of_two() {
-            format!(
-                " (requests of {} or more at a multiple of it)",
-                human(large)
-            )
-        } else {
-            String::new()
-        },
-        human(VIRTUAL_BYTES),
-    );
-    let budget = format!(
-        "a budget of {} over the most bytes live so far",
-        permille(config.slack_permille)
-    );
-    if config.large_pages > 1 {
-        text += &format!(
-            "a {large} chunk no handle backs yet gets one {large} handle while that keeps the \
-             footprint within {budget} (a new handle may pass it by {} of its bytes){}, else its \
-             pages get {page} handles, idle ones first (moved from the highest place they are \
-             mapped), then new ones; ",
-            permille(config.overshoot_permille),
-            if config.grow_in_large {
-                " or nothing is idle"
-            } else {
-                ""
-            },
-            large = human(large),
-            page = human(PAGE_BYTES),
-        );
-    } else {
-        text += &format!(
-            "every page a live block touches is backed by its own {} handle, created while the \
-             footprint stays within {budget}, else moved from an idle page; ",
+    let pieces = if config.large_pages > 1 {
+        format!(
+            "{} pieces of physical memory ({} ones where a whole piece would hold too much)",
+            human(large),
             human(PAGE_BYTES)
-        );
-    }
-    text += "handles no live block touches stay mapped for the next request";
-    if config.keep_idle_bytes > 0 {
-        text += &format!(
-            " ({} of them even past the budget)",
+        )
+    } else {
+        format!("{} pieces of physical memory", human(PAGE_BYTES))
+    };
+    let keep = if config.keep_idle_bytes > 0 {
+        format!(
+            ", and keeps {} of unused pieces ready beyond that",
             human(config.keep_idle_bytes)
-        );
-    }
-    text + "; footprint is the bytes in created handles"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "cudamem's stitched pool: each block stays where it is put, and only the memory that \
+         blocks use is backed, by {pieces}; it makes a new piece while it holds at most {} over \
+         the most the program has had live{}, otherwise it reuses a piece no block needs{keep}",
+        permille(config.slack_permille),
+        if config.large_pages > 1 && config.grow_in_large {
+            " (or when none is unused)"
+        } else {
+            ""
+        },
+    )
 }
 
 /// Parts per thousand as a percentage.
@@ -502,7 +480,7 @@ impl clap::builder::TypedValueParser for PolicyParser {
         &self,
     ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
         Some(Box::new(POLICIES.iter().map(|spec| {
-            clap::builder::PossibleValue::new(spec.name).help((spec.describe)(&Settings::default()))
+            clap::builder::PossibleValue::new(spec.name).help(spec.summary(&Settings::default()))
         })))
     }
 }
@@ -551,19 +529,15 @@ mod tests {
         let stitch = named("stitch").unwrap();
         let text = stitch.summary(&Settings::default());
         for said in [
-            "any 512 B address",
-            "128 TiB virtual range",
-            "TLSF preferring low addresses",
-            "one 32.0 MiB handle",
-            "a budget of 2% over the most bytes live so far",
-            "by 100% of its bytes) or nothing is idle, else",
-            "2.00 MiB handles",
+            "cudamem's stitched pool",
+            "32.0 MiB pieces of physical memory (2.00 MiB ones",
+            "at most 2% over the most the program has had live (or when none is unused)",
+            "reuses a piece no block needs",
             "Never moves a block.",
             "To use it: from PyTorch, CUDAMEM_POLICY=stitch with cudamem_torch; from Rust, ctx::StitchedPool.",
         ] {
             assert!(text.contains(said), "{said:?} not in {text}");
         }
-        assert!(!text.contains("best fit in"), "{text}");
         let pages_only = Settings {
             stitch: StitchConfig {
                 large_pages: 1,
@@ -574,12 +548,63 @@ mod tests {
             ..Settings::default()
         };
         let text = stitch.summary(&pages_only);
-        assert!(text.contains("its own 2.00 MiB handle"), "{text}");
-        assert!(text.contains("a budget of 2.5% over"), "{text}");
         assert!(
-            text.contains("64.0 MiB of them even past the budget"),
+            text.contains("by 2.00 MiB pieces of physical memory;"),
             "{text}"
         );
+        assert!(text.contains("at most 2.5% over"), "{text}");
+        assert!(
+            text.contains("keeps 64.0 MiB of unused pieces ready"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn every_summary_is_in_a_users_words() {
+        // The words of memcore's and ctx's insides, which a user of the
+        // command never meets.
+        let insides = [
+            "Stitch",
+            "StitchConfig",
+            "Tlsf",
+            "preferring_low",
+            "handle",
+            "budget",
+            "arena",
+            "chunk",
+            "compacting",
+            "SimDevice",
+        ];
+        for spec in POLICIES {
+            let text = spec.summary(&Settings::default());
+            let described = (spec.describe)(&Settings::default());
+            for word in insides {
+                assert!(
+                    !described.contains(word),
+                    "{}: {word:?} in {described}",
+                    spec.name
+                );
+            }
+            // What it is, then whether it moves blocks, then how to use it.
+            let moves = text.find(if spec.moves_blocks {
+                "Moves live blocks"
+            } else {
+                "Never moves"
+            });
+            let use_it = text
+                .find("To use it")
+                .or_else(|| text.find("A model for comparison"));
+            assert!(
+                matches!((moves, use_it), (Some(m), Some(u)) if 0 < m && m < u),
+                "{}: {text}",
+                spec.name
+            );
+            assert!(
+                described.split_whitespace().count() < 80,
+                "{}: {described}",
+                spec.name
+            );
+        }
     }
 
     #[test]

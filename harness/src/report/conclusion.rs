@@ -1,7 +1,11 @@
-//! What a replay concludes, in a sentence or two with the figures: which
-//! setting or allocator the trace's program can actually pick, and how much
-//! it saves against what the program ran. Derived from the rows alone.
+//! What a command concludes, in a sentence or two with the figures. A
+//! replay: which setting or allocator the trace's program can actually
+//! pick, and how much it saves against what the program ran, derived from
+//! the rows alone. `explain --cm-heap`: what the cm_malloc heap takes and
+//! how to size it, derived from the ledger's line.
 
+use ctx::{Ledger, LedgerItemKind};
+use kernels::cm_heap::{self, CHUNK_BYTES, DESCRIPTOR_BYTES};
 use memcore::bytes::human;
 
 use crate::replay::spec::Pick;
@@ -157,6 +161,33 @@ pub fn conclude(summary: &TraceSummary) -> Vec<String> {
     sentences
 }
 
+/// What a ledger with a cm_malloc heap concludes: what the heap takes from
+/// the pool (its chunks and descriptor), its share of the device, and how
+/// to size it; `None` for a ledger without one.
+pub fn cm_heap(ledger: &Ledger) -> Option<String> {
+    let taken = ledger
+        .item(LedgerItemKind::CmHeap)
+        .and_then(|item| item.figure().bytes())
+        .filter(|&bytes| bytes > 0)?;
+    let device = ledger
+        .item(LedgerItemKind::Total)
+        .and_then(|item| item.figure().bytes())
+        .unwrap_or(0);
+    let chunks = cm_heap::chunks_within(taken.saturating_sub(DESCRIPTOR_BYTES));
+    Some(format!(
+        "conclusion: the cm_malloc heap takes {} from the pool ({} of the device): {chunks} \
+         chunks of {} with their block maps, and a {} descriptor. It grows between launches once \
+         a launch's requests fail (those get NULL), so give --cm-heap what one launch holds at \
+         once; kernels that call cm_malloc need none of CUDA's malloc heap (limit {}, taken only \
+         by kernels that call malloc).",
+        human(taken),
+        percent(taken, device),
+        human(CHUNK_BYTES),
+        human(DESCRIPTOR_BYTES),
+        human(ledger.limits().malloc_heap_bytes),
+    ))
+}
+
 /// What a fixed arena refused, if it refused anything.
 fn refusals(summary: &TraceSummary) -> Option<String> {
     let capacity = summary.capacity_bytes?;
@@ -227,6 +258,35 @@ fn percent(part: u64, whole: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cm_heap_says_what_it_takes_and_how_to_size_it() {
+        let h200 = ctx::DeviceProfile::builtin("h200").unwrap();
+        let workload = |cm_heap_bytes| ctx::Workload {
+            kernels_local_bytes: &[],
+            calls_printf: false,
+            calls_malloc: false,
+            user_bytes: 0,
+            cm_heap_bytes,
+        };
+        let limits = ctx::Limits::cuda_default();
+        let none = Ledger::predict_workload(&h200, &limits, &workload(0));
+        assert_eq!(cm_heap(&none), None);
+        let bytes = ctx::device_heap_bytes(256 << 20);
+        let ledger = Ledger::predict_workload(&h200, &limits, &workload(bytes));
+        let said = cm_heap(&ledger).unwrap();
+        let chunks = cm_heap::chunks_within(256 << 20);
+        for part in [
+            format!("takes {} from the pool", human(bytes)),
+            format!("({} of the device)", percent(bytes, h200.total_bytes)),
+            format!("{chunks} chunks of 1.00 MiB"),
+            format!("a {} descriptor", human(DESCRIPTOR_BYTES)),
+            "give --cm-heap what one launch holds".to_string(),
+            "limit 8.00 MiB".to_string(),
+        ] {
+            assert!(said.contains(&part), "{part:?} not in {said}");
+        }
+    }
 
     #[test]
     fn changes_and_savings_carry_sign_and_share() {

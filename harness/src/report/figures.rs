@@ -55,7 +55,7 @@ pub(super) fn peak_bars(curves: &[FootprintCurve<'_>], peak_live: u64) -> String
             ("", x(bytes as f64) + 6.0, "start", "black")
         };
         svg += &format!(
-            "<g><title>{name}: peak {human} ({bytes} bytes), {ratio:.3} x the peak live bytes</title>\
+            "<g><title>{name}: peak {human} ({bytes} B), {ratio:.3} x the peak live bytes</title>\
              <text x=\"{tx}\" y=\"{ty}\" text-anchor=\"end\">{name}</text>\
              <rect x=\"{left}\" y=\"{y}\" width=\"{w:.1}\" height=\"{h}\" fill=\"rgb({r},{g},{b})\"/>\
              <text x=\"{vx:.1}\" y=\"{ty}\" text-anchor=\"{anchor}\" fill=\"{fill}\">{human} ({ratio:.3}){cut}</text></g>",

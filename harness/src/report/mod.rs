@@ -22,7 +22,9 @@ use crate::report::charts::{
 };
 use crate::report::figures::{columns_section, figures_table, peak_bars};
 use crate::report::memory_map::{AddressBands, Raster};
-use crate::report::script::{CURVES_HINT, MAP_HINT, MAP_SCRIPT, hover_blocks};
+use crate::report::script::{
+    CURVES_HINT, MAP_HINT, MAP_HINT_STACKS, MAP_SCRIPT, hover_blocks, hover_stacks,
+};
 use crate::report::summary::TraceSummary;
 use crate::trace::Trace;
 
@@ -61,9 +63,10 @@ pub fn page(title: &str, body: &str) -> String {
          .conclusion{{background:#eef6ee;border-left:5px solid #0a7f3f;padding:.6em 1em;margin:1em 0}}\
          table td.group{{text-align:left;font-weight:bold;background:#f4f4f4;font-family:sans-serif;word-break:normal}}dt{{font-weight:bold}}\
          .map svg,.curves svg{{cursor:crosshair;max-width:100%;height:auto}}\
-         .tip{{font-size:14px;min-height:1.4em;color:#333;margin:0 0 .3em 80px}}\
+         .tip{{font-size:14px;min-height:1.4em;color:#333;margin:0 0 .3em 80px;white-space:pre-line}}\
+         .maps[data-stacks] .map .tip{{min-height:7.2em}}\
          table{{border-collapse:collapse;font-size:14px}}td,th{{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd;white-space:nowrap}}\
-         td:last-child{{text-align:left;white-space:normal;word-break:normal;overflow-wrap:break-word;font-family:monospace}}th{{vertical-align:bottom}}\
+         td:last-child{{text-align:left;white-space:normal;word-break:normal;overflow-wrap:anywhere;font-family:monospace}}th{{vertical-align:bottom}}th:last-child{{text-align:left}}\
          th:first-child,td:first-child{{text-align:left}}svg{{display:block;margin:1em 0 .3em}}\
          .legend{{margin:0 0 1.5em 70px;line-height:1.8}}.legend span{{display:inline-block;margin-right:1.4em;white-space:nowrap}}\
          .legend i{{display:inline-block;width:24px;height:3px;vertical-align:middle;margin-right:.4em}}\
@@ -158,12 +161,11 @@ pub fn replay_page(traces: &[TraceReport<'_>], settings: &Settings) -> Result<St
 fn trace_section(report: &TraceReport<'_>) -> Result<String> {
     let summary = report.summary;
     let mut html = format!(
-        "<h2>{}</h2>\n<p>{} events, {} allocations, peak live {} ({} bytes){}</p>\n",
+        "<h2>{}</h2>\n<p>{} events, {} allocations, peak live {}{}</p>\n",
         escape(&summary.trace),
         summary.events,
         report.trace.allocations,
-        human(summary.peak_live_bytes),
-        summary.peak_live_bytes,
+        memcore::bytes::exact(summary.peak_live_bytes),
         summary
             .capacity_bytes
             .map(|bytes| format!(", fixed arena of {}", human(bytes)))
@@ -264,6 +266,18 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
         "<h3>Memory maps</h3>\n<p>{}</p>\n",
         escape(MEMORY_MAP_INTRO)
     );
+    // The recorded stacks, once for every map of the trace.
+    let stacks = hover_stacks(report.trace, &lifetimes, &sizes);
+    let block_stacks = match &stacks {
+        Some((table, of_block)) => {
+            html += &format!("<div class=\"maps\" data-stacks=\"{}\">\n", escape(table));
+            of_block.clone()
+        }
+        None => {
+            html += "<div class=\"maps\">\n";
+            Vec::new()
+        }
+    };
     for (outcome, placement) in &report.policies {
         let bands = if outcome.policy.contiguous {
             AddressBands::default()
@@ -318,11 +332,19 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
                 "virtual address, gaps cut"
             },
         )?;
-        let blocks = hover_blocks(placement, &bands, &lifetimes, &sizes, &axis, frame.unit);
+        let blocks = hover_blocks(
+            placement,
+            &bands,
+            &lifetimes,
+            &sizes,
+            &block_stacks,
+            &axis,
+            frame.unit,
+        );
         html += &format!(
             "<div class=\"map\" data-px0=\"{}\" data-px1=\"{}\" data-py0=\"{}\" data-py1=\"{}\" \
              data-x1=\"{}\" data-y1=\"{}\" data-unit=\"{}\" data-time=\"{}\" data-blocks=\"{}\">\
-             <div class=\"tip\">{MAP_HINT}</div>{svg}</div>\n",
+             <div class=\"tip\">{}</div>{svg}</div>\n",
             frame.px.0,
             frame.px.1,
             frame.py.0,
@@ -331,10 +353,16 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
             frame.y.1,
             frame.unit,
             axis.is_time(),
-            escape(&blocks)
+            escape(&blocks),
+            if stacks.is_some() {
+                MAP_HINT_STACKS
+            } else {
+                MAP_HINT
+            }
         );
         html += &memory_map_key();
     }
+    html += "</div>\n";
     Ok(html)
 }
 

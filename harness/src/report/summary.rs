@@ -10,7 +10,8 @@ use crate::replay::spec::{Framework, Pick};
 use crate::replay::{Failure, Outcome};
 use crate::report::conclusion;
 use crate::trace::{Skipped, Trace};
-use memcore::bytes::human;
+use memcore::bytes::{exact, human};
+use memcore::text::{LINE_WIDTH, wrap};
 
 /// One policy's figures for one trace.
 #[derive(Debug, Clone, Serialize)]
@@ -229,43 +230,55 @@ impl TraceSummary {
 
     /// The table for people: first the rows a program of the trace's
     /// framework can use, then the models for comparison, each row saying
-    /// whether it moves blocks; the conclusion under it.
+    /// whether it moves blocks; the conclusion under it. Columns are as
+    /// wide as their cells (a header wider than them takes two lines), and
+    /// every line fits [`LINE_WIDTH`].
     pub fn table(&self) -> String {
-        let mut out = format!(
-            "{}: {} events{}, peak live {} ({} bytes){}\n",
-            self.trace,
-            self.events,
-            self.duration_ns
-                .map(|ns| format!(" over {:.3} s", ns as f64 / 1e9))
-                .unwrap_or_default(),
-            human(self.peak_live_bytes),
-            self.peak_live_bytes,
-            self.capacity_bytes
-                .map(|bytes| format!(", fixed arena {} ({bytes} bytes)", human(bytes)))
-                .unwrap_or_default()
+        let mut out = String::new();
+        let say = |out: &mut String, text: &str, first: &str, rest: &str| {
+            let _ = writeln!(out, "{}", wrap(text, LINE_WIDTH, first, rest));
+        };
+        say(
+            &mut out,
+            &format!(
+                "{}: {} events{}, peak live {}{}",
+                self.trace,
+                self.events,
+                self.duration_ns
+                    .map(|ns| format!(" over {:.3} s", ns as f64 / 1e9))
+                    .unwrap_or_default(),
+                exact(self.peak_live_bytes),
+                self.capacity_bytes
+                    .map(|bytes| format!(", fixed arena {}", exact(bytes)))
+                    .unwrap_or_default()
+            ),
+            "",
+            "  ",
         );
-        let headers: Vec<&str> = COLUMNS.iter().map(|column| column.header).collect();
-        let _ = writeln!(out, "  {}", row(&headers));
         let percent = |share: Option<f64>| {
             share.map_or_else(|| "-".to_string(), |share| format!("{:.2}%", share * 100.0))
         };
         let policy_row = |policy: &PolicySummary| {
             let calls = &policy.driver_calls;
-            row(&[
-                policy.name,
-                if policy.moves_blocks { "yes" } else { "no" },
-                &human(policy.peak_footprint_bytes),
-                &format!("{:.3}", policy.footprint_ratio),
-                &human(policy.compaction_bytes_moved),
-                &policy.failed_allocations.to_string(),
-                &format!("{:.1}", policy.ns_per_op),
-                &(calls.creates + calls.releases + calls.maps + calls.unmaps + calls.set_access)
-                    .to_string(),
-                &format!("{:.2}", calls.modeled_ns as f64 / 1e6),
-                &percent(policy.driver_time_share),
-                &percent(policy.full_bandwidth_share),
-                policy.pick.map_or("", |pick| pick.how),
-            ])
+            Line::Row(
+                vec![
+                    policy.name.to_string(),
+                    if policy.moves_blocks { "yes" } else { "no" }.to_string(),
+                    human(policy.peak_footprint_bytes),
+                    format!("{:.3}", policy.footprint_ratio),
+                    human(policy.compaction_bytes_moved),
+                    policy.failed_allocations.to_string(),
+                    format!("{:.1}", policy.ns_per_op),
+                    (calls.creates + calls.releases + calls.maps + calls.unmaps + calls.set_access)
+                        .to_string(),
+                    format!("{:.2}", calls.modeled_ns as f64 / 1e6),
+                    percent(policy.driver_time_share),
+                    percent(policy.full_bandwidth_share),
+                ],
+                policy
+                    .pick
+                    .map(|pick| format!("{}: {}", COLUMNS[COLUMNS.len() - 1].header, pick.how)),
+            )
         };
         let (mut usable, models): (Vec<&PolicySummary>, Vec<&PolicySummary>) = self
             .policies
@@ -273,98 +286,205 @@ impl TraceSummary {
             .partition(|policy| policy.pick.is_some());
         // The framework's own settings first, then cudamem's library.
         usable.sort_by_key(|policy| policy.pick.is_some_and(|pick| pick.cudamem));
+        let mut lines = Vec::new();
         if !usable.is_empty() || self.pytorch_recorded.is_some() {
-            let _ = writeln!(
-                out,
-                "  what {} program can use (none moves a block):",
+            lines.push(Line::Group(format!(
+                "what {} program can use (none moves a block):",
                 self.framework.a_program()
-            );
+            )));
         }
         if let Some(recorded) = &self.pytorch_recorded {
-            let _ = writeln!(
-                out,
-                "  {}",
-                row(&[
-                    recorded.name,
-                    "no",
-                    &human(recorded.peak_reserved_bytes),
-                    &format!("{:.3}", recorded.footprint_ratio),
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    recorded.ran(),
-                ])
-            );
+            let mut cells = vec![
+                recorded.name.to_string(),
+                "no".to_string(),
+                human(recorded.peak_reserved_bytes),
+                format!("{:.3}", recorded.footprint_ratio),
+            ];
+            cells.resize(COLUMNS.len() - 1, "-".to_string());
+            lines.push(Line::Row(cells, Some(recorded.ran().to_string())));
         }
-        for policy in usable {
-            let _ = writeln!(out, "  {}", policy_row(policy));
-        }
+        lines.extend(usable.into_iter().map(policy_row));
         if !models.is_empty() {
-            let _ = writeln!(
-                out,
-                "  for comparison (research models, libraries {} program cannot pick):",
+            lines.push(Line::Group(format!(
+                "for comparison (research models, libraries {} program cannot pick):",
                 self.framework.a_program()
-            );
+            )));
         }
-        for policy in models {
-            let _ = writeln!(out, "  {}", policy_row(policy));
-        }
-        let _ = writeln!(
-            out,
-            "  * {DRIVER_TIME_NOTE}; `cudamem replay --help` explains every column"
+        lines.extend(models.into_iter().map(policy_row));
+        out += &layout(&lines);
+        say(
+            &mut out,
+            &format!("{DRIVER_TIME_NOTE}; `cudamem replay --help` explains every column"),
+            "  * ",
+            "    ",
         );
         if self.unknown_frees > 0 {
-            let _ = writeln!(
-                out,
-                "  {} frees of blocks allocated before the trace began (recording started late, \
-                 or its ring buffer wrapped): taken as live from the first event",
-                self.unknown_frees
+            say(
+                &mut out,
+                &format!(
+                    "{} frees of blocks allocated before the trace began (recording started \
+                     late, or its ring buffer wrapped): taken as live from the first event",
+                    self.unknown_frees
+                ),
+                "  ",
+                "    ",
             );
         }
         for policy in &self.policies {
             if let Some(failure) = &policy.first_failure {
                 let state = &failure.state;
-                let _ = writeln!(
-                    out,
-                    "  {} first fails at event {} ({}): {} requested; {} live, {} free, largest free block {}",
-                    policy.name,
-                    failure.event,
-                    failure.location,
-                    human(failure.request_bytes),
-                    human(state.live_bytes),
-                    human(state.free_bytes),
-                    human(state.largest_free_bytes)
+                say(
+                    &mut out,
+                    &format!(
+                        "{} first fails at event {} ({}): {} requested; {} live, {} free, \
+                         largest free block {}",
+                        policy.name,
+                        failure.event,
+                        failure.location,
+                        human(failure.request_bytes),
+                        human(state.live_bytes),
+                        human(state.free_bytes),
+                        human(state.largest_free_bytes)
+                    ),
+                    "  ",
+                    "    ",
                 );
             }
         }
         for policy in &self.policies {
             if let Some(device) = &policy.device {
                 for line in device.lines(policy.name, self.peak_live_bytes) {
-                    let _ = writeln!(out, "{line}");
+                    let text = line.trim_start();
+                    let indent = &line[..line.len() - text.len()];
+                    say(&mut out, text, indent, &format!("{indent}  "));
                 }
             }
         }
         for sentence in &self.conclusion {
-            let _ = writeln!(out, "  => {sentence}");
+            say(&mut out, sentence, "  => ", "     ");
         }
         for policy in &self.skipped_policies {
-            let _ = writeln!(out, "  note: {} skipped: {}", policy.name, policy.reason);
+            say(
+                &mut out,
+                &format!("note: {} skipped: {}", policy.name, policy.reason),
+                "  ",
+                "    ",
+            );
         }
         for skipped in &self.skipped_records {
-            let _ = writeln!(
-                out,
-                "  warning: skipped {} {} (first at {})",
-                skipped.count,
-                skipped.reason.describe(),
-                skipped.first
+            say(
+                &mut out,
+                &format!(
+                    "warning: skipped {} {} (first at {})",
+                    skipped.count,
+                    skipped.reason.describe(),
+                    skipped.first
+                ),
+                "  ",
+                "    ",
             );
         }
         out
     }
+}
+
+/// A line of the replay table: a group's heading, or a row's cells (one
+/// per column but the last) with what is said under it (the last column's).
+enum Line {
+    Group(String),
+    Row(Vec<String>, Option<String>),
+}
+
+/// `lines` under the headers, each column as wide as its widest cell; a
+/// header wider than its column is split at a space onto two lines where
+/// that makes it narrower. The last column ("how to use it") goes under
+/// its row, as it is too wide to share a line.
+fn layout(lines: &[Line]) -> String {
+    let columns = &COLUMNS[..COLUMNS.len() - 1];
+    let rows: Vec<&Vec<String>> = lines
+        .iter()
+        .filter_map(|line| match line {
+            Line::Row(cells, _) => Some(cells),
+            Line::Group(_) => None,
+        })
+        .collect();
+    let headers: Vec<(&str, &str)> = columns
+        .iter()
+        .enumerate()
+        .map(|(index, column)| {
+            let widest = rows
+                .iter()
+                .filter_map(|cells| cells.get(index))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0);
+            split_header(column.header, widest)
+        })
+        .collect();
+    let widths: Vec<usize> = columns
+        .iter()
+        .zip(&headers)
+        .enumerate()
+        .map(|(index, (_, (top, bottom)))| {
+            rows.iter()
+                .filter_map(|cells| cells.get(index))
+                .map(|cell| cell.chars().count())
+                .chain([top.len(), bottom.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: &[&str]| {
+        let mut text = String::from(" ");
+        for ((cell, width), column) in cells.iter().zip(&widths).zip(columns) {
+            if column.left {
+                let _ = write!(text, " {cell:<width$}");
+            } else {
+                let _ = write!(text, " {cell:>width$}");
+            }
+        }
+        text.trim_end().to_string() + "\n"
+    };
+    let mut out = String::new();
+    if headers.iter().any(|(top, _)| !top.is_empty()) {
+        out += &line(&headers.iter().map(|(top, _)| *top).collect::<Vec<_>>());
+    }
+    out += &line(
+        &headers
+            .iter()
+            .map(|(_, bottom)| *bottom)
+            .collect::<Vec<_>>(),
+    );
+    for entry in lines {
+        match entry {
+            Line::Group(title) => {
+                out += &wrap(title, LINE_WIDTH, "  ", "    ");
+                out.push('\n');
+            }
+            Line::Row(cells, under) => {
+                out += &line(&cells.iter().map(String::as_str).collect::<Vec<_>>());
+                if let Some(under) = under {
+                    out += &wrap(under, LINE_WIDTH, "      ", "        ");
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `header` over a column whose widest cell is `widest` characters: on
+/// one line (`("", header)`) where it fits or a split would narrow the
+/// column by less than two characters, else split at the space that leaves
+/// the narrower two lines.
+fn split_header(header: &str, widest: usize) -> (&str, &str) {
+    let one_line = header.len().max(widest);
+    header
+        .match_indices(' ')
+        .map(|(at, _)| (&header[..at], &header[at + 1..]))
+        .min_by_key(|(top, bottom)| top.len().max(bottom.len()))
+        .filter(|(top, bottom)| top.len().max(bottom.len()).max(widest) + 2 <= one_line)
+        .unwrap_or(("", header))
 }
 
 /// One column of the replay table: its header and what it means, for
@@ -373,8 +493,9 @@ impl TraceSummary {
 pub struct Column {
     /// The header, as printed.
     pub header: &'static str,
-    /// Its width in the table; negative: left-aligned.
-    width: i8,
+    /// Whether its cells are left-aligned (names) rather than right
+    /// (figures).
+    left: bool,
     /// What its figures mean, in plain words.
     pub means: &'static str,
 }
@@ -387,72 +508,72 @@ what it cost on an H200 when measured, not timed here";
 pub const COLUMNS: &[Column] = &[
     Column {
         header: "policy",
-        width: -18,
+        left: true,
         means: "the allocator replayed (its name for --policy); `pytorch (recorded)` is what \
                 PyTorch itself reserved while the snapshot was taken",
     },
     Column {
         header: "moves",
-        width: 5,
+        left: false,
         means: "whether it moves live blocks to close gaps; one that does needs a program that \
                 holds handles, so no PyTorch or RMM program can use it",
     },
     Column {
         header: "peak mapped",
-        width: 11,
+        left: false,
         means: "the most device memory the policy held mapped at once (its footprint): the \
                 figure that decides whether the program runs out of memory",
     },
     Column {
         header: "x live",
-        width: 6,
+        left: false,
         means: "peak mapped over the most bytes the program had allocated at once; 1.000 \
                 wastes nothing, 1.100 holds 10% more than it needs",
     },
     Column {
         header: "copied",
-        width: 9,
+        left: false,
         means: "bytes compaction copied on the device to close gaps (0 for a policy that never \
                 moves a block)",
     },
     Column {
         header: "failed",
-        width: 6,
+        left: false,
         means: "requests refused; only a fixed arena (--capacity) can refuse one",
     },
     Column {
         header: "cpu ns/call",
-        width: 11,
+        left: false,
         means: "host time the allocator's own bookkeeping took per allocate or free, in \
                 nanoseconds, on this machine (driver time not included); it moves with the \
                 machine's load, so compare rows of one run, not runs",
     },
     Column {
         header: "driver calls",
-        width: 12,
+        left: false,
         means: "calls to the driver's virtual memory API (create, map, set access, unmap, \
                 release) a real pool would make",
     },
     Column {
         header: "driver ms*",
-        width: 10,
+        left: false,
         means: "those calls' time in milliseconds, modelled from their costs measured on an \
                 H200 (not timed here)",
     },
     Column {
         header: "driver %",
-        width: 8,
+        left: false,
         means: "that time as a share of the trace's recorded run time",
     },
     Column {
         header: "in 32 MiB",
-        width: 9,
+        left: false,
         means: "share of the peak live bytes that lie in physical handles of 32 MiB or more, \
                 which the GPU reads at full bandwidth; `-` where the policy has no handles",
     },
     Column {
         header: "how to use it",
-        width: 0,
+        left: true,
         means: "for what the trace's program can use: the setting or library that gives it",
     },
 ];
@@ -460,26 +581,19 @@ pub const COLUMNS: &[Column] = &[
 /// Every column and what it means, for `cudamem replay --help`.
 pub fn columns_help() -> String {
     let mut text = String::from("Columns of the table:\n");
+    let indent = " ".repeat(16);
     for column in COLUMNS {
-        let _ = writeln!(text, "  {:<13} {}", column.header, column.means);
+        let lead = format!("  {:<13} ", column.header);
+        let _ = writeln!(text, "{}", wrap(column.means, LINE_WIDTH, &lead, &indent));
     }
-    text + "Rows come in two groups: what the trace's program can use (PyTorch's settings, \
-            cudamem's PyTorch allocator, RMM's resources), then models and libraries for \
-            comparison. The line after `=>` says what the user can do, with the figures."
-}
-
-/// `cells` laid out in [`COLUMNS`]' widths, trailing blanks cut.
-fn row(cells: &[&str]) -> String {
-    let mut line = String::new();
-    for (cell, column) in cells.iter().zip(COLUMNS) {
-        let width = usize::from(column.width.unsigned_abs());
-        if column.width < 0 || width == 0 {
-            let _ = write!(line, "{cell:<width$} ");
-        } else {
-            let _ = write!(line, "{cell:>width$} ");
-        }
-    }
-    line.trim_end().to_string()
+    text + &wrap(
+        "Rows come in two groups: what the trace's program can use (PyTorch's settings, \
+         cudamem's PyTorch allocator, RMM's resources), then models and libraries for \
+         comparison. The line after `=>` says what the user can do, with the figures.",
+        LINE_WIDTH,
+        "",
+        "",
+    )
 }
 
 /// `bytes` over `live` (0 when nothing was live).

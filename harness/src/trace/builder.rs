@@ -222,6 +222,8 @@ impl TraceBuilder {
             clock: self.clock,
             skipped: self.skipped,
             noted: self.noted,
+            stacks: Vec::new(),
+            alloc_stacks: Vec::new(),
         };
         if !self.assumed.is_empty() {
             trace.prepend_assumed(&self.assumed);

@@ -11,12 +11,37 @@ use super::budget::ReadBudget;
 use super::{rmm_csv, snapshot};
 use crate::trace::{Location, Problem, Trace, TraceError, display_name};
 
-/// The trace compiled into the binary: ResNet-50 training and inference on
-/// an H200, the repository's `traces/rmm/resnet50_train.csv.gz`.
-pub const EMBEDDED_RESNET50: &[u8] = include_bytes!("../../../traces/rmm/resnet50_train.csv.gz");
+/// A trace compiled into the binary: a file of the repository's traces/.
+#[derive(Debug, Clone, Copy)]
+pub struct Embedded {
+    /// Its path under traces/.
+    pub path: &'static str,
+    /// The file's bytes.
+    pub bytes: &'static [u8],
+}
 
-/// The name reports give the embedded trace.
-pub const EMBEDDED_NAME: &str = "resnet50_train.csv.gz (embedded)";
+impl Embedded {
+    /// The name reports give it: the file's name, marked as built in.
+    pub fn name(&self) -> String {
+        let file = self.path.rsplit('/').next().unwrap_or(self.path);
+        format!("{file} (embedded)")
+    }
+}
+
+/// The traces compiled into the binary, in the order a bare `cudamem`
+/// replays them: ResNet-50 training as PyTorch's memory snapshot (what a
+/// PyTorch user asks about first), then the same workload as an RMM log
+/// (traces/README.md says where they were recorded).
+pub const EMBEDDED: [Embedded; 2] = [
+    Embedded {
+        path: "pytorch/resnet50_train.full.default.pickle.gz",
+        bytes: include_bytes!("../../../traces/pytorch/resnet50_train.full.default.pickle.gz"),
+    },
+    Embedded {
+        path: "rmm/resnet50_train.csv.gz",
+        bytes: include_bytes!("../../../traces/rmm/resnet50_train.csv.gz"),
+    },
+];
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// Pickle protocol 2 and later open with the PROTO opcode.
@@ -103,14 +128,18 @@ pub fn load_pickle(path: &Path) -> Result<(snapshot::pickle::Pickle, ReadBudget)
     Ok((pickle, budget))
 }
 
-/// Read the trace compiled into the binary.
+/// Read the traces compiled into the binary ([`EMBEDDED`]), in order.
 pub fn load_embedded() -> Result<Vec<Trace>, TraceError> {
-    read_limited(
-        Path::new("<embedded>"),
-        EMBEDDED_NAME,
-        EMBEDDED_RESNET50,
-        &ReadBudget::for_file(EMBEDDED_RESNET50.len() as u64),
-    )
+    let mut traces = Vec::new();
+    for embedded in EMBEDDED {
+        traces.extend(read_limited(
+            Path::new("<embedded>"),
+            &embedded.name(),
+            embedded.bytes,
+            &ReadBudget::for_file(embedded.bytes.len() as u64),
+        )?);
+    }
+    Ok(traces)
 }
 
 /// Read traces from `input`, which came from `path` and is shown as

@@ -317,7 +317,21 @@ pub struct Trace {
     pub skipped: Vec<Skipped>,
     /// Odd records the reader accepted, by kind, in order of first sight.
     pub noted: Vec<Noted>,
+    /// The recorded stacks, each distinct one once, one `file:line in
+    /// function` a line: the innermost frame of the program's own code (an
+    /// empty line where none is), then the top [`HOVER_FRAMES`] frames of
+    /// the stack, innermost first; empty for a trace without stacks (an RMM
+    /// log, a snapshot recorded without frames).
+    pub stacks: Vec<String>,
+    /// Which of `stacks` each allocation with one was made from: (the
+    /// entry's index in its device's list, the stack's index), in entry
+    /// order. Keyed by where the event came from, so ids renumbered for
+    /// frees of blocks allocated before the trace began do not matter.
+    pub alloc_stacks: Vec<(u64, u32)>,
 }
+
+/// Frames of a block's stack a report shows where the pointer is on it.
+pub const HOVER_FRAMES: usize = 3;
 
 /// The recording allocator's own figures over a trace (PyTorch's caching
 /// allocator, from a snapshot's segment events).
@@ -337,6 +351,19 @@ pub struct Recorded {
 }
 
 impl Trace {
+    /// The stack the allocation at `event` was made from, as an index of
+    /// [`Trace::stacks`], where the trace recorded one.
+    pub fn stack_at(&self, event: usize) -> Option<u32> {
+        let Some(Location::Entry { index, .. }) = self.locations.get(event) else {
+            return None;
+        };
+        let at = self
+            .alloc_stacks
+            .binary_search_by_key(index, |&(entry, _)| entry)
+            .ok()?;
+        Some(self.alloc_stacks[at].1)
+    }
+
     /// Requested bytes alive after each event, one value per event.
     pub fn live_bytes_curve(&self) -> Vec<u64> {
         let mut sizes = vec![0u64; self.allocations as usize];

@@ -17,6 +17,7 @@ pub mod moments;
 pub mod pickle;
 pub mod state;
 
+use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::Path;
 
@@ -25,7 +26,8 @@ use pickle::{Pickle, Value};
 use blocks::BlockModel;
 
 use crate::trace::budget::{Counter, ReadBudget};
-use crate::trace::{Location, Problem, Recorded, Trace, TraceBuilder, TraceError};
+use crate::trace::{HOVER_FRAMES, Location, Problem, Recorded, Trace, TraceBuilder, TraceError};
+use state::Stacks;
 
 /// Actions that neither allocate, free nor change what is reserved.
 const BOOKKEEPING: [&str; 3] = ["snapshot", "oom", "user_defined"];
@@ -42,6 +44,16 @@ fn cut(text: &str) -> String {
         short.push_str("...");
         short
     }
+}
+
+/// A frame as a hover shows it: `file:line in function`, a file of an
+/// installed package named from the package on.
+fn short_frame(frame: &state::Frame) -> String {
+    let text = frame.to_string();
+    ["site-packages/", "dist-packages/"]
+        .iter()
+        .find_map(|packages| text.split_once(packages).map(|(_, rest)| rest.to_string()))
+        .unwrap_or(text)
 }
 
 /// Read the pickle of a snapshot from `input` (already decompressed).
@@ -162,6 +174,7 @@ pub fn traces(
         }));
     }
     let mut traces = Vec::new();
+    let mut stacks = Stacks::new(pickle, budget.frames);
     for (device, entries) in (0u32..).zip(lists) {
         if entries.is_empty() {
             continue;
@@ -171,14 +184,13 @@ pub fn traces(
         } else {
             name.to_string()
         };
-        let trace =
-            parse_device(pickle, device, entries, trace_name).map_err(|(index, problem)| {
-                TraceError {
-                    path: path.to_path_buf(),
-                    location: Location::Entry { device, index },
-                    problem,
-                }
-            })?;
+        let trace = parse_device(pickle, &mut stacks, device, entries, trace_name).map_err(
+            |(index, problem)| TraceError {
+                path: path.to_path_buf(),
+                location: Location::Entry { device, index },
+                problem,
+            },
+        )?;
         traces.push(trace);
     }
     if traces.is_empty() {
@@ -191,6 +203,7 @@ pub fn traces(
 
 fn parse_device(
     pickle: &Pickle,
+    stacks: &mut Stacks<'_>,
     device: u32,
     entries: &[Value],
     name: String,
@@ -215,6 +228,10 @@ fn parse_device(
     let mut peak_reserved = 0u64;
     let mut curve = vec![(0usize, 0u64)];
     let mut model = BlockModel::default();
+    // Each distinct stack's text once, by its index in `stack_texts`.
+    let mut stack_texts: Vec<String> = Vec::new();
+    let mut stack_ids: HashMap<String, u32> = HashMap::new();
+    let mut alloc_stacks: Vec<(u64, u32)> = Vec::new();
     for (index, &entry) in entries.iter().enumerate() {
         let fail = |problem| (index as u64, problem);
         let at = Location::Entry {
@@ -240,6 +257,20 @@ fn parse_device(
                 trace.allocate(addr, size, at).map_err(fail)?;
                 model.alloc(addr, size);
                 pushed += 1;
+                if let Some(frames) = pickle.get(entry, "frames") {
+                    let (user, top) = &*stacks.stack(frames).map_err(fail)?;
+                    if user.is_some() || !top.is_empty() {
+                        let mut shown = vec![user.as_ref().map_or_else(String::new, short_frame)];
+                        shown.extend(top.iter().take(HOVER_FRAMES).map(short_frame));
+                        let text = shown.join("\n");
+                        let next = stack_texts.len() as u32;
+                        let id = *stack_ids.entry(text).or_insert_with_key(|text| {
+                            stack_texts.push(text.clone());
+                            next
+                        });
+                        alloc_stacks.push((index as u64, id));
+                    }
+                }
             }
             "free_requested" | "free_completed" => {
                 let addr = integer(pickle, entry, "addr").map_err(fail)?;
@@ -301,6 +332,8 @@ fn parse_device(
         }
     }
     trace.device = Some(device as usize);
+    trace.stacks = stack_texts;
+    trace.alloc_stacks = alloc_stacks;
     trace.recorded = Some(Recorded {
         reserved: reserved_curve,
         peak_reserved_bytes: peak_reserved,

@@ -22,6 +22,13 @@ pub struct Frame {
     pub function: String,
 }
 
+/// As people read a frame: `file:line in function`.
+impl std::fmt::Display for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{} in {}", self.file, self.line, self.function)
+    }
+}
+
 /// A block's state, as PyTorch names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
