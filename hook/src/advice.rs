@@ -4,7 +4,8 @@
 
 use std::fmt::Write as _;
 
-use memcore::bytes::human;
+use memcore::bytes::{exact, human};
+use memcore::text::{LINE_WIDTH, wrap};
 
 use crate::event::Call;
 use crate::libraries::{Framework, file_name};
@@ -125,14 +126,15 @@ pub fn advice(snapshot: &Snapshot, request: Option<u64>, caller: Option<&str>) -
     if share(local) >= NOTABLE_SHARE {
         let what = match &snapshot.largest_frame {
             Some(kernel) if kernel.local_bytes >= snapshot.limits.stack_bytes => format!(
-                "kernel {} needs {} B of local memory per thread, and the driver reserves that \
+                "kernel {} needs {} of local memory per thread, and the driver reserves that \
                  for every thread the device can hold at once",
-                kernel.name, kernel.local_bytes
+                kernel.name,
+                exact(kernel.local_bytes)
             ),
             _ => format!(
-                "the stack limit is {} B per thread, and the driver reserves that for every \
+                "the stack limit is {} per thread, and the driver reserves that for every \
                  thread the device can hold at once",
-                snapshot.limits.stack_bytes
+                exact(snapshot.limits.stack_bytes)
             ),
         };
         advice.push(format!(
@@ -268,54 +270,55 @@ const HOLDERS_SHOWN: usize = 6;
 /// ```
 pub fn explain(oom: &OutOfMemory, snapshot: Option<&Snapshot>) -> String {
     let mut out = String::new();
+    let say = |out: &mut String, text: &str, first: &str| {
+        let _ = writeln!(out, "{}", wrap(text, LINE_WIDTH, first, "cudamem:     "));
+    };
     let request = oom
         .request
         .map_or_else(String::new, |bytes| format!(" of {}", human(bytes)));
-    let _ = writeln!(
-        out,
-        "cudamem: {}{request} (called by {}) returned CUDA_ERROR_OUT_OF_MEMORY \
-         (out-of-memory #{} of this process; the program gets the driver's answer unchanged)",
-        oom.call.name(),
-        file_name(&oom.caller),
-        oom.ordinal
+    say(
+        &mut out,
+        &format!(
+            "{}{request} (called by {}) returned CUDA_ERROR_OUT_OF_MEMORY (out-of-memory #{} of \
+             this process; the program gets the driver's answer unchanged)",
+            oom.call.name(),
+            file_name(&oom.caller),
+            oom.ordinal
+        ),
+        "cudamem: ",
     );
     let Some(snapshot) = snapshot else {
-        let _ = writeln!(
-            out,
-            "cudamem: no context was recorded; nothing more is known"
+        say(
+            &mut out,
+            "no context was recorded; nothing more is known",
+            "cudamem: ",
         );
         return out;
     };
-    match snapshot.reading {
-        Some(reading) => {
-            let _ = writeln!(
-                out,
-                "cudamem: device {}: {} free of {} (the largest block that can still be had \
-                 is not probed: that would allocate)",
-                snapshot.facts.ordinal,
-                human(reading.free),
-                human(reading.total)
-            );
-        }
-        None => {
-            let _ = writeln!(
-                out,
-                "cudamem: device {}: free memory could not be read",
-                snapshot.facts.ordinal
-            );
-        }
-    }
+    let reading = match snapshot.reading {
+        Some(reading) => format!(
+            "device {}: {} free of {} (the largest block that can still be had is not probed: \
+             that would allocate)",
+            snapshot.facts.ordinal,
+            human(reading.free),
+            human(reading.total)
+        ),
+        None => format!(
+            "device {}: free memory could not be read",
+            snapshot.facts.ordinal
+        ),
+    };
+    say(&mut out, &reading, "cudamem: ");
     let _ = writeln!(out, "cudamem: the biggest holders:");
     for holder in holders(snapshot).iter().take(HOLDERS_SHOWN) {
-        let _ = writeln!(
-            out,
-            "cudamem:   {:>10}  {}",
-            human(holder.bytes),
-            holder.name
+        say(
+            &mut out,
+            &holder.name,
+            &format!("cudamem:   {:>10}  ", human(holder.bytes)),
         );
     }
     for line in advice(snapshot, oom.request, Some(&oom.caller)) {
-        let _ = writeln!(out, "cudamem: advice: {line}");
+        say(&mut out, &line, "cudamem: advice: ");
     }
     let _ = writeln!(out, "cudamem: the ledger at this moment:");
     for line in snapshot.render().lines() {

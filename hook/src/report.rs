@@ -13,6 +13,7 @@ use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
 
 use memcore::bytes::human;
+use memcore::text::{LINE_WIDTH, wrap};
 
 use crate::accounting::{Accounting, Counts, Resolutions};
 use crate::advice::{advice, holders};
@@ -340,9 +341,13 @@ impl ProcessReport {
                 .take(4)
                 .map(|holder| format!("{} {}", human(holder.bytes), holder.name))
                 .collect();
-            let _ = writeln!(out, "biggest holders: {}", top.join("; "));
+            let _ = writeln!(
+                out,
+                "{}",
+                wrap(&top.join("; "), LINE_WIDTH, "biggest holders: ", "  ")
+            );
             for line in advice(snapshot, None, None) {
-                let _ = writeln!(out, "advice: {line}");
+                let _ = writeln!(out, "{}", wrap(&line, LINE_WIDTH, "advice: ", "  "));
             }
         }
         if let Some((path, stats)) = &self.rmm {

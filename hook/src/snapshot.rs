@@ -13,7 +13,8 @@ use ctx::{
     DeviceProfile, LOCAL_MEMORY_GRANULE, Ledger, LedgerItemKind, LedgerRow, Limits, Workload,
     local_memory_reservation_bytes, per_thread_local_bytes, render_rows,
 };
-use memcore::bytes::human;
+use memcore::bytes::{exact, human};
+use memcore::text::{LINE_WIDTH, wrap};
 
 use crate::accounting::{Accounting, CallerBytes, DeviceFacts, Kernel, Reading, StackSource};
 use crate::libraries::file_name;
@@ -318,8 +319,8 @@ impl Snapshot {
             self.largest_frame.as_ref().map_or(0, |k| k.local_bytes),
         );
         let threads = format!(
-            "{} B/thread x {} threads/SM x {} SMs = {}",
-            per_thread,
+            "{} per thread x {} threads/SM x {} SMs = {}",
+            exact(per_thread),
             profile.max_threads_per_sm,
             profile.sm_count,
             human(self.local_predicted)
@@ -329,20 +330,22 @@ impl Snapshot {
         });
         match (frame, &self.stack_source) {
             (Some(kernel), _) => format!(
-                "kernel {} has a {} B local frame per thread: {threads}",
-                kernel.name, kernel.local_bytes
+                "kernel {} has a {} local frame per thread: {threads}",
+                kernel.name,
+                exact(kernel.local_bytes)
             ),
             (None, StackSource::SetLimit) => format!(
-                "the program set the stack limit to {} B (cuCtxSetLimit / cudaDeviceSetLimit): {threads}",
-                self.limits.stack_bytes
+                "the program set the stack limit to {} (cuCtxSetLimit / cudaDeviceSetLimit): \
+                 {threads}",
+                exact(self.limits.stack_bytes)
             ),
             (None, StackSource::Kernel(name)) => format!(
-                "the first launch of {name} raised the stack limit to {} B: {threads}",
-                self.limits.stack_bytes
+                "the first launch of {name} raised the stack limit to {}: {threads}",
+                exact(self.limits.stack_bytes)
             ),
             (None, StackSource::Default) => format!(
-                "the default stack limit of {} B: {threads}",
-                self.limits.stack_bytes
+                "the default stack limit of {}: {threads}",
+                exact(self.limits.stack_bytes)
             ),
         }
     }
@@ -351,44 +354,49 @@ impl Snapshot {
     /// then the unexplained rest.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        let extra = self.extra_lines();
+        let width = extra
+            .iter()
+            .map(|line| line.name.chars().count())
+            .chain(["unexplained".len()])
+            .max()
+            .unwrap_or(0);
+        let named = |out: &mut String, name: &str, bytes: &str, why: &str| {
+            let head = format!("{name:<width$} {bytes:>10}  ");
+            let indent = " ".repeat(head.chars().count());
+            let _ = writeln!(out, "{}", wrap(why, LINE_WIDTH, &head, &indent));
+        };
         if self.facts.sm_count.is_none() || self.facts.threads_per_sm.is_none() {
-            let _ = writeln!(
-                out,
+            let said = format!(
                 "no context was made in this process (a forked child works in its parent's): \
                  {} live in {} blocks",
                 human(self.live_device_bytes),
                 self.live_blocks
             );
-            for line in self.extra_lines() {
-                let _ = writeln!(
-                    out,
-                    "{:<22} {:>12}  {}",
-                    line.name,
-                    human(line.bytes),
-                    line.why
-                );
+            let _ = writeln!(out, "{}", wrap(&said, LINE_WIDTH, "", "  "));
+            for line in &extra {
+                named(&mut out, &line.name, &human(line.bytes), &line.why);
             }
             return out;
         }
         let ledger = self.ledger();
+        let header = format!(
+            "ledger of {}: stack {} a thread, malloc heap {}, printf FIFO {}",
+            ledger.device(),
+            exact(self.limits.stack_bytes),
+            human(self.limits.malloc_heap_bytes),
+            human(self.limits.printf_fifo_bytes)
+        );
+        let _ = writeln!(out, "{}", wrap(&header, LINE_WIDTH, "", "  "));
+        let _ = render_rows(&mut out, &self.ledger_rows());
+        let cause = self.local_memory_cause();
         let _ = writeln!(
             out,
-            "ledger of {}: stack {} B/thread, malloc heap {} B, printf FIFO {} B",
-            ledger.device(),
-            self.limits.stack_bytes,
-            self.limits.malloc_heap_bytes,
-            self.limits.printf_fifo_bytes
+            "{}",
+            wrap(&cause, LINE_WIDTH, "local memory cause: ", "  ")
         );
-        let _ = render_rows(&mut out, &self.ledger_rows());
-        let _ = writeln!(out, "local memory cause: {}", self.local_memory_cause());
-        for line in self.extra_lines() {
-            let _ = writeln!(
-                out,
-                "{:<22} {:>12}  {}",
-                line.name,
-                human(line.bytes),
-                line.why
-            );
+        for line in &extra {
+            named(&mut out, &line.name, &human(line.bytes), &line.why);
         }
         match (self.unexplained(), self.used_measured()) {
             (Some(rest), Some(used)) => {
@@ -397,22 +405,19 @@ impl Snapshot {
                 } else {
                     rest as f64 / used as f64 * 100.0
                 };
-                let _ = writeln!(
-                    out,
-                    "{:<22} {:>12}  {share:.1}% of the {} in use: not named by any record \
-                     (other processes, driver rounding of small allocations, calls not recorded)",
-                    "unexplained",
-                    signed_human(rest),
+                let why = format!(
+                    "{share:.1}% of the {} in use: not named by any record (other processes, \
+                     driver rounding of small allocations, calls not recorded)",
                     human(used)
                 );
+                named(&mut out, "unexplained", &signed_human(rest), &why);
             }
-            _ => {
-                let _ = writeln!(
-                    out,
-                    "{:<22} {:>12}  free memory was not read on this device",
-                    "unexplained", "-"
-                );
-            }
+            _ => named(
+                &mut out,
+                "unexplained",
+                "-",
+                "free memory was not read on this device",
+            ),
         }
         out
     }
@@ -590,7 +595,7 @@ mod tests {
         assert!(
             snapshot
                 .local_memory_cause()
-                .starts_with("kernel _Z5deepv has a 65536 B local frame"),
+                .starts_with("kernel _Z5deepv has a 64.0 KiB (65536 B) local frame"),
             "{}",
             snapshot.local_memory_cause()
         );
