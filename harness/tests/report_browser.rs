@@ -54,6 +54,24 @@ fn report() -> PathBuf {
     path
 }
 
+/// The DOM chromium builds of page `html` with script `probe` run at its
+/// end (the probe replaces `</body>`), through temporary file `name`.
+fn probed_dom(html: &str, probe: &str, name: &str) -> String {
+    let probed = support::temp_path(name);
+    std::fs::write(&probed, html.replace("</body>", probe)).unwrap();
+    let out = chromium()
+        .arg("--dump-dom")
+        .arg(url(&probed))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn url(path: &Path) -> String {
     format!("file://{}", path.display())
 }
@@ -277,15 +295,7 @@ document.querySelectorAll('.map, .curves').forEach(function (box) {
 });
 </script></body>"#;
     let html = std::fs::read_to_string(&page).unwrap();
-    let probed = support::temp_path("probed.html");
-    std::fs::write(&probed, html.replace("</body>", probe)).unwrap();
-    let out = chromium()
-        .arg("--dump-dom")
-        .arg(url(&probed))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let dom = String::from_utf8(out.stdout).unwrap();
+    let dom = probed_dom(&html, probe, "probed.html");
     let said: Vec<&str> = dom
         .split("data-probe=\"")
         .skip(1)
@@ -318,7 +328,6 @@ document.querySelectorAll('.map, .curves').forEach(function (box) {
         );
     }
     std::fs::remove_file(&page).unwrap();
-    std::fs::remove_file(&probed).unwrap();
 }
 
 /// An RMM log records no stacks: its maps' pointer says size and lifetime
@@ -350,15 +359,7 @@ var y = r.top + (+d.py1 - (d.py1 - d.py0) * (b[2] + b[3]) / 2 / d.y1) * scale;
 svg.dispatchEvent(new MouseEvent('mousemove', { clientX: x, clientY: y, bubbles: true }));
 box.setAttribute('data-probe', box.querySelector('.tip').textContent);
 </script></body>"#;
-    let probed = support::temp_path("rmm-probed.html");
-    std::fs::write(&probed, html.replace("</body>", probe)).unwrap();
-    let out = chromium()
-        .arg("--dump-dom")
-        .arg(url(&probed))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let dom = String::from_utf8(out.stdout).unwrap();
+    let dom = probed_dom(&html, probe, "rmm-probed.html");
     let said = dom
         .split("data-probe=\"")
         .nth(1)
@@ -370,5 +371,4 @@ box.setAttribute('data-probe', box.querySelector('.tip').textContent);
     );
     assert!(!said.contains("allocated at"), "{said}");
     std::fs::remove_file(&page).unwrap();
-    std::fs::remove_file(&probed).unwrap();
 }

@@ -33,7 +33,7 @@
 //! | `unmap` | ptr size | `cuMemUnmap` is about to be made |
 //! | `context` | how device ctx result sms threads_per_sm total free stack heap fifo | a context was created (`create`) or a primary context retained (`primary`), with the device's facts and the context's limits read right after |
 //! | `limit` | which requested result value free_before free_after live_change | `cuCtxSetLimit`, the limit read back, and free memory around it |
-//! | `module` | call result free_before free_after live_change | a module or library load, or the first lookup, attribute query or explicit load of a function (lazy loading loads its code then; later ones of the same function are not recorded), and free memory around it |
+//! | `module` | call result free_before free_after live_change | a module or library load, or the first lookup, attribute query or explicit load of a function (lazy loading loads its code then; later ones of the same function are not recorded), or the making of a stream, event, executable graph or pool and a graph's first upload or launch (the driver's own objects, `Call::is_object`), and free memory around it |
 //! | `launch` | call handle local_bytes stack_before stack_after free_before free_after live_change result name | the first launch of a function: its local bytes per thread, the stack limit and free memory around it |
 //! | `meminfo` | why device free total pool_reserved | free and total memory: what the program itself read (`program`), or what the interposer read at a chosen moment (`peak`, `exit`, `oom`) |
 //! | `resolve` | name version flags how | a driver entry point handed out through `cuGetProcAddress` (each distinct answer once) |

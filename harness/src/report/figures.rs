@@ -121,26 +121,10 @@ pub(super) fn figures_table(summary: &TraceSummary) -> String {
             escape(&title)
         )
     };
-    let percent = |share: Option<f64>| {
-        share.map_or_else(|| "-".to_string(), |share| format!("{:.2}%", share * 100.0))
-    };
     let policy_cells = |policy: &PolicySummary| {
-        let calls = &policy.driver_calls;
-        cells(&[
-            policy.name.to_string(),
-            if policy.moves_blocks { "yes" } else { "no" }.to_string(),
-            human(policy.peak_footprint_bytes),
-            format!("{:.3}", policy.footprint_ratio),
-            human(policy.compaction_bytes_moved),
-            policy.failed_allocations.to_string(),
-            format!("{:.0}", policy.ns_per_op),
-            (calls.creates + calls.releases + calls.maps + calls.unmaps + calls.set_access)
-                .to_string(),
-            format!("{:.2}", calls.modeled_ns as f64 / 1e6),
-            percent(policy.driver_time_share),
-            percent(policy.full_bandwidth_share),
-            policy.pick.map_or("", |pick| pick.how).to_string(),
-        ])
+        let mut row = policy.cells().to_vec();
+        row.push(policy.pick.map_or("", |pick| pick.how).to_string());
+        cells(&row)
     };
     let (mut usable, models): (Vec<&PolicySummary>, Vec<&PolicySummary>) = summary
         .policies

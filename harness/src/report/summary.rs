@@ -52,6 +52,31 @@ pub struct PolicySummary {
     pub device: Option<DeviceFigures>,
 }
 
+impl PolicySummary {
+    /// The row's figures as the table and the page write them, one per
+    /// column of [`COLUMNS`] but the last (how to use it).
+    pub fn cells(&self) -> [String; FIGURE_COLUMNS] {
+        let percent = |share: Option<f64>| {
+            share.map_or_else(|| "-".to_string(), |share| format!("{:.2}%", share * 100.0))
+        };
+        let calls = &self.driver_calls;
+        [
+            self.name.to_string(),
+            if self.moves_blocks { "yes" } else { "no" }.to_string(),
+            human(self.peak_footprint_bytes),
+            format!("{:.3}", self.footprint_ratio),
+            human(self.compaction_bytes_moved),
+            self.failed_allocations.to_string(),
+            format!("{:.1}", self.ns_per_op),
+            (calls.creates + calls.releases + calls.maps + calls.unmaps + calls.set_access)
+                .to_string(),
+            format!("{:.2}", calls.modeled_ns as f64 / 1e6),
+            percent(self.driver_time_share),
+            percent(self.full_bandwidth_share),
+        ]
+    }
+}
+
 /// A policy's driver calls, by kind, each on one handle.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct DriverSummary {
@@ -255,26 +280,9 @@ impl TraceSummary {
             "",
             "  ",
         );
-        let percent = |share: Option<f64>| {
-            share.map_or_else(|| "-".to_string(), |share| format!("{:.2}%", share * 100.0))
-        };
         let policy_row = |policy: &PolicySummary| {
-            let calls = &policy.driver_calls;
             Line::Row(
-                vec![
-                    policy.name.to_string(),
-                    if policy.moves_blocks { "yes" } else { "no" }.to_string(),
-                    human(policy.peak_footprint_bytes),
-                    format!("{:.3}", policy.footprint_ratio),
-                    human(policy.compaction_bytes_moved),
-                    policy.failed_allocations.to_string(),
-                    format!("{:.1}", policy.ns_per_op),
-                    (calls.creates + calls.releases + calls.maps + calls.unmaps + calls.set_access)
-                        .to_string(),
-                    format!("{:.2}", calls.modeled_ns as f64 / 1e6),
-                    percent(policy.driver_time_share),
-                    percent(policy.full_bandwidth_share),
-                ],
+                policy.cells().to_vec(),
                 policy
                     .pick
                     .map(|pick| format!("{}: {}", COLUMNS[COLUMNS.len() - 1].header, pick.how)),
@@ -503,6 +511,10 @@ pub struct Column {
 /// How the driver time is known.
 pub const DRIVER_TIME_NOTE: &str = "driver time is modelled: the calls counted, each priced at \
 what it cost on an H200 when measured, not timed here";
+
+/// The columns a policy's figures fill: all of [`COLUMNS`] but the last
+/// (how to use it), which only the policies a program can pick have.
+pub const FIGURE_COLUMNS: usize = COLUMNS.len() - 1;
 
 /// The replay table's columns, in order.
 pub const COLUMNS: &[Column] = &[

@@ -141,17 +141,8 @@ fn code_loaded_lazily_by_an_attribute_query_is_module_code_not_unexplained() {
     let log = run.log();
     // The load took nothing; the first query loaded the code; the second
     // query is not recorded.
-    let modules = records(&log, "module");
-    let taken: Vec<(&str, u64)> = modules
-        .iter()
-        .map(|r| {
-            let before: u64 = r[5].parse().unwrap();
-            let after: u64 = r[6].parse().unwrap();
-            (r[3], before - after)
-        })
-        .collect();
     assert_eq!(
-        taken,
+        measured_calls(&log),
         [
             ("cuModuleLoadData", 0),
             ("cuModuleGetFunction", 0),
@@ -180,16 +171,8 @@ fn memory_the_driver_takes_for_streams_and_graphs_is_named_not_unexplained() {
     let log = run.log();
     // Every creation is measured, and the graph's first launch; its second
     // launch is not recorded.
-    let measured: Vec<(&str, u64)> = records(&log, "module")
-        .iter()
-        .map(|r| {
-            let before: u64 = r[5].parse().unwrap();
-            let after: u64 = r[6].parse().unwrap();
-            (r[3], before - after)
-        })
-        .collect();
     assert_eq!(
-        measured,
+        measured_calls(&log),
         [
             ("cuStreamCreate", 2 << 20),
             ("cuStreamCreateWithPriority", 2 << 20),
@@ -222,4 +205,17 @@ fn memory_the_driver_takes_for_streams_and_graphs_is_named_not_unexplained() {
         .unwrap();
     assert!(unexplained.contains(" 0.0% of the"), "{unexplained}");
     assert!(unexplained.contains(" 0 B "), "{unexplained}");
+}
+
+/// The calls measured by free memory around them (`module` records), each
+/// with the free bytes it took.
+fn measured_calls(log: &str) -> Vec<(&str, u64)> {
+    records(log, "module")
+        .iter()
+        .map(|r| {
+            let before: u64 = r[5].parse().unwrap();
+            let after: u64 = r[6].parse().unwrap();
+            (r[3], before - after)
+        })
+        .collect()
 }

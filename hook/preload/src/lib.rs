@@ -3,7 +3,8 @@
 //!
 //! It defines `dlsym`, `cuGetProcAddress`, `cuGetProcAddress_v2` and the
 //! driver's exported allocation, VMM, context, limit, module and launch
-//! functions ([`hooks`]). Every wrapper calls the real driver, records the
+//! functions, and those that make streams, events, graphs and pools
+//! ([`hooks`]). Every wrapper calls the real driver, records the
 //! call, and returns exactly what the driver returned; a function the
 //! driver lacks stays missing. Records go to one log per process
 //! (`hook::event`'s format) when `CUDAMEM_HOOK_DIR` names a folder;

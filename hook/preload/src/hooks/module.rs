@@ -16,8 +16,9 @@ use crate::driver::{CuResult, SUCCESS, read};
 use crate::hooks::{Seen, enter, first_launch, hook, key_of, real};
 use crate::recorder::{self, Measure};
 
-/// Run a call that may load code, recording free memory around it.
-fn measured(call: Call, run: impl FnOnce() -> CuResult) -> CuResult {
+/// Run a call that may take device memory no allocation names (a load,
+/// a driver object), recording free memory around it.
+pub(super) fn measured(call: Call, run: impl FnOnce() -> CuResult) -> CuResult {
     let Some(_inside) = enter() else {
         return run();
     };

@@ -10,11 +10,11 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use hook::event::{Call, Event};
+use hook::event::Call;
 
 use crate::driver::CuResult;
-use crate::hooks::{Seen, enter, hook, real};
-use crate::recorder::{self, Measure};
+use crate::hooks::module::measured;
+use crate::hooks::{Seen, hook, real};
 
 /// Calls of one kind measured so far, and how many may be.
 struct Measured {
@@ -40,34 +40,15 @@ impl Measured {
     }
 }
 
-/// Whether this call of a kind counted by `measured` is within its bound.
-fn among_first(measured: &Measured) -> bool {
-    measured.calls.load(Ordering::Relaxed) < measured.most
-        && measured.calls.fetch_add(1, Ordering::Relaxed) < measured.most
+/// Whether this call of a kind counted by `kind` is within its bound.
+fn among_first(kind: &Measured) -> bool {
+    kind.calls.load(Ordering::Relaxed) < kind.most
+        && kind.calls.fetch_add(1, Ordering::Relaxed) < kind.most
 }
 
-/// Run `run`, measured when `measure` says so, and record what it took.
+/// Run `run`, measured when `measure` says so.
 fn object_call(call: Call, measure: bool, run: impl FnOnce() -> CuResult) -> CuResult {
-    if !measure {
-        return run();
-    }
-    let Some(_inside) = enter() else {
-        return run();
-    };
-    let window = Measure::start();
-    let result = run();
-    let window = window.finish();
-    recorder::measured(
-        Event::Module {
-            call,
-            result,
-            window,
-        },
-        call,
-        None,
-        result,
-    );
-    result
+    if measure { measured(call, run) } else { run() }
 }
 
 unsafe fn stream_create(
