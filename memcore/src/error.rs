@@ -79,9 +79,9 @@ pub enum Error {
     #[error("compaction plan is stale: the heap changed since it was made")]
     StalePlan,
     /// A request that would take a model past the steps it takes (a
-    /// stitched pool's pages to track for one request, or its page steps
-    /// over the whole input): the model cannot take it, though the request
-    /// is well formed.
+    /// stitched pool's large handle past the pages it looks at, or its page
+    /// steps over the whole input): the model cannot take it, though the
+    /// request is well formed.
     #[error("the request needs {steps} steps, more than the {limit} the model takes")]
     StepBudget {
         /// Steps the request would take (for the page-step bound: all

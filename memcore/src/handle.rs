@@ -3,6 +3,7 @@
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
+use core::cell::Cell;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use slab::Slab;
@@ -121,6 +122,8 @@ pub struct Heap<A: Allocator> {
     live: usize,
     /// Bumped by every change, so plans can tell they are stale.
     epoch: u64,
+    /// Blocks and holes the plans made so far looked at.
+    plan_steps: Cell<u64>,
 }
 
 impl<A: Allocator> Heap<A> {
@@ -135,6 +138,7 @@ impl<A: Allocator> Heap<A> {
             generations: Vec::new(),
             live: 0,
             epoch: 0,
+            plan_steps: Cell::new(0),
         }
     }
 
@@ -244,6 +248,19 @@ impl<A: Allocator> Heap<A> {
         self.live
     }
 
+    /// The work all plans made so far did ([`Heap::plan_full`],
+    /// [`Heap::plan_room`], those that found no room included), in blocks and
+    /// free holes looked at: a plan's cost grows with the blocks live when
+    /// it is made, and a model bounds its planning by this count.
+    pub fn plan_steps(&self) -> u64 {
+        self.plan_steps.get()
+    }
+
+    fn add_plan_steps(&self, steps: u64) {
+        self.plan_steps
+            .set(self.plan_steps.get().saturating_add(steps));
+    }
+
     /// Whether no block is live.
     pub fn is_empty(&self) -> bool {
         self.live == 0
@@ -322,7 +339,10 @@ impl<A: Allocator> Heap<A> {
                 epoch: self.epoch,
             };
         }
-        let moves = compact::by_region(&self.allocator.regions(), self.placed())
+        let layout = compact::by_region(&self.allocator.regions(), self.placed());
+        // Packing walks each region's blocks a few times.
+        self.add_plan_steps(4 * self.live as u64);
+        let moves = layout
             .iter()
             .flat_map(|(region, blocks)| compact::pack(*region, blocks))
             .collect::<Vec<_>>();
@@ -384,9 +404,9 @@ impl<A: Allocator> Heap<A> {
         if slack < size {
             return Err(out_of_memory);
         }
-        let fits_now = self
-            .allocator
-            .free_extents()
+        let holes = self.allocator.free_extents();
+        self.add_plan_steps(holes.len() as u64);
+        let fits_now = holes
             .into_iter()
             .any(|hole| compact::fit_in(hole, size, window_align).is_some());
         if fits_now {
@@ -401,7 +421,10 @@ impl<A: Allocator> Heap<A> {
             return Err(out_of_memory);
         }
         let layout = compact::by_region(&self.allocator.regions(), self.placed());
-        let moves = compact::make_room(&layout, window, window_align).ok_or(out_of_memory)?;
+        let mut steps = 0;
+        let moves = compact::make_room(&layout, window, window_align, &mut steps);
+        self.add_plan_steps(steps);
+        let moves = moves.ok_or(out_of_memory)?;
         Ok(CompactionPlan {
             moves,
             heap: self.id,

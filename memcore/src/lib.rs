@@ -14,6 +14,7 @@ mod freelist;
 mod growth;
 mod handle;
 pub mod pytorch;
+mod steps;
 mod stitch;
 pub mod text;
 mod tlsf;
@@ -29,10 +30,11 @@ pub use error::{Error, Result};
 pub use freelist::{Fit, FreeList};
 pub use growth::{GrowthRule, GrowthStep};
 pub use handle::{BlockFlags, BlockInfo, Handle, Heap};
+pub use steps::{MODEL_STEPS_FLOOR, MODEL_STEPS_PER_REQUEST, model_steps};
 pub use stitch::driver::{DriverCosts, DriverOp, H200_DRIVER_COSTS};
 pub use stitch::{
-    HandleInfo, MAX_MODEL_PAGES, MODEL_PAGE_STEPS_FLOOR, MODEL_PAGE_STEPS_PER_REQUEST,
-    STITCH_ALIGN, Stitch, StitchBlock, StitchConfig, StitchStats, VIRTUAL_BYTES, model_page_steps,
+    HUGE_REQUEST_BYTES, HandleInfo, MAX_LARGE_PAGES, STITCH_ALIGN, Stitch, StitchBlock,
+    StitchConfig, StitchStats, VIRTUAL_BYTES,
 };
 pub use tlsf::Tlsf;
 pub use vmm::{FULL_BANDWIDTH_HANDLE_BYTES, FULL_BANDWIDTH_HANDLE_PAGES, PAGE_BYTES};

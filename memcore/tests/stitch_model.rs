@@ -16,7 +16,8 @@
 use std::collections::BTreeMap;
 
 use memcore::{
-    DriverOp, Error, Extent, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock, StitchConfig,
+    DriverOp, Error, Extent, HUGE_REQUEST_BYTES, PAGE_BYTES, STITCH_ALIGN, Stitch, StitchBlock,
+    StitchConfig,
 };
 use proptest::prelude::*;
 
@@ -38,6 +39,13 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (1u64..4 * MIB).prop_map(Step::Alloc),
         2 => (1u64..80 * MIB).prop_map(Step::Alloc),
         1 => (1u64..8).prop_map(|pages| Step::Alloc(pages * 16 * PAGE_BYTES)),
+        // Huge requests (one handle of their own), beside the others in
+        // one arena.
+        1 => (0u64..3 * 16 * PAGE_BYTES)
+            .prop_map(|extra| Step::Alloc(HUGE_REQUEST_BYTES + extra)),
+        // Past the page table's dense low 8 TiB: the blocks after it are
+        // in its leaves.
+        1 => Just(Step::Alloc(9 << 40)),
         4 => any::<usize>().prop_map(Step::Free),
     ]
 }
@@ -119,22 +127,27 @@ fn assert_sound(pool: &Stitch, live: &[StitchBlock], step: usize) {
             pair[1]
         );
     }
-    // Physical: each live block's bytes, page piece by page piece, through
-    // the mapping table; no piece unmapped, no two pieces sharing a byte.
+    // Physical: each live block's bytes, piece by piece (a page, or the rest
+    // of the handle under it), through the mapping table; no piece
+    // unmapped, no two pieces sharing a byte.
+    let by_number: BTreeMap<u32, _> = handles.iter().map(|info| (info.handle, info)).collect();
     let mut pieces = Vec::new();
     for block in &blocks {
         let end = block.offset + block.size;
         let mut at = block.offset;
         while at < end {
-            let piece_end = ((at / PAGE_BYTES + 1) * PAGE_BYTES).min(end);
             let (handle, inside) = pool
                 .physical(at)
                 .unwrap_or_else(|| panic!("step {step}: live byte {at} of {block:?} unmapped"));
-            let info = handles
-                .iter()
-                .find(|info| info.handle == handle)
+            let info = by_number
+                .get(&handle)
                 .unwrap_or_else(|| panic!("step {step}: byte {at} maps to a released handle"));
             let mapped = info.mapped_at.expect("a page names an unmapped handle");
+            let piece_end = if inside == 0 && mapped.offset + info.bytes >= end {
+                end
+            } else {
+                ((at / PAGE_BYTES + 1) * PAGE_BYTES).min(end)
+            };
             assert_eq!(mapped.offset + inside, at, "step {step}: wrong offset");
             assert!(
                 inside + (piece_end - at) <= info.bytes,

@@ -118,6 +118,35 @@ def cases():
     body = b"}\x94(" + short_str("segments") + b"]" + short_str("device_traces") + b"]](}("
     body += (short_str("action") + short_str("snapshot")) * 1_000_000
     yield "pk_repeated_keys.pickle", proto(body + b"uaau")
+    # CSV: 3,000 live requests of 40 GiB (huge: a handle each), then freed.
+    huge = [f"0,0,allocate,0x{0x1000 + i * (1 << 44):x},{40 << 30},0\n" for i in range(3_000)]
+    yield "csv_live_huge.csv", (HEADER + "".join(huge) + "".join(
+        row.replace("allocate", "free") for row in huge)).encode()
+    # CSV: the largest request that is not huge (16,384 pages), 4,096 live: the
+    # page table's worst case within the model's steps.
+    yield "csv_live_just_under_huge.csv", (HEADER + "".join(
+        f"0,0,allocate,0x{0x1000 + i * (1 << 40):x},{(32 << 30) - 512},0\n"
+        for i in range(4_096))).encode()
+    # CSV: a small block between every two huge ones, so small blocks sit far
+    # apart in the arena.
+    yield "csv_interleaved_huge.csv", (HEADER + "".join(
+        f"0,0,allocate,0x{(i + 1) << 44:x},{40 << 30},0\n"
+        f"0,0,allocate,0x{((i + 1) << 44) + (1 << 43):x},512,0\n" for i in range(2_000))).encode()
+    # CSV: random sizes up to 4 MiB, a little more allocated than freed: every
+    # request plans a compaction over thousands of live blocks.
+    state, live, rows = 0x2545F4914F6CDD1D, [], []
+    for i in range(100_000):
+        state ^= (state << 13) & (2**64 - 1)
+        state ^= state >> 7
+        state ^= (state << 17) & (2**64 - 1)
+        if live and state % 100 < 45:
+            pointer, size = live.pop(state % len(live))
+            rows.append(f"0,0,free,0x{pointer:x},{size},0\n")
+        else:
+            block = (0x1000 + i * 0x10_0000_0000, 1 + (state >> 8) % (4 << 20))
+            live.append(block)
+            rows.append(f"0,0,allocate,0x{block[0]:x},{block[1]},0\n")
+    yield "csv_planning_storm.csv.gz", gzip.compress((HEADER + "".join(rows)).encode(), 9)
     # A small trace for the argument cases run.sh adds.
     yield "small.csv", (HEADER + "0,0,allocate,0x1000,4096,0\n0,0,allocate,0x2000,8192,0\n"
                         "0,0,free,0x1000,4096,0\n0,0,free,0x2000,8192,0\n").encode()

@@ -54,6 +54,10 @@ while IFS= read -r line; do
 done <<EOF2
 replay $small --stitch-large 8589932544MiB
 replay $small --stitch-large 0 --policy stitch
+replay $small --stitch-large 1GiB --policy stitch
+replay $cases/csv_live_huge.csv --stitch-large 1GiB --stitch-align-large --policy stitch
+replay $cases/csv_live_huge.csv --stitch-large 48MiB --policy stitch
+replay $cases/csv_live_huge.csv --capacity 64GiB --policy stitch
 replay $small --capacity 16383PiB
 replay $small --capacity 2MiB
 heap --size 1GiB

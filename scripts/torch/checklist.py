@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 ALLOCATORS = ("default", "tlsf", "stitch")
 # Habits that measure the device's memory run alone; the rest run side by side.
-EXCLUSIVE = ("oom", "empty_cache")
+EXCLUSIVE = ("oom", "empty_cache", "huge_block")
 MIB = 1 << 20
 
 CASES = {}
@@ -358,6 +358,36 @@ def empty_cache(env):
     expect(torch.cuda.memory_reserved() <= reserved_before - 500 * MIB, "memory_reserved() did not drop")
     del small
     return "%d MiB back to the device" % (back // MIB), None
+
+
+@case
+def huge_block(env):
+    """A 40 GiB tensor (past cudamem's 32 GiB: one handle of its own): written at
+    both ends, read back, freed. Under stitch its memory goes back to the device at
+    the free, with no empty_cache(); the other allocators keep it cached."""
+    import torch
+
+    torch.cuda.synchronize()
+    free_start = torch.cuda.mem_get_info()[0]
+    n = 40 * 1024 * MIB
+    t0 = time.perf_counter()
+    big = torch.empty(n, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    allocate_ms = (time.perf_counter() - t0) * 1e3
+    expect(torch.cuda.memory_allocated() >= n, "memory_allocated() misses the tensor")
+    big[:MIB].fill_(7)
+    big[-MIB:].fill_(9)
+    ends = (int(big[:MIB].sum()), int(big[-MIB:].sum()))
+    expect(ends == (7 * MIB, 9 * MIB), "the tensor's ends read back %s" % (ends,))
+    used = free_start - torch.cuda.mem_get_info()[0]
+    expect(used >= n, "the device gave only %d MiB for a 40 GiB tensor" % (used // MIB))
+    del big
+    torch.cuda.synchronize()
+    back = torch.cuda.mem_get_info()[0] - (free_start - used)
+    if env["cudamem"] is not None and os.environ.get("CUDAMEM_POLICY") == "stitch":
+        expect(back >= n, "only %d MiB came back at the free" % (back // MIB))
+    return "allocate %.1f ms, device used +%d MiB, %d MiB back at the free (no empty_cache)" % (
+        allocate_ms, used // MIB, back // MIB), None
 
 
 def child(name, allocator, lib, cudamem_bin, out):

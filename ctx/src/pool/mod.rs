@@ -163,6 +163,10 @@ pub struct PoolStats {
     /// Host time spent planning compactions (explicit and on the
     /// allocation path), plans that found no room included.
     pub compaction_plan_time: Duration,
+    /// The work of every compaction plan, in blocks and holes looked at
+    /// ([`memcore::Heap::plan_steps`]): what a model bounds a replay's
+    /// planning by.
+    pub compaction_plan_steps: u64,
     /// Host time spent copying for compactions: from handing a plan's moves
     /// to the device until the device reported them done.
     pub compaction_copy_time: Duration,
@@ -398,6 +402,12 @@ impl<D: DeviceMemory> PoolGuard<'_, D> {
     /// See [`Pool::device_ptr`].
     pub fn device_ptr(&self, handle: Handle) -> Result<u64> {
         self.state.device_ptr(handle)
+    }
+
+    /// [`PoolStats::compaction_plan_steps`], without the rest of the
+    /// figures.
+    pub fn compaction_plan_steps(&self) -> u64 {
+        self.state.plan_steps()
     }
 
     /// See [`Pool::stream`].

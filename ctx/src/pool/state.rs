@@ -410,6 +410,10 @@ impl<D: DeviceMemory> PoolState<D> {
         self.memory.reservation_start()
     }
 
+    pub(super) fn plan_steps(&self) -> u64 {
+        self.heap.plan_steps()
+    }
+
     pub(super) fn stats(&self) -> PoolStats {
         PoolStats {
             heap: self.heap.stats(),
@@ -423,6 +427,7 @@ impl<D: DeviceMemory> PoolState<D> {
             calls: self.mapper.calls(),
             peer_access: self.mapper.peer_access(),
             compaction_plan_time: self.plan_time,
+            compaction_plan_steps: self.heap.plan_steps(),
             compaction_copy_time: self.copy_time,
         }
     }

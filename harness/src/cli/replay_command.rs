@@ -158,13 +158,13 @@ impl ReplayArgs {
             None => Arena::Growable,
         };
         let page = memcore::PAGE_BYTES;
-        if self.stitch_large % page != 0 || self.stitch_large / page > memcore::MAX_MODEL_PAGES {
+        if self.stitch_large % page != 0 || self.stitch_large / page > memcore::MAX_LARGE_PAGES {
             bail!(
                 "--stitch-large {} is not a multiple of {page} bytes (2 MiB) of at most {} pages \
-                 ({}, all the stitched model tracks)",
+                 ({}, the largest handle the stitched model takes)",
                 self.stitch_large,
-                memcore::MAX_MODEL_PAGES,
-                memcore::bytes::human(memcore::MAX_MODEL_PAGES * page)
+                memcore::MAX_LARGE_PAGES,
+                memcore::bytes::human(memcore::MAX_LARGE_PAGES * page)
             );
         }
         let stitch = memcore::StitchConfig {
@@ -180,6 +180,7 @@ impl ReplayArgs {
             arena,
             stitch,
             gpu: self.gpu,
+            ..Settings::default()
         })
     }
 

@@ -110,13 +110,15 @@ pub fn run(
     record: bool,
 ) -> Result<(Outcome, Option<Placement>)> {
     let context = || format!("replaying {} through {}", trace.name, spec.name);
-    // A model's work stays linear in the trace however large its requests.
+    // A model's work stays linear in the trace however large its requests
+    // or however many blocks are live.
+    let steps = memcore::model_steps(trace.allocations.into());
     let settings = &Settings {
         stitch: memcore::StitchConfig {
-            page_steps: memcore::model_page_steps(trace.allocations.into())
-                .min(settings.stitch.page_steps),
+            page_steps: steps.min(settings.stitch.page_steps),
             ..settings.stitch
         },
+        plan_steps: steps.min(settings.plan_steps),
         ..*settings
     };
     let measured = Pass::Measured(MeasuredPass {

@@ -10,6 +10,7 @@ use ctx::{DEFAULT_ALIGN, Handle};
 use memcore::{DriverCalls, H200_DRIVER_COSTS};
 
 use crate::replay::policy::{ARENA_BYTES, Arena, ArenaState, GRANULE, Policy};
+use crate::replay::spec::Settings;
 
 /// A pool on a simulated device whose only limit is `arena`, moving blocks
 /// as `compaction` says.
@@ -49,19 +50,22 @@ pub struct PoolPolicy<'a> {
     /// A fixed arena is mapped in full at the first request, so failures are
     /// judged against the whole capacity.
     fixed: Option<u64>,
+    /// [`Settings::plan_steps`].
+    plan_steps: u64,
 }
 
 impl<'a> PoolPolicy<'a> {
-    /// Replay through `pool`, built by [`pool`] for `arena`.
-    pub fn new(pool: &'a Pool<SimDevice>, arena: Arena) -> Self {
+    /// Replay through `pool`, built by [`pool`] for `settings.arena`.
+    pub fn new(pool: &'a Pool<SimDevice>, settings: &Settings) -> Self {
         let guard = pool.lock();
         Self {
             base: guard.reservation_start().unwrap_or(0),
             guard,
-            fixed: match arena {
+            fixed: match settings.arena {
                 Arena::Growable => None,
                 Arena::Fixed(bytes) => Some(bytes),
             },
+            plan_steps: settings.plan_steps,
         }
     }
 }
@@ -70,11 +74,23 @@ impl Policy for PoolPolicy<'_> {
     type Block = Handle;
 
     fn allocate(&mut self, size: u64) -> Result<Option<Handle>> {
-        match self.guard.allocate(size, DEFAULT_ALIGN, None) {
-            Ok(handle) => Ok(Some(handle)),
-            Err(ctx::Error::OutOfMemory { .. }) => Ok(None),
-            Err(err) => Err(err.into()),
+        let placed = match self.guard.allocate(size, DEFAULT_ALIGN, None) {
+            Ok(handle) => Some(handle),
+            Err(ctx::Error::OutOfMemory { .. }) => None,
+            Err(err) => return Err(err.into()),
+        };
+        // A plan's work grows with the live blocks: past the bound, the trace
+        // costs this model more than its size allows (the overshoot is one
+        // plan).
+        let looked_at = self.guard.compaction_plan_steps();
+        if looked_at > self.plan_steps {
+            return Err(memcore::Error::StepBudget {
+                steps: looked_at,
+                limit: self.plan_steps,
+            }
+            .into());
         }
+        Ok(placed)
     }
 
     fn free(&mut self, block: Handle) -> Result<()> {

@@ -29,6 +29,10 @@ pub struct Settings {
     /// The CUDA device the policies that can run on one run on
     /// ([`PolicySpec::runs_on_gpu`]); `None`: a simulated H200.
     pub gpu: Option<u32>,
+    /// The most work the moving pools' compaction plans may do over the
+    /// whole replay, in blocks and holes looked at (`u64::MAX`: no bound);
+    /// past it the policy cannot take the trace.
+    pub plan_steps: u64,
 }
 
 impl Default for Settings {
@@ -39,6 +43,7 @@ impl Default for Settings {
             arena: Arena::Growable,
             stitch: StitchConfig::default(),
             gpu: None,
+            plan_steps: u64::MAX,
         }
     }
 }
@@ -279,7 +284,7 @@ pub static POLICIES: &[PolicySpec] = &[
         runs_on_gpu: false,
         replay: |settings, pass| {
             let pool = pool_policy::pool(settings.arena, CompactionPolicy::SlideBeforeGrow)?;
-            pass.run(&mut PoolPolicy::new(&pool, settings.arena))
+            pass.run(&mut PoolPolicy::new(&pool, settings))
         },
     },
     PolicySpec {
@@ -300,7 +305,7 @@ pub static POLICIES: &[PolicySpec] = &[
         runs_on_gpu: false,
         replay: |settings, pass| {
             let pool = pool_policy::pool(settings.arena, CompactionPolicy::BeforeGrow)?;
-            pass.run(&mut PoolPolicy::new(&pool, settings.arena))
+            pass.run(&mut PoolPolicy::new(&pool, settings))
         },
     },
     PolicySpec {
@@ -417,15 +422,17 @@ fn describe_stitch(config: &StitchConfig) -> String {
         String::new()
     };
     format!(
-        "cudamem's stitched pool: each block stays where it is put, and only the memory that \
-         blocks use is backed, by {pieces}; it makes a new piece while it holds at most {} over \
-         the most the program has had live{}, otherwise it reuses a piece no block needs{keep}",
+        "cudamem's stitched pool: blocks stay where they are put, and only the memory they use \
+         is backed, by {pieces}; it makes a new piece while holding at most {} over \
+         the program's peak live bytes{}, otherwise it reuses a piece no block needs{keep}; \
+         a block of {} or more gets its own piece, freed with it",
         permille(config.slack_permille),
         if config.large_pages > 1 && config.grow_in_large {
             " (or when none is unused)"
         } else {
             ""
         },
+        human(memcore::HUGE_REQUEST_BYTES),
     )
 }
 
@@ -531,8 +538,9 @@ mod tests {
         for said in [
             "cudamem's stitched pool",
             "32.0 MiB pieces of physical memory (2.00 MiB ones",
-            "at most 2% over the most the program has had live (or when none is unused)",
+            "at most 2% over the program's peak live bytes (or when none is unused)",
             "reuses a piece no block needs",
+            "a block of 32.0 GiB or more gets its own piece, freed with it",
             "Never moves a block.",
             "To use it: from PyTorch, CUDAMEM_POLICY=stitch with cudamem_torch; from Rust, ctx::StitchedPool.",
         ] {

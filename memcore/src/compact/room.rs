@@ -47,11 +47,16 @@ struct Window {
 /// full compaction makes room either.
 ///
 /// `layout` is every region with its blocks, sorted by offset.
+///
+/// `steps` grows by the work done, in blocks and holes looked at.
 pub(crate) fn make_room(
     layout: &[(Extent, Vec<Placed>)],
     size: u64,
     align: u64,
+    steps: &mut u64,
 ) -> Option<Vec<Move>> {
+    let blocks: usize = layout.iter().map(|(_, blocks)| blocks.len()).sum();
+    *steps = steps.saturating_add(blocks as u64);
     let mut windows: Vec<Window> = layout
         .iter()
         .enumerate()
@@ -66,15 +71,20 @@ pub(crate) fn make_room(
         .iter()
         .flat_map(|(region, blocks)| holes(*region, blocks))
         .collect();
+    *steps = steps.saturating_add(all_holes.len() as u64);
     windows
         .iter()
         .take(WINDOWS_TRIED)
         .find_map(|w| {
             let window = Extent::new(w.start, size);
             let victims = &layout[w.region].1[w.lo..w.hi];
-            relocate(victims, outside(&all_holes, window), w.cost)
+            relocate(victims, outside(&all_holes, window), w.cost, steps)
         })
-        .or_else(|| compaction_making_room(layout, size, align))
+        .or_else(|| {
+            // A full compaction of each region walks its blocks a few times.
+            *steps = steps.saturating_add(4 * blocks as u64);
+            compaction_making_room(layout, size, align)
+        })
 }
 
 /// The full compaction of one region after which the request fits, the one
@@ -154,7 +164,13 @@ fn outside(holes: &[Extent], window: Extent) -> Vec<Extent> {
 
 /// Best-fit placement of `victims` (`cost` bytes in all) into `holes`,
 /// largest first; `None` if one does not fit.
-fn relocate(victims: &[Placed], mut holes: Vec<Extent>, cost: u64) -> Option<Vec<Move>> {
+fn relocate(
+    victims: &[Placed],
+    mut holes: Vec<Extent>,
+    cost: u64,
+    steps: &mut u64,
+) -> Option<Vec<Move>> {
+    *steps = steps.saturating_add(holes.len() as u64);
     let room: u64 = holes.iter().map(|h| h.size).sum();
     if room < cost {
         return None;
@@ -163,6 +179,7 @@ fn relocate(victims: &[Placed], mut holes: Vec<Extent>, cost: u64) -> Option<Vec
     order.sort_by(|a, b| b.size.cmp(&a.size).then(b.align.cmp(&a.align)));
     let mut moves = Vec::with_capacity(order.len());
     for v in order {
+        *steps = steps.saturating_add(holes.len() as u64);
         let (i, at) = holes
             .iter()
             .enumerate()
@@ -204,7 +221,7 @@ mod tests {
         ];
         // Holes: [250,400) 150, [410,650) 240, [900,1000) 100. A 300-byte
         // window around block 1 costs 10 bytes.
-        let moves = make_room(&[(region, blocks)], 300, 1).unwrap();
+        let moves = make_room(&[(region, blocks)], 300, 1, &mut 0).unwrap();
         assert_eq!(moves.len(), 1);
         assert_eq!(moves[0].handle.slot, 1);
         // The window is [250, 550); best fit among the 100-byte holes left
@@ -218,7 +235,7 @@ mod tests {
         let region = Extent::new(0, 300);
         let blocks = vec![block(0, 100, 10, true)];
         // Every 200-byte window in [0,300) contains the pinned block.
-        assert_eq!(make_room(&[(region, blocks)], 200, 1), None);
+        assert_eq!(make_room(&[(region, blocks)], 200, 1, &mut 0), None);
     }
 
     #[test]
@@ -250,7 +267,7 @@ mod tests {
         let region = Extent::new(0, 0x80000);
         let (size, align) = super::super::request_window(29200, 8192).unwrap();
         let layout = [(region, blocks.clone())];
-        let moves = make_room(&layout, size, align).expect("a full compaction makes room");
+        let moves = make_room(&layout, size, align, &mut 0).expect("a full compaction makes room");
         let after = moved(&blocks, &moves);
         let room = holes(region, &after)
             .into_iter()
@@ -262,6 +279,9 @@ mod tests {
     fn free_window_needs_no_moves() {
         let region = Extent::new(0, 300);
         let blocks = vec![block(0, 0, 100, false)];
-        assert_eq!(make_room(&[(region, blocks)], 200, 1), Some(Vec::new()));
+        assert_eq!(
+            make_room(&[(region, blocks)], 200, 1, &mut 0),
+            Some(Vec::new())
+        );
     }
 }

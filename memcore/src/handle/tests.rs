@@ -322,3 +322,26 @@ fn fitting_request_commits_without_relayout() {
         Ok(Ok(4096))
     );
 }
+
+#[test]
+fn plans_count_the_blocks_and_holes_they_look_at_found_room_or_not() {
+    let mut heap = Heap::new(FreeList::new(Fit::First));
+    heap.add_region(0, 64 * 1024).unwrap();
+    let blocks: Vec<_> = (0..64)
+        .map(|_| heap.allocate(1024, 256, BlockFlags::empty()).unwrap())
+        .collect();
+    for block in blocks.iter().step_by(2) {
+        heap.free(*block).unwrap();
+    }
+    assert_eq!(heap.plan_steps(), 0);
+    // 32 holes of 1 KiB: 2 KiB fits nowhere until blocks move.
+    let plan = heap.plan_room(2048, 256).unwrap();
+    let after_room = heap.plan_steps();
+    assert!(after_room >= 32 + 32, "{after_room}");
+    drop(plan);
+    // A request past the free bytes is told so from the counters: no walk.
+    assert!(heap.plan_room(64 * 1024, 256).is_err());
+    assert_eq!(heap.plan_steps(), after_room);
+    let _ = heap.plan_full();
+    assert!(heap.plan_steps() >= after_room + 32);
+}

@@ -1,30 +1,15 @@
 //! The physical side of a stitched pool: which handle backs each 2 MiB
-//! page of the virtual arena, how many live blocks touch each page, and
-//! the cache of mapped handles no live block uses.
+//! page of the virtual arena, how many live blocks touch each page, the
+//! cache of mapped handles no live block uses, and the handles of huge
+//! blocks, which own theirs whole.
 
-use alloc::collections::BTreeSet;
+use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 
-use super::{HandleInfo, MAX_MODEL_PAGES, PAGE_BYTES, StitchConfig};
+use super::pages::{NONE, PageTable};
+use super::{HandleInfo, PAGE_BYTES, StitchConfig};
 use crate::stitch::driver::DriverOp;
 use crate::{DriverCall, DriverCalls, Error, Extent, Result};
-
-/// No handle.
-const NONE: u32 = u32::MAX;
-
-/// One 2 MiB page of the virtual arena.
-#[derive(Debug, Clone, Copy)]
-struct Page {
-    /// Live blocks with at least one byte in the page.
-    refs: u32,
-    /// The handle mapped over the page, or [`NONE`].
-    handle: u32,
-}
-
-const EMPTY_PAGE: Page = Page {
-    refs: 0,
-    handle: NONE,
-};
 
 /// The two handle sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,13 +39,19 @@ struct Slot {
     /// (stale) until a pop meets it, so a warm allocate + free pair on an
     /// otherwise idle handle touches no tree.
     listed: bool,
+    /// Whether it backs one huge block whole: no page of the table names
+    /// it, and it is released when its block is freed.
+    huge: bool,
 }
 
 /// Pages, handles and the idle cache.
 #[derive(Debug, Clone)]
 pub(super) struct Backing {
     config: StitchConfig,
-    pages: Vec<Page>,
+    pages: PageTable,
+    /// The handles of live huge blocks by the first page they are mapped
+    /// at.
+    huge: BTreeMap<u64, u32>,
     slots: Vec<Slot>,
     spare_slots: Vec<u32>,
     /// Idle (cached) handles per class as `(first page, slot)`, so the one
@@ -84,7 +75,8 @@ impl Backing {
     pub(super) fn new(config: StitchConfig) -> Self {
         Self {
             config,
-            pages: Vec::new(),
+            pages: PageTable::default(),
+            huge: BTreeMap::new(),
             slots: Vec::new(),
             spare_slots: Vec::new(),
             idle: [BTreeSet::new(), BTreeSet::new()],
@@ -174,36 +166,13 @@ impl Backing {
         self.budget = bytes;
     }
 
-    /// Pages the page table must hold for a block over `[offset, offset +
-    /// len)` (`len > 0`): whole chunks, so a chunk's pages can be inspected
-    /// without bounds checks. Past [`MAX_MODEL_PAGES`] is
-    /// [`Error::StepBudget`], found before anything is counted.
-    pub(super) fn table_pages(&self, offset: u64, len: u64) -> Result<usize> {
-        let (_, last) = Self::page_span(offset, len);
-        let chunk = self.large_pages().max(1);
-        let needed = (last / chunk + 1)
-            .checked_mul(chunk)
-            .ok_or(Error::Overflow { offset, size: len })?;
-        if needed > MAX_MODEL_PAGES {
-            return Err(Error::StepBudget {
-                steps: needed,
-                limit: MAX_MODEL_PAGES,
-            });
-        }
-        usize::try_from(needed).map_err(|_| Error::Overflow { offset, size: len })
-    }
-
     /// A block now covers `[offset, offset + len)` (`len > 0`): count it on
     /// every page it touches and back those no handle backs.
     pub(super) fn touch(&mut self, offset: u64, len: u64) -> Result<()> {
         let (first, last) = Self::page_span(offset, len);
-        let needed = self.table_pages(offset, len)?;
-        if self.pages.len() < needed {
-            self.pages.resize(needed, EMPTY_PAGE);
-        }
         let mut unbacked = false;
         for page in first..=last {
-            let entry = &mut self.pages[page as usize];
+            let entry = self.pages.entry(page);
             entry.refs += 1;
             if entry.refs > 1 {
                 continue;
@@ -217,7 +186,7 @@ impl Backing {
             return Ok(());
         }
         for page in first..=last {
-            if self.pages[page as usize].handle == NONE {
+            if self.pages.get(page).handle == NONE {
                 self.back_page(page)?;
             }
         }
@@ -233,7 +202,7 @@ impl Backing {
         if large > 1 {
             let chunk_first = page / large * large;
             let chunk_empty =
-                (chunk_first..chunk_first + large).all(|p| self.pages[p as usize].handle == NONE);
+                (chunk_first..chunk_first + large).all(|p| self.pages.get(p).handle == NONE);
             if chunk_empty && let Some(slot) = self.obtain(Class::Large)? {
                 return self.map_at(slot, chunk_first);
             }
@@ -261,8 +230,8 @@ impl Backing {
         for page in first..=last {
             let entry = self
                 .pages
-                .get_mut(page as usize)
-                .ok_or(Error::Corrupt("freed block lies past the page table"))?;
+                .get_mut(page)
+                .ok_or(Error::Corrupt("freed block lies where no page was touched"))?;
             entry.refs = entry
                 .refs
                 .checked_sub(1)
@@ -295,6 +264,77 @@ impl Backing {
         Ok(())
     }
 
+    /// Back a huge block over `[offset, offset + bytes)` (whole pages, no
+    /// page shared with another block) with one handle of its own. Idle
+    /// handles mapped inside it are released first; past the budget, idle
+    /// handles are released highest first while the cache holds more than
+    /// `keep_idle_bytes`; past the device's capacity, all of them. Its
+    /// cost is a few calls and tree steps whatever its size, beyond the
+    /// handles it releases (each made by an earlier request).
+    pub(super) fn back_huge(&mut self, offset: u64, bytes: u64) -> Result<()> {
+        let first = offset / PAGE_BYTES;
+        let end = first + bytes / PAGE_BYTES;
+        for class in [Class::Small, Class::Large] {
+            loop {
+                let inside = self.idle[class as usize].range((first, 0)..(end, 0)).next();
+                let Some(&(page, slot)) = inside else {
+                    break;
+                };
+                self.idle[class as usize].remove(&(page, slot));
+                let handle = &mut self.slots[slot as usize];
+                if !handle.cached {
+                    return Err(Error::Corrupt(
+                        "a handle in use lies where a huge block goes",
+                    ));
+                }
+                handle.listed = false;
+                self.take_idle(slot);
+                self.unmap(slot);
+                self.release(slot);
+            }
+        }
+        while self.physical_bytes.saturating_add(bytes) > self.budget
+            && self.idle_bytes > self.config.keep_idle_bytes
+        {
+            let Some(slot) = self.pop_highest_idle() else {
+                break;
+            };
+            self.unmap(slot);
+            self.release(slot);
+        }
+        self.make_room_for(bytes)?;
+        let slot = self.create_handle(bytes, true)?;
+        let handle = &mut self.slots[slot as usize];
+        handle.mapped = true;
+        handle.first_page = first;
+        handle.used = 1;
+        self.huge.insert(first, slot);
+        self.record(
+            DriverCall::Map,
+            bytes,
+            Some(DriverOp::Map {
+                handle: slot,
+                at: offset,
+                bytes,
+            }),
+        );
+        self.record(DriverCall::SetAccess, bytes, None);
+        Ok(())
+    }
+
+    /// The huge block at `offset` is freed: its handle is unmapped and
+    /// released.
+    pub(super) fn free_huge(&mut self, offset: u64) -> Result<()> {
+        let slot = self
+            .huge
+            .remove(&(offset / PAGE_BYTES))
+            .ok_or(Error::Corrupt("a huge block has no handle"))?;
+        self.slots[slot as usize].used = 0;
+        self.unmap(slot);
+        self.release(slot);
+        Ok(())
+    }
+
     /// Unmap and release every idle handle: what `empty_cache` does.
     pub(super) fn trim(&mut self) {
         while let Some(slot) = self.pop_highest_idle() {
@@ -308,9 +348,8 @@ impl Backing {
     pub(super) fn bytes_in_handles_of(&self, offset: u64, len: u64, min_bytes: u64) -> u64 {
         let (first, last) = Self::page_span(offset, len);
         let large_enough = |page: u64| {
-            self.pages
-                .get(page as usize)
-                .and_then(|entry| self.slots.get(entry.handle as usize))
+            self.slots
+                .get(self.pages.get(page).handle as usize)
                 .is_some_and(|slot| slot.bytes >= min_bytes)
         };
         if first == last {
@@ -407,7 +446,7 @@ impl Backing {
         let pages = bytes / PAGE_BYTES;
         let mut used = 0;
         for p in page..page + pages {
-            let entry = &mut self.pages[p as usize];
+            let entry = self.pages.entry(p);
             if entry.handle != NONE {
                 return Err(Error::Corrupt("mapping over a page another handle backs"));
             }
@@ -500,22 +539,35 @@ impl Backing {
             self.unmap(slot);
             self.release(slot);
         }
-        if self.physical_bytes.saturating_add(bytes) > capacity {
-            // The device is full: release every idle handle, then give up.
-            self.trim();
-            if self.physical_bytes.saturating_add(bytes) > capacity {
-                return Err(Error::OutOfMemory {
-                    requested: bytes,
-                    align: PAGE_BYTES,
-                    free_bytes: capacity.saturating_sub(self.physical_bytes),
-                    largest_free: capacity.saturating_sub(self.physical_bytes),
-                });
-            }
-        }
+        self.make_room_for(bytes)?;
         self.create(bytes).map(Some)
     }
 
+    /// Room on the device for a new handle of `bytes`: past the capacity,
+    /// every idle handle is released, and if that is not enough the request
+    /// is [`Error::OutOfMemory`].
+    fn make_room_for(&mut self, bytes: u64) -> Result<()> {
+        let capacity = self.config.capacity_bytes;
+        if self.physical_bytes.saturating_add(bytes) <= capacity {
+            return Ok(());
+        }
+        self.trim();
+        if self.physical_bytes.saturating_add(bytes) <= capacity {
+            return Ok(());
+        }
+        Err(Error::OutOfMemory {
+            requested: bytes,
+            align: PAGE_BYTES,
+            free_bytes: capacity.saturating_sub(self.physical_bytes),
+            largest_free: capacity.saturating_sub(self.physical_bytes),
+        })
+    }
+
     fn create(&mut self, bytes: u64) -> Result<u32> {
+        self.create_handle(bytes, false)
+    }
+
+    fn create_handle(&mut self, bytes: u64, huge: bool) -> Result<u32> {
         let slot = Slot {
             bytes,
             mapped: false,
@@ -523,6 +575,7 @@ impl Backing {
             used: 0,
             cached: false,
             listed: false,
+            huge,
         };
         let index = match self.spare_slots.pop() {
             Some(index) => {
@@ -558,10 +611,17 @@ impl Backing {
     /// Take an idle handle off its pages.
     fn unmap(&mut self, slot: u32) {
         let Slot {
-            bytes, first_page, ..
+            bytes,
+            first_page,
+            huge,
+            ..
         } = self.slots[slot as usize];
-        for page in first_page..first_page + bytes / PAGE_BYTES {
-            self.pages[page as usize].handle = NONE;
+        if !huge {
+            for page in first_page..first_page + bytes / PAGE_BYTES {
+                if let Some(entry) = self.pages.get_mut(page) {
+                    entry.handle = NONE;
+                }
+            }
         }
         self.slots[slot as usize].mapped = false;
         self.record(
@@ -610,16 +670,37 @@ impl Backing {
 
     /// The handle backing the byte at `offset`, and the byte's offset in it.
     pub(super) fn physical(&self, offset: u64) -> Option<(u32, u64)> {
-        let page = self.pages.get((offset / PAGE_BYTES) as usize)?;
-        let slot = self.slots.get(page.handle as usize)?;
-        Some((page.handle, offset - slot.first_page * PAGE_BYTES))
+        let page = offset / PAGE_BYTES;
+        let handle = match self.pages.get(page).handle {
+            NONE => {
+                let (_, &slot) = self.huge.range(..=page).next_back()?;
+                let huge = self.slots[slot as usize];
+                (page < huge.first_page + huge.bytes / PAGE_BYTES).then_some(slot)?
+            }
+            slot => slot,
+        };
+        let slot = self.slots.get(handle as usize)?;
+        Some((handle, offset - slot.first_page * PAGE_BYTES))
     }
 
     /// Walk pages and handles and report the first inconsistency.
     pub(super) fn check(&self) -> Result<()> {
         let mut used = alloc::vec![0u32; self.slots.len()];
         let mut pages = alloc::vec![0u64; self.slots.len()];
-        for (index, page) in self.pages.iter().enumerate() {
+        let in_huge = |page: u64| {
+            self.huge
+                .range(..=page)
+                .next_back()
+                .is_some_and(|(_, &slot)| {
+                    let huge = self.slots[slot as usize];
+                    page < huge.first_page + huge.bytes / PAGE_BYTES
+                })
+        };
+        for (index, page) in self.pages.iter() {
+            if (page.refs > 0 || page.handle != NONE) && in_huge(index) {
+                return Err(Error::Corrupt("a page inside a huge block is in use"));
+            }
+            let index = index as usize;
             if page.handle == NONE {
                 if page.refs > 0 {
                     return Err(Error::Corrupt("a page live blocks touch has no handle"));
@@ -631,6 +712,9 @@ impl Backing {
                 .get(page.handle as usize)
                 .filter(|slot| slot.bytes > 0)
                 .ok_or(Error::Corrupt("a page names a released handle"))?;
+            if slot.huge {
+                return Err(Error::Corrupt("a page names a huge block's handle"));
+            }
             let first = slot.first_page as usize;
             if index < first || index >= first + (slot.bytes / PAGE_BYTES) as usize {
                 return Err(Error::Corrupt("a page names a handle mapped elsewhere"));
@@ -640,11 +724,27 @@ impl Backing {
         }
         let mut physical = 0;
         let mut idle = 0;
+        let mut huge = 0;
         for (index, slot) in self.slots.iter().enumerate() {
             if slot.bytes == 0 {
                 continue;
             }
             physical += slot.bytes;
+            if slot.huge {
+                if !slot.mapped
+                    || slot.used != 1
+                    || slot.cached
+                    || slot.listed
+                    || pages[index] != 0
+                    || self.huge.get(&slot.first_page) != Some(&(index as u32))
+                {
+                    return Err(Error::Corrupt(
+                        "a huge block's handle is not mapped under it alone",
+                    ));
+                }
+                huge += 1;
+                continue;
+            }
             if !slot.mapped {
                 if pages[index] != 0 || slot.used != 0 || slot.cached || slot.listed {
                     return Err(Error::Corrupt("an unmapped handle is in use or cached"));
@@ -672,6 +772,18 @@ impl Backing {
             if slot.used == 0 {
                 idle += slot.bytes;
             }
+        }
+        if huge != self.huge.len() {
+            return Err(Error::Corrupt(
+                "the huge blocks' handles differ from those listed",
+            ));
+        }
+        let mut end = 0;
+        for (&first, &slot) in &self.huge {
+            if first < end {
+                return Err(Error::Corrupt("two huge blocks' handles overlap"));
+            }
+            end = first + self.slots[slot as usize].bytes / PAGE_BYTES;
         }
         if physical != self.physical_bytes {
             return Err(Error::Corrupt(

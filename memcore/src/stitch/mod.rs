@@ -36,11 +36,17 @@
 //!   handles beyond `max_idle_bytes` are released highest first, and
 //!   [`Stitch::trim`] releases them all.
 //!
+//! - **Huge requests** (at least [`HUGE_REQUEST_BYTES`]) get one handle of
+//!   their own over whole chunks, released at their free: their work does
+//!   not grow with their size, and the page table (leaves made where pages
+//!   are touched) holds none of their pages.
+//!
 //! Footprint is the bytes in created, not yet released handles; every
 //! driver call is counted by kind and priced by [`StitchConfig::costs`].
 
 mod backing;
 pub mod driver;
+mod pages;
 
 use crate::vmm::{FULL_BANDWIDTH_HANDLE_BYTES, FULL_BANDWIDTH_HANDLE_PAGES, PAGE_BYTES};
 use crate::{Allocation, Allocator, DriverCalls, Error, Extent, Result, Tlsf, align_up};
@@ -56,32 +62,22 @@ pub const STITCH_ALIGN: u64 = crate::pytorch::MIN_BLOCK_BYTES;
 /// Bytes of the virtual arena (2^47 = 128 TiB).
 pub const VIRTUAL_BYTES: u64 = 1 << 47;
 
-/// The most pages the model tracks (2^22 pages of 2 MiB: the arena's low
-/// 8 TiB, many times any device's memory): a request whose pages reach
-/// past them is [`Error::StepBudget`], so one request's work and the page
-/// table's memory are bounded whatever the request's size.
-pub const MAX_MODEL_PAGES: u64 = 1 << 22;
+/// The most pages a large handle may have (1 GiB, the largest alignment
+/// the arena places at, [`crate::MAX_ALIGN`]): a chunk's pages are looked at
+/// whenever one of them needs backing, so its size bounds that work, and
+/// huge blocks and `align_large` place blocks at a chunk's start. A
+/// configuration past it is [`Error::StepBudget`] at the first request.
+pub const MAX_LARGE_PAGES: u64 = crate::MAX_ALIGN / PAGE_BYTES;
 
-/// Page steps a model may take whatever its input: one page touched or let
-/// go by one request is one step.
-pub const MODEL_PAGE_STEPS_FLOOR: u64 = 1 << 27;
-
-/// Page steps a model may take for each request of its input, beyond
-/// [`MODEL_PAGE_STEPS_FLOOR`].
-pub const MODEL_PAGE_STEPS_PER_REQUEST: u64 = 64;
-
-/// The most page steps a model of `requests` requests may take
-/// ([`StitchConfig::page_steps`]): the floor plus a share per request, so
-/// its work stays a linear function of its input however large each
-/// request is.
-///
-/// ```
-/// assert_eq!(memcore::model_page_steps(0), memcore::MODEL_PAGE_STEPS_FLOOR);
-/// assert_eq!(memcore::model_page_steps(10), memcore::MODEL_PAGE_STEPS_FLOOR + 640);
-/// ```
-pub const fn model_page_steps(requests: u64) -> u64 {
-    MODEL_PAGE_STEPS_FLOOR.saturating_add(requests.saturating_mul(MODEL_PAGE_STEPS_PER_REQUEST))
-}
+/// Requests of at least this many bytes (32 GiB, past any request a real
+/// program on a device of today makes) are huge: placed at a chunk's start
+/// over whole chunks and backed by one handle of their own, created for
+/// them and released when they are freed, so their cost is a few calls
+/// and tree steps whatever their size, and no page of theirs is in the
+/// table. Every other request touches at most `HUGE_REQUEST_BYTES / 2 MiB
+/// + 1` pages. Only with a power-of-two chunk (the default): with another
+/// chunk size a huge request is [`Error::StepBudget`].
+pub const HUGE_REQUEST_BYTES: u64 = 32 << 30;
 
 /// How a [`Stitch`] backs and recycles physical memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,7 +129,7 @@ pub struct StitchConfig {
     /// request covers counts twice: touched, and let go at its free); a
     /// request past them is [`Error::StepBudget`] and changes nothing.
     /// `u64::MAX`: no bound (a pool on a device); a model sets
-    /// [`model_page_steps`] of its input.
+    /// [`model_steps`](crate::model_steps) of its input.
     pub page_steps: u64,
 }
 
@@ -289,38 +285,117 @@ impl Stitch {
         } else {
             STITCH_ALIGN
         };
+        if u64::from(self.config.large_pages) > MAX_LARGE_PAGES {
+            return Err(Error::StepBudget {
+                steps: u64::from(self.config.large_pages),
+                limit: MAX_LARGE_PAGES,
+            });
+        }
+        if rounded >= HUGE_REQUEST_BYTES {
+            return match self.huge_span(rounded) {
+                Some(span) => self.allocate_huge(size, span),
+                // Not placed on chunks: its pages would be the work.
+                None => Err(Error::StepBudget {
+                    steps: rounded.div_ceil(PAGE_BYTES),
+                    limit: HUGE_REQUEST_BYTES / PAGE_BYTES,
+                }),
+            };
+        }
         let allocation = self.arena.allocate(rounded, align)?;
-        if let Err(err) = self.backing.table_pages(allocation.offset, rounded) {
+        let steps = Backing::pages_covered(allocation.offset, rounded).saturating_mul(2);
+        if let Err(err) = self.take_steps(steps) {
             self.arena.free(allocation)?;
             return Err(err);
         }
-        let steps = Backing::pages_covered(allocation.offset, rounded).saturating_mul(2);
+        self.set_budget_for(size);
+        if let Err(err) = self.backing.touch(allocation.offset, rounded) {
+            self.backing.untouch_failed(allocation.offset, rounded)?;
+            self.arena.free(allocation)?;
+            return Err(err);
+        }
+        let full_bandwidth =
+            self.backing
+                .bytes_in_handles_of(allocation.offset, size, FULL_BANDWIDTH_HANDLE_BYTES);
+        self.count_live(size, full_bandwidth);
+        Ok(StitchBlock {
+            offset: allocation.offset,
+            size,
+            allocation,
+        })
+    }
+
+    /// The bytes a huge block of `rounded` bytes spans (whole chunks), or
+    /// `None` for a request that is not huge.
+    #[inline]
+    fn huge_span(&self, rounded: u64) -> Option<u64> {
+        if rounded < HUGE_REQUEST_BYTES {
+            return None;
+        }
+        let chunk = self.chunk_bytes();
+        if !chunk.is_power_of_two() {
+            return None;
+        }
+        align_up(rounded, chunk)
+    }
+
+    /// Bytes of a chunk: a large handle's, or a page's without them.
+    #[inline]
+    fn chunk_bytes(&self) -> u64 {
+        u64::from(self.config.large_pages.max(1)) * PAGE_BYTES
+    }
+
+    /// Count `steps` page steps, or refuse them past the budget.
+    #[inline]
+    fn take_steps(&mut self, steps: u64) -> Result<()> {
         let taken = self.page_steps.saturating_add(steps);
         if taken > self.config.page_steps {
-            self.arena.free(allocation)?;
             return Err(Error::StepBudget {
                 steps: taken,
                 limit: self.config.page_steps,
             });
         }
         self.page_steps = taken;
+        Ok(())
+    }
+
+    /// Raise the budget for a request of `size` bytes: the slack over the
+    /// most bytes live so far, this request counted.
+    #[inline]
+    fn set_budget_for(&mut self, size: u64) {
         let basis = self.peak_live_bytes.max(self.live_bytes + size);
         self.backing
             .set_budget(basis.saturating_add(permille_of(basis, self.config.slack_permille)));
-        if let Err(err) = self.backing.touch(allocation.offset, rounded) {
-            self.backing.untouch_failed(allocation.offset, rounded)?;
-            self.arena.free(allocation)?;
-            return Err(err);
-        }
+    }
+
+    /// A block of `size` is live, `full_bandwidth` of its bytes in large
+    /// handles.
+    #[inline]
+    fn count_live(&mut self, size: u64, full_bandwidth: u64) {
         self.live_bytes += size;
         self.live_blocks += 1;
-        self.live_in_full_bandwidth +=
-            self.backing
-                .bytes_in_handles_of(allocation.offset, size, FULL_BANDWIDTH_HANDLE_BYTES);
+        self.live_in_full_bandwidth += full_bandwidth;
         if self.live_bytes > self.peak_live_bytes {
             self.peak_live_bytes = self.live_bytes;
             self.peak_live_in_full_bandwidth = self.live_in_full_bandwidth;
         }
+    }
+
+    /// A huge request: `span` bytes at a chunk's start, one handle.
+    #[cold]
+    #[inline(never)]
+    fn allocate_huge(&mut self, size: u64, span: u64) -> Result<StitchBlock> {
+        let allocation = self.arena.allocate(span, self.chunk_bytes())?;
+        if let Err(err) = self.take_steps(2) {
+            self.arena.free(allocation)?;
+            return Err(err);
+        }
+        self.set_budget_for(size);
+        if let Err(err) = self.backing.back_huge(allocation.offset, span) {
+            self.arena.free(allocation)?;
+            return Err(err);
+        }
+        // Its handle is at least HUGE_REQUEST_BYTES: full bandwidth.
+        self.count_live(size, size);
         Ok(StitchBlock {
             offset: allocation.offset,
             size,
@@ -333,14 +408,20 @@ impl Stitch {
     /// is [`Error::UnknownAllocation`] and changes nothing.
     pub fn free(&mut self, block: StitchBlock) -> Result<()> {
         let allocation = block.allocation;
-        if block.offset != allocation.offset
-            || align_up(block.size, STITCH_ALIGN) != Some(allocation.size)
-        {
+        let rounded = align_up(block.size, STITCH_ALIGN);
+        let huge = rounded.and_then(|rounded| self.huge_span(rounded));
+        if block.offset != allocation.offset || huge.or(rounded) != Some(allocation.size) {
             return Err(Error::UnknownAllocation {
                 offset: block.offset,
             });
         }
         self.arena.free(allocation)?;
+        if huge.is_some() {
+            self.live_in_full_bandwidth -= block.size;
+            self.live_bytes -= block.size;
+            self.live_blocks -= 1;
+            return self.backing.free_huge(allocation.offset);
+        }
         self.live_in_full_bandwidth -= self.backing.bytes_in_handles_of(
             allocation.offset,
             block.size,
@@ -633,6 +714,130 @@ mod tests {
         ));
         assert_eq!(pool.allocate(0), Err(Error::ZeroSize));
         pool.check().unwrap();
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn a_huge_request_gets_one_handle_of_its_own_released_at_its_free() {
+        let mut pool = Stitch::new(StitchConfig::default());
+        let small = pool.allocate(MIB).unwrap();
+        for size in [HUGE_REQUEST_BYTES, 100 << 40] {
+            let block = pool.allocate(size).unwrap();
+            // At a chunk's start past the small block's chunk.
+            assert_eq!(block.offset % (32 * MIB), 0);
+            assert!(block.offset >= 32 * MIB);
+            let stats = pool.stats();
+            assert_eq!((stats.large_handles, stats.small_handles), (2, 0));
+            assert_eq!(stats.physical_bytes, 32 * MIB + size);
+            assert_eq!(stats.peak_live_in_full_bandwidth_handles, MIB + size);
+            assert_eq!(pool.physical(block.offset + size - 1).unwrap().1, size - 1);
+            pool.check().unwrap();
+            pool.free(block).unwrap();
+            assert_eq!(pool.stats().physical_bytes, 32 * MIB);
+            assert_eq!(pool.physical(block.offset), None);
+            pool.check().unwrap();
+        }
+        let calls = pool.stats().calls;
+        assert_eq!((calls.create.calls, calls.map.calls), (3, 3));
+        assert_eq!((calls.unmap.calls, calls.release.calls), (2, 2));
+        assert_eq!(calls.set_access.calls, 3);
+        pool.free(small).unwrap();
+    }
+
+    #[test]
+    fn a_huge_block_over_idle_handles_releases_them_first() {
+        let mut pool = Stitch::new(StitchConfig {
+            large_pages: 0,
+            ..StitchConfig::default()
+        });
+        let blocks: alloc::vec::Vec<_> = (0..3).map(|_| pool.allocate(2 * MIB).unwrap()).collect();
+        for block in blocks {
+            pool.free(block).unwrap();
+        }
+        assert_eq!(pool.stats().idle_bytes, 6 * MIB);
+        // The lowest free place is where the idle pages are mapped.
+        let huge = pool.allocate(HUGE_REQUEST_BYTES).unwrap();
+        assert_eq!(huge.offset, 0);
+        let stats = pool.stats();
+        assert_eq!(
+            (stats.idle_bytes, stats.physical_bytes),
+            (0, HUGE_REQUEST_BYTES)
+        );
+        assert_eq!(stats.calls.release.calls, 3);
+        pool.check().unwrap();
+    }
+
+    #[test]
+    fn past_the_budget_a_huge_request_releases_idle_handles_highest_first() {
+        for (slack, released) in [(0, 2), (20, 0)] {
+            let mut pool = Stitch::new(StitchConfig {
+                slack_permille: slack,
+                ..StitchConfig::default()
+            });
+            let a = pool.allocate(64 * MIB).unwrap();
+            let b = pool.allocate(1024).unwrap();
+            pool.free(a).unwrap();
+            // a's two chunks idle, b's in use; the huge block goes past b.
+            let huge = pool.allocate(HUGE_REQUEST_BYTES).unwrap();
+            assert_eq!(huge.offset, 96 * MIB);
+            let stats = pool.stats();
+            assert_eq!(stats.calls.release.calls, released, "slack {slack}");
+            assert_eq!(
+                stats.physical_bytes,
+                HUGE_REQUEST_BYTES + 96 * MIB - released * 32 * MIB
+            );
+            pool.check().unwrap();
+            pool.free(b).unwrap();
+            pool.free(huge).unwrap();
+            pool.check().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_huge_request_past_the_capacity_is_refused_and_changes_no_block() {
+        let mut pool = Stitch::new(StitchConfig {
+            capacity_bytes: 40 * GIB,
+            ..StitchConfig::default()
+        });
+        let small = pool.allocate(10 * GIB).unwrap();
+        let before = pool.stats().physical_bytes;
+        assert!(matches!(
+            pool.allocate(HUGE_REQUEST_BYTES),
+            Err(Error::OutOfMemory { .. })
+        ));
+        let stats = pool.stats();
+        assert_eq!((stats.live_blocks, stats.physical_bytes), (1, before));
+        pool.check().unwrap();
+        pool.free(small).unwrap();
+        pool.trim();
+        // With the room given back, it fits.
+        let huge = pool.allocate(HUGE_REQUEST_BYTES).unwrap();
+        pool.free(huge).unwrap();
+        assert_eq!(pool.stats().physical_bytes, 0);
+    }
+
+    #[test]
+    fn a_chunk_past_the_largest_handle_is_refused() {
+        let mut pool = Stitch::new(StitchConfig {
+            large_pages: MAX_LARGE_PAGES as u32 + 1,
+            ..StitchConfig::default()
+        });
+        assert!(matches!(pool.allocate(512), Err(Error::StepBudget { .. })));
+        assert_eq!(pool.stats(), StitchStats::default());
+        // Chunks of three pages cannot hold huge blocks: those are refused,
+        // the largest request in pages is not.
+        let mut pool = Stitch::new(StitchConfig {
+            large_pages: 3,
+            ..StitchConfig::default()
+        });
+        assert!(matches!(
+            pool.allocate(HUGE_REQUEST_BYTES),
+            Err(Error::StepBudget { .. })
+        ));
+        let block = pool.allocate(HUGE_REQUEST_BYTES - STITCH_ALIGN).unwrap();
+        pool.check().unwrap();
+        pool.free(block).unwrap();
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! (s) The stitched pool on the driver: contents written through a random
 //! allocate/free/trim sequence read back intact while idle handles are
 //! unmapped from freed places and mapped under new blocks; the device's
-//! own memory figure (cuMemGetInfo) against the model's physical bytes; and
-//! a warm allocate+free on the host next to the moving pool, cuMemAlloc and
-//! cuMemAllocAsync.
+//! own memory figure (cuMemGetInfo) against the model's physical bytes; a
+//! huge block (one handle of its own) written, read back and given back,
+//! timed next to cuMemAlloc of the same size; and a warm allocate+free on
+//! the host next to the moving pool, cuMemAlloc and cuMemAllocAsync.
 
 use std::time::Instant;
 
@@ -53,6 +54,7 @@ fn used(pool: &StitchedPool<CudaDevice>) -> Result<u64> {
 pub fn run(out: &mut Checks) -> Result<()> {
     let gpu = Gpu::open()?;
     contents_and_footprint(out, &gpu.context)?;
+    huge_block(out, &gpu.context)?;
     host_pairs(out, &gpu.context)
 }
 
@@ -149,6 +151,66 @@ fn contents_and_footprint(out: &mut Checks, context: &CudaContext) -> Result<()>
         "stitched pool gives its memory back on trim",
         pool.stats().model.physical_bytes == 0 && left <= 64 * MIB,
         format!("{} used above the start after trim", mib(left)),
+    );
+    Ok(())
+}
+
+/// Bytes of the huge block: past `HUGE_REQUEST_BYTES`, within an H200.
+const HUGE_BLOCK_BYTES: u64 = memcore::HUGE_REQUEST_BYTES + 8 * 1024 * MIB + 512;
+
+fn huge_block(out: &mut Checks, context: &CudaContext) -> Result<()> {
+    let pool = StitchedPool::new(CudaDevice::new(context)?, StitchedConfig::default())?;
+    let small = pool.allocate(MIB)?;
+    let start_used = used(&pool)?;
+    let before = pool.stats().calls;
+    let start = Instant::now();
+    let ptr = pool.allocate(HUGE_BLOCK_BYTES)?;
+    let allocate_ms = start.elapsed().as_secs_f64() * 1e3;
+    let grown = used(&pool)?.saturating_sub(start_used);
+    let calls = pool.stats().calls;
+    let creates = calls.create.calls - before.create.calls;
+    let maps = calls.map.calls - before.map.calls;
+    // A piece at the start, the middle and the end, written and read back.
+    let piece = 4 * MIB;
+    let spots = [0, HUGE_BLOCK_BYTES / 2, HUGE_BLOCK_BYTES - piece];
+    let mut bad = 0;
+    for (seed, &at) in spots.iter().enumerate() {
+        pool.with_device(|d| d.write(ptr + at, &filled(seed as u64, piece)))?;
+    }
+    for (seed, &at) in spots.iter().enumerate() {
+        let mut back = vec![0; piece as usize];
+        pool.with_device(|d| d.read(ptr + at, &mut back))?;
+        bad += pattern::mismatches(seed as u64, 0, &back);
+    }
+    let start = Instant::now();
+    pool.free(ptr)?;
+    let free_ms = start.elapsed().as_secs_f64() * 1e3;
+    let left = used(&pool)?.saturating_sub(start_used);
+    pool.free(small)?;
+    let start = Instant::now();
+    let plain = context.mem_alloc(HUGE_BLOCK_BYTES)?;
+    let plain_allocate_ms = start.elapsed().as_secs_f64() * 1e3;
+    let start = Instant::now();
+    context.mem_free(plain)?;
+    let plain_free_ms = start.elapsed().as_secs_f64() * 1e3;
+    let span = memcore::align_up(HUGE_BLOCK_BYTES, 32 * MIB).unwrap_or(u64::MAX);
+    out.check(
+        "stitched pool: a huge block is one handle of its own, given back at its free",
+        bad == 0
+            && creates == 1
+            && maps == 1
+            && grown.abs_diff(span) <= 64 * MIB
+            && left <= 64 * MIB,
+        format!(
+            "{} requested: {creates} cuMemCreate, {maps} cuMemMap, device used +{} (handle {}), \
+             {bad} bytes differ, {} left after its free; allocate {allocate_ms:.2} ms, free \
+             {free_ms:.2} ms; cuMemAlloc of the same size {plain_allocate_ms:.2} ms, cuMemFree \
+             {plain_free_ms:.2} ms",
+            mib(HUGE_BLOCK_BYTES),
+            mib(grown),
+            mib(span),
+            mib(left)
+        ),
     );
     Ok(())
 }
