@@ -16,6 +16,7 @@ mod preflight;
 mod profile;
 mod sim;
 mod stitched;
+pub mod text;
 
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]

@@ -10,8 +10,8 @@ use support::pickle::{Pickler, Py, dict, entry, s};
 use support::{json, message, output, temp_path, write_file};
 
 use cudamem::cli::snapshot_oom::{OomKind, story};
-use cudamem::trace::snapshot::moments::OomEntry;
-use cudamem::trace::snapshot::state::{BlockState, LiveBlock, Segment, State};
+use trace::snapshot::moments::OomEntry;
+use trace::snapshot::state::{BlockState, LiveBlock, Segment, State};
 
 const MIB: i64 = 1 << 20;
 const A: i64 = 0x10_0000_0000;

@@ -6,7 +6,7 @@ use support::{attempt, gzip, json, message, output, temp_path, write_file};
 
 use std::path::{Path, PathBuf};
 
-use cudamem::trace::{Location, TraceError};
+use trace::{Location, TraceError};
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
 
@@ -274,7 +274,7 @@ fn the_report_is_html_with_svg() {
 #[test]
 fn the_bare_command_and_replay_of_the_built_in_trace_give_the_same_rows() {
     use cudamem::cli::replay_command::{self, ReplayArgs};
-    use cudamem::trace::file::EMBEDDED;
+    use trace::file::EMBEDDED;
 
     let mut bare = ReplayArgs::defaults().unwrap();
     // As the bare command runs, but JSON, and the report out of the way.

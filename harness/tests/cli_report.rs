@@ -117,13 +117,13 @@ fn a_snapshots_stacks_are_in_its_page_once_and_bounded() {
     // the top frames, every frame's names cut to 80 characters.
     let frame_bytes = 2 * 80 + 30;
     assert!(
-        tables[0].len() <= 400 * (1 + cudamem::trace::HOVER_FRAMES) * frame_bytes,
+        tables[0].len() <= 400 * (1 + trace::HOVER_FRAMES) * frame_bytes,
         "{} bytes of stacks",
         tables[0].len()
     );
     for stack in &stacks {
         let lines: Vec<&str> = stack.lines().collect();
-        assert!(lines.len() <= 1 + cudamem::trace::HOVER_FRAMES, "{stack}");
+        assert!(lines.len() <= 1 + trace::HOVER_FRAMES, "{stack}");
         assert!(
             lines[1..].iter().all(|frame| frame.contains(" in ")),
             "{stack}"

@@ -11,10 +11,10 @@ use support::alloc_count::{Counting, peak_during};
 use support::pickle::*;
 use support::*;
 
-use cudamem::trace::budget::ReadBudget;
-use cudamem::trace::file::{load, load_device, load_pickle};
-use cudamem::trace::snapshot::state;
-use cudamem::trace::{Event, Location, Problem, TraceError};
+use trace::budget::ReadBudget;
+use trace::file::{load, load_device, load_pickle};
+use trace::snapshot::state;
+use trace::{Event, Location, Problem, TraceError};
 
 #[global_allocator]
 static COUNTING: Counting = Counting;
@@ -64,11 +64,11 @@ fn a_plain_pickle_of_memo_entries_meets_the_memo_bound() {
         ..ReadBudget::CEILING
     };
     let body = pickle(&[&b"]"[..], &[0x94u8].repeat(1001)].concat());
-    let err = cudamem::trace::snapshot::pickle::read(&body[..], &budget).unwrap_err();
+    let err = trace::snapshot::pickle::read(&body[..], &budget).unwrap_err();
     assert!(
         matches!(
             err,
-            cudamem::trace::snapshot::pickle::PickleError::Limit { limit: 1000, .. }
+            trace::snapshot::pickle::PickleError::Limit { limit: 1000, .. }
         ),
         "{err}"
     );
@@ -77,23 +77,23 @@ fn a_plain_pickle_of_memo_entries_meets_the_memo_bound() {
         ..ReadBudget::CEILING
     };
     let body = pickle(&[&b"]"[..], &b"Na".repeat(1001)].concat());
-    assert!(cudamem::trace::snapshot::pickle::read(&body[..], &items).is_err());
+    assert!(trace::snapshot::pickle::read(&body[..], &items).is_err());
     // Each count within its own bound, but together past the bytes held.
     let held = ReadBudget {
         held_bytes: 1000,
         ..ReadBudget::CEILING
     };
     let body = pickle(&b"]\x94".repeat(16));
-    let err = cudamem::trace::snapshot::pickle::read(&body[..], &held).unwrap_err();
+    let err = trace::snapshot::pickle::read(&body[..], &held).unwrap_err();
     assert!(
         matches!(
             err,
-            cudamem::trace::snapshot::pickle::PickleError::Limit { limit: 1000, .. }
+            trace::snapshot::pickle::PickleError::Limit { limit: 1000, .. }
         ),
         "{err}"
     );
     let body = pickle(&[&b"]\x94".repeat(14)[..], b"0"].concat());
-    assert!(cudamem::trace::snapshot::pickle::read(&body[..], &held).is_ok());
+    assert!(trace::snapshot::pickle::read(&body[..], &held).is_ok());
 }
 
 /// A snapshot whose `segments` is one segment of `blocks` blocks, then
@@ -484,7 +484,7 @@ proptest! {
 
 #[test]
 fn odd_but_readable_rows_are_noted_once_per_kind() {
-    use cudamem::trace::Oddity;
+    use trace::Oddity;
     let text = "Thread,Time,Action,Pointer,Size,Stream\n\
                 0,0,allocate,0x1000,4096,0\n\
                 0,0,allocate,0x1800,4096,0\n\

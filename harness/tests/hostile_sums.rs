@@ -6,9 +6,9 @@ mod support;
 use support::pickle::*;
 use support::*;
 
-use cudamem::trace::file::{load, load_pickle};
-use cudamem::trace::snapshot::state;
-use cudamem::trace::{Problem, TraceError};
+use trace::file::{load, load_pickle};
+use trace::snapshot::state;
+use trace::{Problem, TraceError};
 
 fn problem(result: Result<impl std::fmt::Debug, TraceError>) -> Problem {
     match result {

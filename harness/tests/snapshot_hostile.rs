@@ -9,7 +9,7 @@ use support::alloc_count::{Counting, peak_during};
 use support::pickle::*;
 use support::*;
 
-use cudamem::trace::{Location, Problem, TraceError};
+use trace::{Location, Problem, TraceError};
 
 #[global_allocator]
 static COUNTING: Counting = Counting;

@@ -186,9 +186,9 @@ fake_log="$out/fake-calls.log"
 if sh "$bundle/fixtures/build.sh" "$out/fixtures" > "$out/build/fixtures.log" 2>&1; then
   for round in 1 2 3; do
     echo "bare   $(LD_LIBRARY_PATH="$out/fixtures" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
-    echo "hook   $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_hook.so" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
+    echo "hook   $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
     rm -rf "$out/fixtures/logs"; mkdir -p "$out/fixtures/logs"
-    echo "logged $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_hook.so" CUDAMEM_HOOK_DIR="$out/fixtures/logs" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
+    echo "logged $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" CUDAMEM_HOOK_DIR="$out/fixtures/logs" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
   done
   rm -rf "$out/fixtures/logs"
 else

@@ -4,7 +4,7 @@
 //! ```text
 //! DIR/bin/gpusuite     the GPU suite (harness, release, `cuda` feature)
 //! DIR/bin/cudamem      the command, built with `cuda`, run on the device
-//! DIR/bin/libcudamem_hook.so
+//! DIR/bin/libcudamem_interpose.so
 //!                      the driver interposer `cudamem run` preloads (found
 //!                      beside the command; it links no CUDA library)
 //! DIR/tests/*          ctx's test executables built with the `cuda` feature
@@ -162,10 +162,10 @@ const SUITE_ARGS: &[&str] = &[
 /// The driver interposer, release, in the default target folder: it needs
 /// no `cuda` feature and links no CUDA library (checked), since the program
 /// it is loaded into brings the driver.
-const HOOK_ARGS: &[&str] = &["build", "--release", "-p", "cudamem-hook-preload", "--lib"];
+const HOOK_ARGS: &[&str] = &["build", "--release", "-p", "cudamem-interpose", "--lib"];
 
 /// The interposer's file name.
-const HOOK_FILE: &str = "libcudamem_hook.so";
+const HOOK_FILE: &str = "libcudamem_interpose.so";
 
 /// ctx's test executables, release, `cuda` feature.
 const TEST_ARGS: &[&str] = &[
@@ -354,7 +354,10 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
             &dir.join("scripts").join(scripts),
         )?;
     }
-    copy_tree(&root.join("hook").join("fixtures"), &dir.join("fixtures"))?;
+    copy_tree(
+        &root.join("interpose").join("fixtures"),
+        &dir.join("fixtures"),
+    )?;
     step::run(
         "chmod gpu_check.sh",
         Command::new("chmod")
@@ -408,13 +411,13 @@ mod tests {
     #[test]
     fn the_interposer_is_found_among_an_artifacts_files() {
         let json = concat!(
-            r#"{"reason":"compiler-artifact","target":{"name":"cudamem_hook"},"filenames":["/t/release/libcudamem_hook.so","/t/release/libcudamem_hook.rlib"],"executable":null}"#,
+            r#"{"reason":"compiler-artifact","target":{"name":"cudamem_interpose"},"filenames":["/t/release/libcudamem_interpose.so","/t/release/libcudamem_interpose.rlib"],"executable":null}"#,
             "\n",
             r#"{"reason":"compiler-artifact","target":{"name":"other"},"filenames":["/t/release/libother.rlib"],"executable":null}"#,
         );
         assert_eq!(
             artifact_files(json, HOOK_FILE),
-            [PathBuf::from("/t/release/libcudamem_hook.so")]
+            [PathBuf::from("/t/release/libcudamem_interpose.so")]
         );
         assert!(artifact_files(json, "libnothing.so").is_empty());
     }

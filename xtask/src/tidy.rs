@@ -70,7 +70,7 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "loads cm_alloc.cuh compiled for the host and calls its C ABI",
     ),
     (
-        "hook/preload/src/",
+        "interpose/src/",
         "the driver interposer: C ABI entry points the program calls in place of the \
          driver's, the real driver called through looked-up pointers, the log's shared \
          mapping, and fork, exit and signal handlers",

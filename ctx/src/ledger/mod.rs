@@ -8,8 +8,8 @@ mod table;
 
 use std::fmt;
 
+use crate::text::{LINE_WIDTH, wrap};
 use memcore::bytes::{exact, human};
-use memcore::text::{LINE_WIDTH, wrap};
 
 use crate::error::{Error, Result};
 use crate::profile::DeviceProfile;

@@ -36,7 +36,7 @@ cudamem-report.html in the current directory.";
     version,
     about = ABOUT,
     long_about = None,
-    max_term_width = memcore::text::LINE_WIDTH
+    max_term_width = ctx::text::LINE_WIDTH
 )]
 pub struct Cli {
     /// The subcommand; none: `replay` of the built-in traces.

@@ -3,15 +3,15 @@
 //! then print the ledger of each of its processes at its peak (on
 //! stderr, after the program's own output) and exit with the program's
 //! status (a signal `n` as `128 + n`, as shells do). The work is
-//! `cudamem_hook::run`'s; this is the command line.
+//! `crate::process::run`'s; this is the command line.
 
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use cudamem_hook::log::DEFAULT_MAX_LOG_BYTES;
-use cudamem_hook::report::html;
-use cudamem_hook::run::{HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, prepare};
+use crate::process::report::html;
+use crate::process::run::{HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, prepare};
+use trace::event_log::DEFAULT_MAX_LOG_BYTES;
 
 use crate::cli::{byte_size, output};
 

@@ -484,11 +484,11 @@ mod tests {
 
     use super::*;
     use crate::replay::{self, spec};
-    use crate::trace::Event;
+    use trace::Event;
 
     #[test]
     fn a_real_trace_on_a_simulated_device_matches_the_model() {
-        let trace = &crate::trace::file::load_embedded().unwrap()[0];
+        let trace = &trace::file::load_embedded().unwrap()[0];
         let settings = Settings::default();
         let on_device = spec::named("stitched-pool").unwrap();
         let (outcome, _) =
@@ -538,7 +538,7 @@ mod tests {
 
     #[test]
     fn the_pool_left_is_sound_and_empty_after_the_figures() {
-        let trace = &crate::trace::file::load_embedded().unwrap()[0];
+        let trace = &trace::file::load_embedded().unwrap()[0];
         let mut policy =
             StitchedPoolPolicy::new(SimDevice::new(SimConfig::h200_like()), &Settings::default())
                 .unwrap();

@@ -9,9 +9,9 @@ use crate::replay::policy::FOOTPRINT_RULE;
 use crate::replay::spec::{Framework, Pick};
 use crate::replay::{Failure, Outcome};
 use crate::report::conclusion;
-use crate::trace::{Skipped, Trace};
+use ctx::text::{LINE_WIDTH, wrap};
 use memcore::bytes::{exact, human};
-use memcore::text::{LINE_WIDTH, wrap};
+use trace::{Skipped, Trace};
 
 /// One policy's figures for one trace.
 #[derive(Debug, Clone, Serialize)]

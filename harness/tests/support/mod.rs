@@ -106,9 +106,9 @@ pub fn replay_message(path: &Path, extra: &[&str]) -> String {
 }
 
 /// The trace error that `cudamem replay PATH --json --policy tlsf` failed with.
-pub fn replay_trace_error(path: &Path) -> cudamem::trace::TraceError {
+pub fn replay_trace_error(path: &Path) -> trace::TraceError {
     let err = failure(&replay_json_args(path, &[]));
-    err.downcast_ref::<cudamem::trace::TraceError>()
+    err.downcast_ref::<trace::TraceError>()
         .unwrap_or_else(|| panic!("not a trace error: {err:#}"))
         .clone()
 }
