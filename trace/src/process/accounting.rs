@@ -201,7 +201,7 @@ pub struct Counts {
 ///
 /// ```
 /// use trace::process::accounting::Accounting;
-/// use trace::process::event::{Call, Event, Record};
+/// use trace::event::{Call, Event, Record};
 ///
 /// let mut accounting = Accounting::default();
 /// let record = |event| Record { time_ns: 0, thread: 1, event };
