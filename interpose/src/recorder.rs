@@ -14,9 +14,10 @@ use std::ffi::{CString, c_int, c_void};
 use std::os::unix::ffi::OsStrExt as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use ctx::driver::result::OUT_OF_MEMORY as CUDA_ERROR_OUT_OF_MEMORY;
 use trace::event::{
-    CUDA_ERROR_OUT_OF_MEMORY, Call, ContextHow, Event, FORMAT_VERSION, LimitKind, Line, MemInfoWhy,
-    Record, ResolveHow, Window,
+    Call, ContextHow, Event, FORMAT_VERSION, LimitKind, Line, MemInfoWhy, Record, ResolveHow,
+    Window,
 };
 use trace::event_log::{
     DEFAULT_MAX_LOG_BYTES, LOG_DIR_VAR, MAX_LOG_BYTES_VAR, log_path, parse_max_bytes,

@@ -34,6 +34,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use ctx::driver::limit;
+
 mod columns;
 mod line;
 mod records;
@@ -55,9 +57,6 @@ pub const MAX_NAME_BYTES: usize = 1024;
 /// The longest line the interposer writes, bytes: the fixed fields and one
 /// escaped string of [`MAX_NAME_BYTES`].
 pub const MAX_LINE_BYTES: usize = 512 + 2 * MAX_NAME_BYTES;
-
-/// `CUDA_ERROR_OUT_OF_MEMORY`.
-pub const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
 
 records! {
     Process = "process" ("a process image starts recording (again after `exec`)") {
@@ -188,7 +187,7 @@ records! {
     }
 }
 
-/// Which context limit (`CUlimit`).
+/// Which context limit (`CUlimit`, numbered by [`ctx::driver::limit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitKind {
     /// `CU_LIMIT_STACK_SIZE` (0): stack per thread, bytes.
@@ -205,9 +204,9 @@ impl LimitKind {
     /// The limit of `CUlimit` value `value`.
     pub const fn from_cu(value: u32) -> LimitKind {
         match value {
-            0 => LimitKind::Stack,
-            1 => LimitKind::PrintfFifo,
-            2 => LimitKind::MallocHeap,
+            limit::STACK_SIZE => LimitKind::Stack,
+            limit::PRINTF_FIFO_SIZE => LimitKind::PrintfFifo,
+            limit::MALLOC_HEAP_SIZE => LimitKind::MallocHeap,
             other => LimitKind::Other(other),
         }
     }
@@ -215,9 +214,9 @@ impl LimitKind {
     /// The `CUlimit` value.
     pub const fn to_cu(self) -> u32 {
         match self {
-            LimitKind::Stack => 0,
-            LimitKind::PrintfFifo => 1,
-            LimitKind::MallocHeap => 2,
+            LimitKind::Stack => limit::STACK_SIZE,
+            LimitKind::PrintfFifo => limit::PRINTF_FIFO_SIZE,
+            LimitKind::MallocHeap => limit::MALLOC_HEAP_SIZE,
             LimitKind::Other(value) => value,
         }
     }
