@@ -545,10 +545,16 @@ impl Measure {
 /// launch, a limit): record `event`, explaining an out-of-memory return.
 pub fn measured(event: Event<'_>, call: Call, request: Option<u64>, result: c_int) {
     let thread = thread_id();
-    let explanation = with(|state| {
+    let (explanation, unexplained) = with(|state| {
         state.emit(thread, event);
-        (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, request, 0, thread))
+        let explanation =
+            (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, request, 0, thread));
+        (explanation, state.accounting.take_unexplained())
     });
+    // A drop no cause fits is said at once, with the call that made it.
+    if let Some(drop) = unexplained {
+        print(&format!("cudamem: {drop}\n"));
+    }
     if let Some(text) = explanation {
         print(&text);
     }
