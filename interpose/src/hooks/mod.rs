@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::driver::Sym;
 
 pub mod context;
+pub mod image;
 pub mod memory;
 pub mod module;
 pub mod objects;
@@ -369,3 +370,6 @@ mod tests {
         assert_ne!(key_of(1, b"f"), key_of(2, b"f"));
     }
 }
+
+#[cfg(test)]
+mod table_tests;
