@@ -197,6 +197,14 @@ mod tests {
     use super::*;
     use crate::event::Call;
 
+    /// The Action column of each row below the header.
+    fn actions(lines: &[String]) -> Vec<&str> {
+        lines[1..]
+            .iter()
+            .map(|line| line.split(',').nth(2).unwrap())
+            .collect()
+    }
+
     fn rows(events: Vec<Event<'static>>) -> (Vec<String>, RmmStats) {
         let mut out = Vec::new();
         let mut writer = RmmWriter::new(&mut out).unwrap();
@@ -283,10 +291,7 @@ mod tests {
                 size: 4 << 20,
             },
         ]);
-        let actions: Vec<&str> = lines[1..]
-            .iter()
-            .map(|line| line.split(',').nth(2).unwrap())
-            .collect();
+        let actions = actions(&lines);
         assert_eq!(
             actions,
             ["allocate", "allocate", "allocate", "free", "free"]
@@ -310,10 +315,7 @@ mod tests {
             },
             free(0x1000),
         ]);
-        let actions: Vec<&str> = lines[1..]
-            .iter()
-            .map(|line| line.split(',').nth(2).unwrap())
-            .collect();
+        let actions = actions(&lines);
         assert_eq!(
             actions,
             ["allocate", "free", "allocate", "free", "allocate", "free"]
