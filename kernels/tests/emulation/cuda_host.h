@@ -67,29 +67,18 @@ static inline std::atomic_ref<T> atomic_at(T *p)
     return std::atomic_ref<T>(*p);
 }
 
-template <class T>
-static inline T atomicAdd(T *p, std::type_identity_t<T> v)
-{
-    return atomic_at(p).fetch_add(v, std::memory_order_relaxed);
-}
-
-template <class T>
-static inline T atomicSub(T *p, std::type_identity_t<T> v)
-{
-    return atomic_at(p).fetch_sub(v, std::memory_order_relaxed);
-}
-
-template <class T>
-static inline T atomicAnd(T *p, std::type_identity_t<T> v)
-{
-    return atomic_at(p).fetch_and(v, std::memory_order_relaxed);
-}
-
-template <class T>
-static inline T atomicOr(T *p, std::type_identity_t<T> v)
-{
-    return atomic_at(p).fetch_or(v, std::memory_order_relaxed);
-}
+// atomicAdd, atomicSub, atomicAnd, atomicOr: one fetch_* each.
+#define CUDA_HOST_ATOMIC(name, fetch)                                    \
+    template <class T>                                                   \
+    static inline T name(T *p, std::type_identity_t<T> v)                \
+    {                                                                    \
+        return atomic_at(p).fetch(v, std::memory_order_relaxed);         \
+    }
+CUDA_HOST_ATOMIC(atomicAdd, fetch_add)
+CUDA_HOST_ATOMIC(atomicSub, fetch_sub)
+CUDA_HOST_ATOMIC(atomicAnd, fetch_and)
+CUDA_HOST_ATOMIC(atomicOr, fetch_or)
+#undef CUDA_HOST_ATOMIC
 
 template <class T>
 static inline T atomicMax(T *p, std::type_identity_t<T> v)
