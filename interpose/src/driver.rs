@@ -346,3 +346,4 @@ pub mod read {
         Some(value)
     }
 }
+pub(crate) use call_driver;

@@ -29,10 +29,13 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod caller;
+mod control;
 mod driver;
+mod gate;
 mod hooks;
 mod interpose;
 mod lifecycle;
 mod lock;
 mod logfile;
+mod pool;
 mod recorder;

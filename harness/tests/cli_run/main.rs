@@ -12,6 +12,7 @@
 mod support;
 
 mod explaining;
+mod pausing;
 mod resolving;
 
 use std::collections::HashMap;
