@@ -231,16 +231,16 @@ fn peer_uid(stream: &UnixStream) -> Option<u32> {
 fn serve(stream: UnixStream) {
     // SAFETY: geteuid cannot fail.
     let own = unsafe { libc::geteuid() };
+    // The request is read whoever sent it, so that a refused peer reads
+    // the refusal rather than a closed connection.
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut line = String::new();
+    let read = BufReader::new((&stream).take(4096)).read_line(&mut line);
     let reply = match peer_uid(&stream) {
-        Some(peer) if allowed(peer, own) => {
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-            let mut line = String::new();
-            let read = BufReader::new((&stream).take(4096)).read_line(&mut line);
-            match read {
-                Ok(_) => answer(line.trim()),
-                Err(error) => Err(Refusal::BadRequest(format!("reading the request: {error}"))),
-            }
-        }
+        Some(peer) if allowed(peer, own) => match read {
+            Ok(_) => answer(line.trim()),
+            Err(error) => Err(Refusal::BadRequest(format!("reading the request: {error}"))),
+        },
         Some(peer) => Err(Refusal::Refused(format!(
             "user {peer} may not control a program of user {own}"
         ))),

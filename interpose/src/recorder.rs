@@ -14,9 +14,10 @@ use std::ffi::{CString, c_int, c_void};
 use std::os::unix::ffi::OsStrExt as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use ctx::driver::result::OUT_OF_MEMORY as CUDA_ERROR_OUT_OF_MEMORY;
 use trace::event::{
-    CUDA_ERROR_OUT_OF_MEMORY, Call, ContextHow, Event, FORMAT_VERSION, LimitKind, Line, MemInfoWhy,
-    Record, ResolveHow, Window,
+    Call, ContextHow, Event, FORMAT_VERSION, LimitKind, Line, MemInfoWhy, Record, ResolveHow,
+    Window,
 };
 use trace::event_log::{
     DEFAULT_MAX_LOG_BYTES, LOG_DIR_VAR, MAX_LOG_BYTES_VAR, log_path, parse_max_bytes,
@@ -544,10 +545,16 @@ impl Measure {
 /// launch, a limit): record `event`, explaining an out-of-memory return.
 pub fn measured(event: Event<'_>, call: Call, request: Option<u64>, result: c_int) {
     let thread = thread_id();
-    let explanation = with(|state| {
+    let (explanation, unexplained) = with(|state| {
         state.emit(thread, event);
-        (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, request, 0, thread))
+        let explanation =
+            (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, request, 0, thread));
+        (explanation, state.accounting.take_unexplained())
     });
+    // A drop no cause fits is said at once, with the call that made it.
+    if let Some(drop) = unexplained {
+        print(&format!("cudamem: {drop}\n"));
+    }
     if let Some(text) = explanation {
         print(&text);
     }

@@ -12,7 +12,6 @@
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::net::UnixStream;
@@ -239,23 +238,9 @@ fn socket_of(pid: u32) -> std::result::Result<PathBuf, ControlError> {
 
 /// The PID of the process serving a connected socket.
 fn server_pid(stream: &UnixStream) -> Option<i32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, ours.
-    let done = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut cred).cast(),
-            &mut len,
-        )
-    };
-    (done == 0).then_some(cred.pid)
+    rustix::net::sockopt::socket_peercred(stream)
+        .ok()
+        .map(|cred| cred.pid.as_raw_nonzero().get())
 }
 
 /// Send `request` to `pid` and return its answer's text, or its refusal.
@@ -275,7 +260,7 @@ pub fn ask(
             return Err(ControlError::Io {
                 pid,
                 what: "reading the server's credentials",
-                source: std::io::Error::last_os_error(),
+                source: std::io::Error::other("SO_PEERCRED failed"),
             });
         }
     }
@@ -386,8 +371,7 @@ mod tests {
     fn a_control_folder_is_new_private_and_goes_away() {
         let dir = ControlDir::make().unwrap();
         let path = dir.path().to_path_buf();
-        // SAFETY: geteuid cannot fail.
-        let me = unsafe { libc::geteuid() };
+        let me = rustix::process::geteuid().as_raw();
         assert_eq!(check_dir(&path, me), Ok(()));
         assert!(
             check_dir(&path, me + 1)

@@ -241,60 +241,18 @@ fn several_programs_pause_and_resume_together() {
     }
 }
 
-/// Connect to `socket` as user `uid` in a forked child, ask for the status,
-/// and return the first bytes of the answer (only system calls in the
-/// child).
-fn ask_as(uid: u32, socket: &Path) -> String {
-    use std::os::unix::ffi::OsStrExt;
-    let path = socket.as_os_str().as_bytes();
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe writes two descriptors into our array.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: the child makes system calls only, then _exit.
-    let child = unsafe { libc::fork() };
-    if child == 0 {
-        // SAFETY: system calls on our own buffers; the child never returns.
-        unsafe {
-            libc::close(fds[0]);
-            if libc::setgid(65534) != 0 || libc::setuid(uid) != 0 {
-                libc::_exit(3);
-            }
-            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
-            let mut addr: libc::sockaddr_un = std::mem::zeroed();
-            addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-            for (i, &b) in path.iter().enumerate().take(addr.sun_path.len() - 1) {
-                addr.sun_path[i] = b as libc::c_char;
-            }
-            let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-            if libc::connect(fd, (&raw const addr).cast(), len) != 0 {
-                libc::write(fds[1], b"connect failed".as_ptr().cast(), 14);
-                libc::_exit(4);
-            }
-            libc::write(fd, b"status\n".as_ptr().cast(), 7);
-            let mut buf = [0u8; 64];
-            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-            if n > 0 {
-                libc::write(fds[1], buf.as_ptr().cast(), n as usize);
-            }
-            libc::_exit(0);
-        }
-    }
-    // SAFETY: closing our copy of the write end.
-    unsafe { libc::close(fds[1]) };
-    let mut answer = Vec::new();
-    // SAFETY: the read end is ours; File takes it over.
-    let mut reader = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
-    reader.read_to_end(&mut answer).unwrap();
-    let mut status = 0;
-    // SAFETY: waiting for our own child.
-    unsafe { libc::waitpid(child, &mut status, 0) };
-    String::from_utf8_lossy(&answer).into_owned()
+/// `as_user UID ARGS...` (the fixture): ARGS run as user `uid`.
+fn as_user(uid: u32, args: &[&str]) -> Output {
+    let mut command = Command::new(program("as_user"));
+    command.arg(uid.to_string()).args(args);
+    fake_env(&mut command, Path::new("/nonexistent"));
+    command.output().unwrap()
 }
 
 #[test]
 fn another_user_is_refused_and_the_program_runs_on() {
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
+    use std::os::unix::fs::MetadataExt;
+    let me = std::fs::metadata("/proc/self").unwrap().uid();
     assert_eq!(
         me, 0,
         "this test acts as another user (nobody), which takes root; CI runs as root"
@@ -302,20 +260,8 @@ fn another_user_is_refused_and_the_program_runs_on() {
     let expected = unpaused_checksum("300");
     let run = Pooled::start("300", &full_flag("pause-full-4"));
     // `cudamem pause` as nobody: the program's environment is not readable.
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cudamem"));
-    command.args(["pause", &run.pid]);
-    fake_env(&mut command, Path::new("/nonexistent"));
-    // SAFETY: setuid in the child before exec, a system call only.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
-            if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let output = command.output().unwrap();
-    assert_eq!(output.status.code(), Some(1));
+    let output = as_user(65534, &[env!("CARGO_BIN_EXE_cudamem"), "pause", &run.pid]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
     assert!(
         text(&output.stderr).contains("another user"),
         "{}",
@@ -333,14 +279,23 @@ fn another_user_is_refused_and_the_program_runs_on() {
         })
         .unwrap();
     let socket = Path::new(&dir).join(format!("{}.sock", run.pid));
+    let socket = socket.to_str().unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let answer = ask_as(65534, &socket);
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let foreign = as_user(65534, &["--ask", socket, "pause"]);
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    assert!(answer.starts_with("error refused"), "{answer:?}");
-    // The same socket answers its own user.
-    assert!(ask_as(0, &socket).starts_with("ok\nrunning"));
+    let answer = text(&foreign.stdout);
+    assert!(
+        answer.starts_with("error refused"),
+        "{answer:?} {:?} {}",
+        foreign.status,
+        text(&foreign.stderr)
+    );
+    assert!(answer.contains("user 65534 may not control"), "{answer:?}");
+    // The same socket answers its own user: still running.
+    let own = as_user(0, &["--ask", socket, "status"]);
+    assert_eq!(text(&own.stdout), "ok\nrunning\n");
     let (status, stdout, stderr) = run.finish();
     assert_eq!(status, Some(0), "{stderr}");
     assert_eq!(checksum(&stdout), expected);

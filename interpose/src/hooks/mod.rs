@@ -17,6 +17,7 @@ use crate::driver::Sym;
 
 pub mod context;
 pub mod gated;
+pub mod image;
 pub mod memory;
 pub mod module;
 pub mod objects;
@@ -390,3 +391,6 @@ mod tests {
         assert_ne!(key_of(1, b"f"), key_of(2, b"f"));
     }
 }
+
+#[cfg(test)]
+mod table_tests;

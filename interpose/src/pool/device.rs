@@ -61,9 +61,11 @@ struct AccessDesc {
     flags: c_uint,
 }
 
-const ALLOCATION_TYPE_PINNED: c_uint = 1;
-const LOCATION_TYPE_DEVICE: c_uint = 1;
-const ACCESS_READ_WRITE: c_uint = 3;
+use ctx::driver::{mem_access_flags, mem_allocation_type, mem_location_type};
+
+const ALLOCATION_TYPE_PINNED: c_uint = mem_allocation_type::PINNED;
+const LOCATION_TYPE_DEVICE: c_uint = mem_location_type::DEVICE;
+const ACCESS_READ_WRITE: c_uint = mem_access_flags::READWRITE;
 
 /// A driver call's result as ctx's error.
 pub fn check(op: &'static str, result: Option<CuResult>) -> Result<()> {

@@ -29,10 +29,7 @@ use device::DriverDevice;
 /// policy).
 pub const POOL_VAR: &str = "CUDAMEM_POOL";
 
-/// `CUDA_ERROR_OUT_OF_MEMORY`.
-pub const OUT_OF_MEMORY: CuResult = 2;
-/// `CUDA_ERROR_INVALID_VALUE`.
-pub const INVALID_VALUE: CuResult = 1;
+use ctx::driver::result::{INVALID_VALUE, OUT_OF_MEMORY};
 
 /// The pool of this process and what it needs to serve and pause.
 pub struct Served {
