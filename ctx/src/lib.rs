@@ -6,6 +6,7 @@ mod address_space;
 mod copy;
 mod device;
 mod device_heap;
+pub mod driver;
 mod driver_code;
 mod error;
 mod ledger;

@@ -10,25 +10,20 @@ pub type CuResult = c_int;
 /// `CUdeviceptr`.
 pub type DevicePtr = u64;
 
-/// `CUDA_SUCCESS`.
-pub const SUCCESS: CuResult = 0;
+// The driver's numbers are ctx's (`ctx::driver`); these are their names here.
+pub use ctx::driver::SUCCESS;
+pub use ctx::driver::device_attribute::{
+    MAX_THREADS_PER_MULTIPROCESSOR as ATTR_MAX_THREADS_PER_MULTIPROCESSOR,
+    MULTIPROCESSOR_COUNT as ATTR_MULTIPROCESSOR_COUNT,
+};
+pub use ctx::driver::function_attribute::LOCAL_SIZE_BYTES as FUNC_ATTR_LOCAL_SIZE_BYTES;
+pub use ctx::driver::mem_location_type::DEVICE as MEM_LOCATION_TYPE_DEVICE;
+pub use ctx::driver::mempool_attribute::RESERVED_MEM_CURRENT as MEMPOOL_ATTR_RESERVED_MEM_CURRENT;
+pub use ctx::driver::proc_address_flag::PER_THREAD_DEFAULT_STREAM as PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
 /// What a wrapper returns when the driver lacks the function it wraps
 /// (`CUDA_ERROR_NOT_FOUND`): only reachable by a program linked against a
 /// newer driver than the one loaded.
-pub const ERROR_NOT_FOUND: CuResult = 500;
-
-/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
-pub const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
-/// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`.
-pub const ATTR_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
-/// `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`.
-pub const FUNC_ATTR_LOCAL_SIZE_BYTES: c_int = 3;
-/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
-pub const MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
-/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
-pub const PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
-/// `CU_MEM_LOCATION_TYPE_DEVICE`.
-pub const MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+pub use ctx::driver::result::NOT_FOUND as ERROR_NOT_FOUND;
 
 /// The head of `CUmemAllocationProp`: enough to tell where the memory is.
 #[repr(C)]

@@ -16,9 +16,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use ctx::driver::result::OUT_OF_MEMORY as CUDA_ERROR_OUT_OF_MEMORY;
 use trace::event::{
-    CUDA_ERROR_OUT_OF_MEMORY, Call, ContextHow, Event, FORMAT_VERSION, LimitKind, Line, MemInfoWhy,
-    Record, ResolveHow, Window,
+    Call, ContextHow, Event, FORMAT_VERSION, LimitKind, Line, MemInfoWhy, Record, ResolveHow,
+    Window,
 };
 use trace::event_log::{
     DEFAULT_MAX_LOG_BYTES, LOG_DIR_VAR, MAX_LOG_BYTES_VAR, log_path, parse_max_bytes,

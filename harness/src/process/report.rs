@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use ctx::text::{LINE_WIDTH, wrap};
 use memcore::bytes::human;
 
-use trace::event::{CUDA_ERROR_OUT_OF_MEMORY, Call, Event};
+use ctx::driver::result::OUT_OF_MEMORY;
+use trace::event::{Call, Event};
 use trace::event_log::{self, LogError, LogInfo};
 use trace::process::accounting::{Accounting, Counts, Resolutions};
 use trace::process::advice::{advice, holders};
@@ -149,27 +150,27 @@ pub fn summarize(
             Event::Alloc {
                 call,
                 size,
-                result: CUDA_ERROR_OUT_OF_MEMORY,
+                result: OUT_OF_MEMORY,
                 ..
             } => Some((*call, Some(*size))),
             Event::Create {
                 size,
-                result: CUDA_ERROR_OUT_OF_MEMORY,
+                result: OUT_OF_MEMORY,
                 ..
             } => Some((Call::MemCreate, Some(*size))),
             Event::Launch {
                 call,
-                result: CUDA_ERROR_OUT_OF_MEMORY,
+                result: OUT_OF_MEMORY,
                 ..
             }
             | Event::Module {
                 call,
-                result: CUDA_ERROR_OUT_OF_MEMORY,
+                result: OUT_OF_MEMORY,
                 ..
             } => Some((*call, None)),
             Event::Limit {
                 requested,
-                result: CUDA_ERROR_OUT_OF_MEMORY,
+                result: OUT_OF_MEMORY,
                 ..
             } => Some((Call::CtxSetLimit, Some(*requested))),
             _ => None,

@@ -376,3 +376,6 @@ mod tests {
         assert_ne!(key_of(1, b"f"), key_of(2, b"f"));
     }
 }
+
+#[cfg(test)]
+mod table_tests;

@@ -8,9 +8,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::event::{
-    CUDA_ERROR_OUT_OF_MEMORY, Call, Event, LimitKind, MemInfoWhy, Record, ResolveHow,
-};
+use crate::event::{Call, Event, LimitKind, MemInfoWhy, Record, ResolveHow};
+use ctx::driver::result::OUT_OF_MEMORY;
 
 /// The allocating call a free undoes (host frees give back host memory).
 fn call_allocating(free: Call) -> Call {
@@ -201,7 +200,7 @@ pub struct Counts {
 ///
 /// ```
 /// use trace::process::accounting::Accounting;
-/// use trace::process::event::{Call, Event, Record};
+/// use trace::event::{Call, Event, Record};
 ///
 /// let mut accounting = Accounting::default();
 /// let record = |event| Record { time_ns: 0, thread: 1, event };
@@ -452,7 +451,7 @@ impl Accounting {
                 name,
                 ..
             } => {
-                if *result == CUDA_ERROR_OUT_OF_MEMORY {
+                if *result == OUT_OF_MEMORY {
                     self.counts.out_of_memory += 1;
                 }
                 let state = self.current_device_mut();
@@ -518,7 +517,7 @@ impl Accounting {
     }
 
     fn failed(&mut self, result: i32) {
-        if result == CUDA_ERROR_OUT_OF_MEMORY {
+        if result == OUT_OF_MEMORY {
             self.counts.out_of_memory += 1;
         } else {
             self.counts.other_failures += 1;

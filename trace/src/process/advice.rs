@@ -259,7 +259,7 @@ const HOLDERS_SHOWN: usize = 6;
 ///
 /// ```
 /// use trace::process::advice::{OutOfMemory, explain};
-/// use trace::process::event::Call;
+/// use trace::event::Call;
 ///
 /// let text = explain(
 ///     &OutOfMemory { call: Call::MemAlloc, request: Some(1 << 20), caller: "/app".into(), ordinal: 1 },

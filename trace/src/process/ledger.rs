@@ -382,13 +382,7 @@ impl Snapshot {
             return out;
         }
         let ledger = self.ledger();
-        let header = format!(
-            "ledger of {}: stack {} a thread, malloc heap {}, printf FIFO {}",
-            ledger.device(),
-            exact(self.limits.stack_bytes),
-            human(self.limits.malloc_heap_bytes),
-            human(self.limits.printf_fifo_bytes)
-        );
+        let header = self.limits.header(ledger.device());
         let _ = writeln!(out, "{}", wrap(&header, LINE_WIDTH, "", "  "));
         let _ = render_rows(&mut out, &self.ledger_rows());
         let cause = self.local_memory_cause();

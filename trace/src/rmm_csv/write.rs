@@ -25,8 +25,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
-use crate::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, Record};
+use crate::event::{Event, Record};
 use crate::process::libraries::file_name;
+use ctx::driver::result::OUT_OF_MEMORY;
 
 /// The header line.
 pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream,Caller";
@@ -102,7 +103,7 @@ impl<W: Write> RmmWriter<W> {
                         self.row(&row, "free", ptr, old)?;
                     }
                     self.row(&row, "allocate", ptr, size)?;
-                } else if result == CUDA_ERROR_OUT_OF_MEMORY {
+                } else if result == OUT_OF_MEMORY {
                     self.row(&row, "allocate failure", 0, size)?;
                 }
             }
@@ -277,7 +278,7 @@ mod tests {
                 path: "/lib/libodd,name.so".into(),
             },
             alloc(0x1000, 512, 0),
-            alloc(0, 1 << 40, CUDA_ERROR_OUT_OF_MEMORY),
+            alloc(0, 1 << 40, OUT_OF_MEMORY),
             alloc(0, 0, 1),
             free(0x1000),
             free(0x2000),
