@@ -103,7 +103,7 @@ unsafe extern "C" fn dlsym_driver_name(handle: *mut c_void, symbol: *const c_cha
     }
     // SAFETY: a non-null C string from the program; a panic in choosing
     // the answer leaves the real dlsym's.
-    recorder::guarded(|| unsafe { answer_dlsym(real, symbol, found) }).unwrap_or(found)
+    crate::stop::guarded(|| unsafe { answer_dlsym(real, symbol, found) }).unwrap_or(found)
 }
 
 /// What `dlsym` answers for `symbol`, which the real one found at `found`.
@@ -261,7 +261,7 @@ unsafe fn get_proc_address(
     if result == SUCCESS {
         // SAFETY: as `wrap_answer` needs: the program's string, the driver's
         // answer (left as it is should choosing panic).
-        recorder::guarded(|| unsafe { wrap_answer(symbol, pfn, version, flags) });
+        crate::stop::guarded(|| unsafe { wrap_answer(symbol, pfn, version, flags) });
     }
     result
 }
@@ -283,7 +283,7 @@ unsafe fn get_proc_address_v2(
     let result = unsafe { real(symbol, pfn, version, flags, status) };
     if result == SUCCESS {
         // SAFETY: as in `get_proc_address`.
-        recorder::guarded(|| unsafe { wrap_answer(symbol, pfn, version, flags) });
+        crate::stop::guarded(|| unsafe { wrap_answer(symbol, pfn, version, flags) });
     }
     result
 }

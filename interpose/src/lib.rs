@@ -43,3 +43,5 @@ mod lifecycle;
 mod lock;
 mod logfile;
 mod recorder;
+mod stop;
+mod thread;

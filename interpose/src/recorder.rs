@@ -8,11 +8,10 @@
 //! is held for a record's worth of work, plus the readings of free memory
 //! this module makes at chosen moments.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CString, c_int, c_void};
 use std::os::unix::ffi::OsStrExt as _;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -32,6 +31,9 @@ use crate::driver::{self, read};
 use crate::lifecycle;
 use crate::lock::{Guard, Lock};
 use crate::logfile::LogFile;
+use crate::stop::{guarded, print, stop_quietly, stopped};
+use crate::thread::monotonic_ns;
+use crate::thread::{forget_thread_id, thread_id};
 
 /// At most one reading of free memory at a new peak of live bytes per this
 /// many nanoseconds; a peak inside the interval is read before the next
@@ -81,10 +83,6 @@ const EXIT_WAIT: Duration = Duration::from_secs(1);
 /// the signal unrecorded (`cudamem run` knows it from the wait status).
 const SIGNAL_WAIT: Duration = Duration::from_millis(20);
 
-/// Set after a panic inside the recorder: nothing is recorded any more, and
-/// every call goes straight to the driver.
-static STOPPED: AtomicBool = AtomicBool::new(false);
-
 static STATE: Lock<Option<State>> = Lock::new(None);
 
 /// Set in a forked child: the state is its parent's and is replaced on the
@@ -102,40 +100,8 @@ static START_NS: AtomicU64 = AtomicU64::new(0);
 static LOGGING: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
-    static THREAD: Cell<u32> = const { Cell::new(0) };
     /// Where the hot paths format their record, outside the lock.
     static LINE: RefCell<Line> = const { RefCell::new(Line::new()) };
-}
-
-/// This thread's kernel id, asked of the kernel once per thread.
-pub fn thread_id() -> u32 {
-    THREAD.with(|cached| {
-        let known = cached.get();
-        if known != 0 {
-            return known;
-        }
-        // SAFETY: gettid has no arguments and cannot fail.
-        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-        cached.set(tid);
-        tid
-    })
-}
-
-/// Forget the cached thread id (a forked child's thread has a new one).
-pub fn forget_thread_id() {
-    THREAD.with(|cached| cached.set(0));
-}
-
-/// `CLOCK_MONOTONIC` now, nanoseconds (read through the vDSO: no system
-/// call).
-fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    (now.tv_sec as u64).saturating_mul(1_000_000_000) + now.tv_nsec as u64
 }
 
 fn exe_path() -> String {
@@ -355,37 +321,12 @@ fn open_log() -> Option<LogFile> {
     LogFile::open(&path, max_bytes)
 }
 
-/// Run `f` unless recording stopped; a panic inside it stops recording
-/// (said once on stderr) instead of crossing into the program.
-pub fn guarded<R>(f: impl FnOnce() -> R) -> Option<R> {
-    if STOPPED.load(Ordering::Relaxed) {
-        return None;
-    }
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(value) => Some(value),
-        Err(_) => {
-            stop("an internal error");
-            None
-        }
-    }
-}
-
-/// Stop recording for good, saying why once.
-pub fn stop(why: &str) {
-    if !STOPPED.swap(true, Ordering::AcqRel) {
-        print(&format!(
-            "cudamem: the interposer stopped recording after {why}; the program goes on, \
-             its driver calls unrecorded from here\n"
-        ));
-    }
-}
-
 /// Run `f` on the recorder's state, setting it up on first use (and anew in
 /// a forked child); `None` when recording stopped, or when this thread
 /// holds the lock already (a signal handler interrupted a record: the
 /// inner call is left unrecorded rather than waiting for ever).
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> Option<R> {
-    if STOPPED.load(Ordering::Relaxed) {
+    if stopped() {
         return None;
     }
     guarded(|| {
@@ -470,19 +411,6 @@ fn record_fast_unguarded<R>(
             state.emit_record(Record { time_ns, ..record });
             after(state)
         })
-    }
-}
-
-/// Print an explanation on stderr, in one write where it fits.
-fn print(text: &str) {
-    let mut rest = text.as_bytes();
-    while !rest.is_empty() {
-        // SAFETY: writing our own buffer to descriptor 2.
-        let wrote = unsafe { libc::write(2, rest.as_ptr().cast(), rest.len()) };
-        if wrote <= 0 {
-            return;
-        }
-        rest = &rest[wrote as usize..];
     }
 }
 
@@ -860,7 +788,7 @@ pub fn after_fork_child() {
     }
     FORKED.store(true, Ordering::Release);
     if !STATE.release_held() {
-        STOPPED.store(true, Ordering::Release);
+        stop_quietly();
     }
 }
 
