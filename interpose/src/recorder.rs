@@ -70,17 +70,16 @@ pub struct State {
 }
 
 /// A test aid, never set by `cudamem run`: the recorder panics on the
-/// record after this many, to show that a panic inside the interposer
-/// leaves the program as it was (recording stops, every call still reaches
-/// the driver).
+/// record after this many (to show that a panic leaves the program as it
+/// was).
 pub const TEST_PANIC_VAR: &str = "CUDAMEM_TEST_PANIC_AFTER";
 
-/// How long the exit path waits for another thread to finish its record
-/// before it gives up on the exit record (never for this thread).
+/// How long the exit path waits for another thread's record (never for
+/// this thread's).
 const EXIT_WAIT: Duration = Duration::from_secs(1);
 
-/// How long a fatal signal's handler waits for the lock before it leaves
-/// the signal unrecorded (`cudamem run` knows it from the wait status).
+/// How long a fatal signal's handler waits for the lock (`cudamem run`
+/// tells an unrecorded one from the wait status).
 const SIGNAL_WAIT: Duration = Duration::from_millis(20);
 
 static STATE: Lock<Option<State>> = Lock::new(None);
@@ -565,11 +564,17 @@ impl Measure {
 /// launch, a limit): record `event`, explaining an out-of-memory return.
 pub fn measured(event: Event<'_>, call: Call, request: Option<u64>, result: c_int) {
     let thread = thread_id();
-    let explanation = with(|state| {
+    let (explanation, unexplained) = with(|state| {
         state.emit(thread, event);
-        (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, request, 0, thread))
+        let explanation =
+            (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, request, 0, thread));
+        (explanation, state.accounting.take_unexplained())
     })
-    .flatten();
+    .unwrap_or_default();
+    // A drop no cause fits is said at once, with the call that made it.
+    if let Some(drop) = unexplained {
+        print(&format!("cudamem: {drop}\n"));
+    }
     if let Some(text) = explanation {
         print(&text);
     }

@@ -26,6 +26,7 @@ pub mod event;
 pub mod event_log;
 mod fields;
 pub mod file;
+pub mod image;
 pub mod process;
 pub mod rmm_csv;
 pub mod snapshot;

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::driver::Sym;
 
 pub mod context;
+pub mod image;
 pub mod memory;
 pub mod module;
 pub mod objects;
