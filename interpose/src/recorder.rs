@@ -722,9 +722,7 @@ pub fn function_name(handle: u64) -> Option<(String, bool)> {
 }
 
 /// The process exits: read free memory one last time, and write the exit
-/// record. Another thread's record is waited for a bounded time; when this
-/// thread holds the lock (`exit` from a signal handler that interrupted a
-/// record) the exit record is left out rather than waited for.
+/// record (left out, never waited for, when this thread holds the lock).
 pub fn exiting() {
     guarded(|| {
         let Some(guard) = STATE.lock_within(EXIT_WAIT) else {
@@ -783,9 +781,8 @@ pub fn after_fork_parent() {
     STATE.release_held();
 }
 
-/// `pthread_atfork` child: release it, and start over on the first record.
-/// A child forked by a signal handler that interrupted a record has a copy
-/// of a lock held in the middle of a record: it records nothing.
+/// `pthread_atfork` child: release it, and start over on the first record
+/// (a child forked by a handler that interrupted a record records nothing).
 pub fn after_fork_child() {
     forget_thread_id();
     for last in &LAST_PROGRAM_READ {
