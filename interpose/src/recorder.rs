@@ -794,8 +794,7 @@ pub fn after_fork_child() {
     }
 }
 
-/// The library that called, by the return address `immediate`, named
-/// without letting a panic out (0: unknown).
+/// The library that called (0: unknown), no panic let out.
 fn named_caller(immediate: usize) -> u32 {
     guarded(|| caller_id(immediate)).unwrap_or(0)
 }
