@@ -10,7 +10,9 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::process::report::html;
-use crate::process::run::{HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, prepare};
+use crate::process::run::{
+    HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, not_entered, prepare,
+};
 use trace::event_log::DEFAULT_MAX_LOG_BYTES;
 
 use crate::cli::{byte_size, output};
@@ -28,6 +30,9 @@ pub struct RunArgs {
     /// STEM.<pid>.EXT, and every process's event log to FILE.events/.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Overwrite the --trace file if it exists.
+    #[arg(long)]
+    force: bool,
     /// Write an HTML report of the ledgers.
     #[arg(long, value_name = "FILE.html")]
     report: Option<PathBuf>,
@@ -97,8 +102,10 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         trace: args.trace,
         report: args.report.clone(),
         max_log_bytes: args.max_log_bytes,
+        force: args.force,
     };
     let prepared = prepare(plan, std::env::var_os("PATH").as_deref())?;
+    let program_path = prepared.program().to_path_buf();
     let finished = prepared.run()?;
     let code = exit_code(finished.status);
     // The program's own output comes first; from here on nothing changes
@@ -117,7 +124,15 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         reports.len(),
         if reports.len() == 1 { "" } else { "es" }
     );
-    if reports.is_empty() {
+    if reports.is_empty()
+        && let Some(why) = not_entered(&program_path)
+    {
+        let _ = writeln!(
+            err,
+            "cudamem run: cudamem could not enter {}: {why}; what it did on the GPU is not known",
+            program_path.display()
+        );
+    } else if reports.is_empty() {
         let _ = writeln!(
             err,
             "cudamem run: the program made no CUDA driver call that cudamem saw (no CUDA \
