@@ -10,7 +10,9 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::process::report::html;
-use crate::process::run::{HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, prepare};
+use crate::process::run::{
+    HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, not_entered, prepare,
+};
 use trace::event_log::DEFAULT_MAX_LOG_BYTES;
 
 use crate::cli::pause::{self, CONTROL_DIR_VAR, POOL_VAR};
@@ -29,6 +31,9 @@ pub struct RunArgs {
     /// STEM.<pid>.EXT, and every process's event log to FILE.events/.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Overwrite the --trace file if it exists.
+    #[arg(long)]
+    force: bool,
     /// Write an HTML report of the ledgers.
     #[arg(long, value_name = "FILE.html")]
     report: Option<PathBuf>,
@@ -123,8 +128,10 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         report: args.report.clone(),
         max_log_bytes: args.max_log_bytes,
         env,
+        force: args.force,
     };
     let prepared = prepare(plan, std::env::var_os("PATH").as_deref())?;
+    let program_path = prepared.program().to_path_buf();
     let finished = prepared.run()?;
     drop(control);
     let code = exit_code(finished.status);
@@ -144,7 +151,15 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         reports.len(),
         if reports.len() == 1 { "" } else { "es" }
     );
-    if reports.is_empty() {
+    if reports.is_empty()
+        && let Some(why) = not_entered(&program_path)
+    {
+        let _ = writeln!(
+            err,
+            "cudamem run: cudamem could not enter {}: {why}; what it did on the GPU is not known",
+            program_path.display()
+        );
+    } else if reports.is_empty() {
         let _ = writeln!(
             err,
             "cudamem run: the program made no CUDA driver call that cudamem saw (no CUDA \

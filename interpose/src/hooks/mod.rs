@@ -286,6 +286,13 @@ impl Drop for Inside {
     }
 }
 
+/// Whether this thread is inside a wrapper (a signal handler that runs now
+/// interrupted it, perhaps inside the driver: the exit path then calls
+/// nothing of the driver's).
+pub fn inside() -> bool {
+    INSIDE.with(Cell::get)
+}
+
 /// Enter a wrapper, or `None` when this thread is inside one already (the
 /// driver calling an exported function on its own): the inner call is
 /// passed on unrecorded.

@@ -266,6 +266,9 @@ pub struct Accounting {
     pub resolutions: Resolutions,
     /// The drop no cause fitted at the last record, until taken.
     last_unexplained: Option<UnexplainedDrop>,
+    /// The block the last free removed, for a `free-failed` record that
+    /// follows it.
+    last_freed: Option<(u64, Block)>,
 }
 
 impl Accounting {
