@@ -13,6 +13,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use trace::event::{Call, Event, LimitKind, Window};
 
 use crate::driver::{CuResult, SUCCESS, read};
+use crate::hooks::image::{self, Source};
 use crate::hooks::{Seen, enter, first_launch, hook, key_of, real};
 use crate::recorder::{self, Measure};
 
@@ -45,6 +46,8 @@ unsafe fn module_load(
     path: *const c_char,
 ) -> CuResult {
     let real = real!(real, fn(*mut *mut c_void, *const c_char));
+    // SAFETY: the program's file name.
+    unsafe { image::record(Call::ModuleLoad, Source::File(path)) };
     // SAFETY: the program's arguments.
     measured(Call::ModuleLoad, || unsafe { real(module, path) })
 }
@@ -56,6 +59,8 @@ unsafe fn module_load_data(
     image: *const c_void,
 ) -> CuResult {
     let real = real!(real, fn(*mut *mut c_void, *const c_void));
+    // SAFETY: the image the program hands the driver.
+    unsafe { image::record(Call::ModuleLoadData, Source::Memory(image)) };
     // SAFETY: the program's arguments.
     measured(Call::ModuleLoadData, || unsafe { real(module, image) })
 }
@@ -73,6 +78,8 @@ unsafe fn module_load_data_ex(
         real,
         fn(*mut *mut c_void, *const c_void, c_uint, *mut c_int, *mut *mut c_void)
     );
+    // SAFETY: the image the program hands the driver.
+    unsafe { image::record(Call::ModuleLoadDataEx, Source::Memory(image)) };
     measured(Call::ModuleLoadDataEx, || {
         // SAFETY: the program's arguments.
         unsafe { real(module, image, count, options, values) }
@@ -86,6 +93,8 @@ unsafe fn module_load_fat_binary(
     image: *const c_void,
 ) -> CuResult {
     let real = real!(real, fn(*mut *mut c_void, *const c_void));
+    // SAFETY: the image the program hands the driver.
+    unsafe { image::record(Call::ModuleLoadFatBinary, Source::Memory(image)) };
     // SAFETY: the program's arguments.
     measured(Call::ModuleLoadFatBinary, || unsafe { real(module, image) })
 }
@@ -120,6 +129,13 @@ unsafe fn library_load(
     // SAFETY: both library loads share this ABI (the second argument is
     // the code or the file name).
     let real: LibraryLoad = unsafe { std::mem::transmute::<usize, LibraryLoad>(real) };
+    let source = if call == Call::LibraryLoadFromFile {
+        Source::File(code.cast())
+    } else {
+        Source::Memory(code)
+    };
+    // SAFETY: the program's image or file name, as the driver reads it.
+    unsafe { image::record(call, source) };
     measured(call, || {
         // SAFETY: the program's arguments.
         unsafe {

@@ -36,10 +36,12 @@ use std::fmt;
 
 use ctx::driver::limit;
 
+use crate::image::{Answer, ImageFormat};
+
 mod columns;
 mod line;
 mod records;
-mod words;
+pub(crate) mod words;
 
 pub use line::Line;
 pub use words::{Call, CallRole, ContextHow, MemInfoWhy, ResolveHow, Word};
@@ -143,6 +145,17 @@ records! {
         result: i32 = Signed,
         value: Option<u64> = Maybe,
         window: Window = Span,
+    }
+    Image = "image" ("what the image a load (`call`) is about to load tells: its format, its bytes \
+        (`-` where not known), whether its code calls `malloc` and `printf` (`yes`, `no`, \
+        `unknown`), and what could not be read (see [`crate::image`]); the load's `module` record \
+        follows") {
+        call: Call = Named,
+        format: ImageFormat = Named,
+        bytes: Option<u64> = Maybe,
+        malloc: Answer = Named,
+        printf: Answer = Named,
+        note: Cow<'a, str> = Text,
     }
     Module = "module" ("a module or library load, or the first lookup, attribute query or \
         explicit load of a function (lazy loading loads its code then; later ones of the same \

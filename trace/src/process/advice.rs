@@ -44,6 +44,22 @@ pub fn holders(snapshot: &Snapshot) -> Vec<Holder> {
             bytes: snapshot.module_measured,
         });
     }
+    let heap = snapshot.heap_measured + snapshot.heap_fifo_measured;
+    if heap > 0 {
+        holders.push(Holder {
+            name: format!(
+                "the malloc heap{} (limit {}, taken at the first launch of a kernel calling \
+                 malloc)",
+                if snapshot.heap_fifo_measured > 0 {
+                    " and printf FIFO"
+                } else {
+                    ""
+                },
+                human(snapshot.limits.malloc_heap_bytes)
+            ),
+            bytes: heap,
+        });
+    }
     for (path, bytes) in &snapshot.callers {
         if bytes.device_bytes > 0 {
             holders.push(Holder {

@@ -16,8 +16,9 @@ use ctx::{
 };
 use memcore::bytes::{exact, human};
 
+use crate::image::Answer;
 use crate::process::accounting::{
-    Accounting, CallerBytes, DeviceFacts, Kernel, Reading, StackSource,
+    Accounting, CallerBytes, DeviceFacts, Kernel, Reading, StackSource, UnexplainedDrop,
 };
 use crate::process::libraries::file_name;
 
@@ -50,6 +51,16 @@ pub struct Snapshot {
     pub object_calls: u64,
     /// What setting the malloc heap and printf FIFO limits took at once.
     pub heap_fifo_measured: u64,
+    /// What the malloc heap took at the first launch of a kernel.
+    pub heap_measured: u64,
+    /// Whether the images loaded call `malloc`.
+    pub calls_malloc: Answer,
+    /// Whether the images loaded call `printf`.
+    pub calls_printf: Answer,
+    /// What could not be read of the images loaded.
+    pub image_notes: Vec<String>,
+    /// Drops of free memory no cause fits, with their calls.
+    pub unexplained_drops: Vec<UnexplainedDrop>,
     /// Device bytes live in allocations and VMM handles.
     pub live_device_bytes: u64,
     /// Live device blocks.
@@ -129,6 +140,11 @@ impl Snapshot {
             objects_measured: device.objects_measured,
             object_calls: device.object_calls,
             heap_fifo_measured: device.heap_fifo_measured,
+            heap_measured: device.heap_measured,
+            calls_malloc: device.images_call_malloc,
+            calls_printf: device.images_call_printf,
+            image_notes: device.image_notes.clone(),
+            unexplained_drops: device.unexplained_drops.clone(),
             live_device_bytes: accounting.live_device_bytes(),
             live_blocks: accounting.live_blocks(),
             callers: accounting.callers(),
@@ -178,6 +194,7 @@ impl Snapshot {
             + i128::from(self.module_measured)
             + i128::from(self.objects_measured)
             + i128::from(self.heap_fifo_measured)
+            + i128::from(self.heap_measured)
             + i128::from(self.live_device_bytes)
             + i128::from(self.pool_held().unwrap_or(0));
         Some(used - named)
@@ -198,8 +215,8 @@ impl Snapshot {
             &self.limits,
             &Workload {
                 kernels_local_bytes: &frames,
-                calls_printf: false,
-                calls_malloc: false,
+                calls_printf: self.calls_printf == Answer::Yes,
+                calls_malloc: self.calls_malloc == Answer::Yes || self.heap_measured > 0,
                 user_bytes: self.live_device_bytes,
                 cm_heap_bytes: 0,
             },
@@ -217,8 +234,11 @@ impl Snapshot {
         if self.module_loads > 0 || self.kernels_launched > 0 {
             ledger.set_measured(LedgerItemKind::ModuleCode, self.module_measured);
         }
-        if self.heap_fifo_measured > 0 {
-            ledger.set_measured(LedgerItemKind::MallocHeap, self.heap_fifo_measured);
+        if self.heap_fifo_measured > 0 || self.heap_measured > 0 {
+            ledger.set_measured(
+                LedgerItemKind::MallocHeap,
+                self.heap_fifo_measured + self.heap_measured,
+            );
         }
         ledger
     }
@@ -391,6 +411,14 @@ impl Snapshot {
             "{}",
             wrap(&cause, LINE_WIDTH, "local memory cause: ", "  ")
         );
+        if !self.image_notes.is_empty() {
+            let notes = format!(
+                "module images not read whole ({}): whether their code calls malloc is \
+                 judged from the drops' sizes",
+                self.image_notes.join("; ")
+            );
+            let _ = writeln!(out, "{}", wrap(&notes, LINE_WIDTH, "", "  "));
+        }
         for line in &extra {
             named(&mut out, &line.name, &human(line.bytes), &line.why);
         }
@@ -401,11 +429,14 @@ impl Snapshot {
                 } else {
                     rest as f64 / used as f64 * 100.0
                 };
-                let why = format!(
+                let mut why = format!(
                     "{share:.1}% of the {} in use: not named by any record (other processes, \
                      driver rounding of small allocations, calls not recorded)",
                     human(used)
                 );
+                for drop in &self.unexplained_drops {
+                    why.push_str(&format!("; {drop}"));
+                }
                 named(&mut out, "unexplained", &signed_human(rest), &why);
             }
             _ => named(
