@@ -242,13 +242,21 @@ mod tests {
     }
 
     fn rows(events: Vec<Event<'static>>) -> (Vec<String>, RmmStats) {
+        rows_of_threads(events.into_iter().map(|event| (9, event)))
+    }
+
+    /// The RMM log of `events`, each made on its thread, a microsecond
+    /// apart: its lines, the header first, and what the writer counted.
+    fn rows_of_threads(
+        events: impl IntoIterator<Item = (u32, Event<'static>)>,
+    ) -> (Vec<String>, RmmStats) {
         let mut out = Vec::new();
         let mut writer = RmmWriter::new(&mut out).unwrap();
-        for (index, event) in events.into_iter().enumerate() {
+        for (index, (thread, event)) in events.into_iter().enumerate() {
             writer
                 .record(&Record {
                     time_ns: 3_723_000_001_000 + index as u64 * 1_000,
-                    thread: 9,
+                    thread,
                     event,
                 })
                 .unwrap();
@@ -359,8 +367,6 @@ mod tests {
 
     #[test]
     fn a_failed_free_after_another_threads_row_restores_the_block() {
-        let mut out = Vec::new();
-        let mut writer = RmmWriter::new(&mut out).unwrap();
         let events = [
             (1, alloc(0x1000, 256, 0)),
             (1, free(0x1000)),
@@ -376,17 +382,10 @@ mod tests {
                 },
             ),
         ];
-        for (index, (thread, event)) in events.into_iter().enumerate() {
-            let record = Record {
-                time_ns: index as u64,
-                thread,
-                event,
-            };
-            writer.record(&record).unwrap();
-        }
-        writer.finish().unwrap();
-        let text = String::from_utf8(out).unwrap();
-        let lines: Vec<String> = text.lines().map(str::to_string).collect();
-        assert_eq!(actions(&lines), ["allocate", "free", "allocate", "allocate"]);
+        let (lines, _) = rows_of_threads(events);
+        assert_eq!(
+            actions(&lines),
+            ["allocate", "free", "allocate", "allocate"]
+        );
     }
 }
