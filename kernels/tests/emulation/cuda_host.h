@@ -463,30 +463,32 @@ static inline unsigned __match_any_sync(unsigned mask, T value)
     return same;
 }
 
-static inline unsigned __reduce_or_sync(unsigned mask, unsigned value)
+// The values of the lanes that meet at `mask`, folded by `op` from 0 (a
+// thread outside a warp: its own value).
+template <class Op>
+static inline unsigned reduce_sync(unsigned mask, unsigned value, Op op)
 {
     if (this_warp == nullptr) {
         return value;
     }
     HostWarp::Met met = this_warp->meet(mask, value);
-    unsigned all = 0;
+    unsigned folded = 0;
     for (unsigned l = 0; l < 32; l++) {
-        all |= (met.members >> l & 1) ? (unsigned)met.value[l] : 0;
+        if (met.members >> l & 1) {
+            folded = op(folded, (unsigned)met.value[l]);
+        }
     }
-    return all;
+    return folded;
+}
+
+static inline unsigned __reduce_or_sync(unsigned mask, unsigned value)
+{
+    return reduce_sync(mask, value, [](unsigned a, unsigned b) { return a | b; });
 }
 
 static inline unsigned __reduce_add_sync(unsigned mask, unsigned value)
 {
-    if (this_warp == nullptr) {
-        return value;
-    }
-    HostWarp::Met met = this_warp->meet(mask, value);
-    unsigned sum = 0;
-    for (unsigned l = 0; l < 32; l++) {
-        sum += (met.members >> l & 1) ? (unsigned)met.value[l] : 0;
-    }
-    return sum;
+    return reduce_sync(mask, value, [](unsigned a, unsigned b) { return a + b; });
 }
 
 // The barrier of the block that runs now (see the top of this file).

@@ -266,6 +266,17 @@ mod tests {
         (text.lines().map(str::to_string).collect(), stats)
     }
 
+    /// A `cuMemFree` of `size` bytes at `ptr` the driver refused.
+    fn failed_free(ptr: u64, size: u64) -> Event<'static> {
+        Event::FreeFailed {
+            call: Call::MemFree,
+            ptr,
+            size,
+            caller: 1,
+            result: 700,
+        }
+    }
+
     fn alloc(ptr: u64, size: u64, result: i32) -> Event<'static> {
         Event::Alloc {
             call: Call::MemAlloc,
@@ -350,13 +361,7 @@ mod tests {
             alloc(0x1000, 512, 0),
             alloc(0x1000, 256, 0),
             free(0x1000),
-            Event::FreeFailed {
-                call: Call::MemFree,
-                ptr: 0x1000,
-                size: 256,
-                caller: 1,
-                result: 700,
-            },
+            failed_free(0x1000, 256),
             free(0x1000),
         ]);
         let actions = actions(&lines);
@@ -371,16 +376,7 @@ mod tests {
             (1, alloc(0x1000, 256, 0)),
             (1, free(0x1000)),
             (2, alloc(0x9000, 64, 0)),
-            (
-                1,
-                Event::FreeFailed {
-                    call: Call::MemFree,
-                    ptr: 0x1000,
-                    size: 256,
-                    caller: 1,
-                    result: 700,
-                },
-            ),
+            (1, failed_free(0x1000, 256)),
         ];
         let (lines, _) = rows_of_threads(events);
         assert_eq!(
