@@ -21,12 +21,7 @@ fn problem(result: Result<impl std::fmt::Debug, TraceError>) -> Problem {
 /// segment on a device of its own.
 fn segments(sizes: &[u64], address_of: impl Fn(usize) -> u64) -> Vec<u8> {
     let mut pickler = Pickler::new();
-    pickler.raw(b"}");
-    pickler.memoize();
-    pickler.raw(b"(");
-    pickler.value(&s("segments"));
-    pickler.raw(b"]");
-    pickler.memoize();
+    pickler.snapshot_segments_start();
     pickler.raw(b"(");
     for (index, &size) in sizes.iter().enumerate() {
         let uint = |value: u64| {
@@ -35,9 +30,7 @@ fn segments(sizes: &[u64], address_of: impl Fn(usize) -> u64) -> Vec<u8> {
             bytes.push(0);
             bytes
         };
-        pickler.raw(b"}");
-        pickler.memoize();
-        pickler.raw(b"(");
+        pickler.open_dict();
         // Each on its own device: one device's segments cannot overlap.
         pickler.value(&s("device")).value(&Py::Int(index as i64));
         pickler.value(&s("address")).raw(&uint(address_of(index)));
@@ -111,9 +104,7 @@ fn frees_of_unknown_blocks_past_64_bits_are_refused_as_the_csv_reader_refuses() 
 fn a_time_stamp_past_584_years_is_refused() {
     let stamped = |us: u64| {
         let mut pickler = Pickler::new();
-        pickler.raw(b"}");
-        pickler.memoize();
-        pickler.raw(b"(");
+        pickler.open_dict();
         pickler.value(&s("segments")).value(&Py::List(vec![]));
         pickler.value(&s("device_traces")).raw(b"]]}(");
         pickler.value(&s("action")).value(&s("alloc"));

@@ -101,7 +101,17 @@ unsafe extern "C" fn dlsym_driver_name(handle: *mut c_void, symbol: *const c_cha
     if found.is_null() || symbol.is_null() {
         return found;
     }
-    // SAFETY: a non-null C string from the program.
+    // SAFETY: a non-null C string from the program; a panic in choosing
+    // the answer leaves the real dlsym's.
+    crate::stop::guarded(|| unsafe { answer_dlsym(real, symbol, found) }).unwrap_or(found)
+}
+
+/// What `dlsym` answers for `symbol`, which the real one found at `found`.
+///
+/// # Safety
+/// `symbol` is a C string.
+unsafe fn answer_dlsym(real: DlsymFn, symbol: *const c_char, found: *mut c_void) -> *mut c_void {
+    // SAFETY: the caller's C string.
     let name = unsafe { CStr::from_ptr(symbol) };
     let Some(entry) = ENTRIES.iter().find(|entry| entry.name == name) else {
         return found;
@@ -250,8 +260,8 @@ unsafe fn get_proc_address(
     let result = unsafe { real(symbol, pfn, version, flags) };
     if result == SUCCESS {
         // SAFETY: as `wrap_answer` needs: the program's string, the driver's
-        // answer.
-        unsafe { wrap_answer(symbol, pfn, version, flags) };
+        // answer (left as it is should choosing panic).
+        crate::stop::guarded(|| unsafe { wrap_answer(symbol, pfn, version, flags) });
     }
     result
 }
@@ -273,7 +283,7 @@ unsafe fn get_proc_address_v2(
     let result = unsafe { real(symbol, pfn, version, flags, status) };
     if result == SUCCESS {
         // SAFETY: as in `get_proc_address`.
-        unsafe { wrap_answer(symbol, pfn, version, flags) };
+        crate::stop::guarded(|| unsafe { wrap_answer(symbol, pfn, version, flags) });
     }
     result
 }

@@ -12,9 +12,16 @@
 //! it, with or without a log.
 //!
 //! It is not a library to link: its rlib exists only so that tests can name
-//! this package as a dependency and have the shared library built. It makes
-//! no driver call from a constructor (it has none): the driver is found,
-//! and the recorder set up, on the first call that needs them.
+//! this package as a dependency and have the shared library built. Its one
+//! constructor registers the fork handlers and nothing else (no driver
+//! call): the driver is found, and the recorder set up, on the first call
+//! that needs them.
+//!
+//! It never changes what the program does: no panic leaves it (one stops
+//! recording instead), nothing on the exit path or in a signal handler
+//! waits for a lock its own thread holds, the log holds no descriptor the
+//! program could close or reuse, and the program's signal actions (and
+//! what `sigaction` reads of them) stay its own.
 //!
 //! Everything that needs no `unsafe` (the records, the accounting, the
 //! explanations) is in the `cudamem-hook` crate (`hook` here); this crate is the thin
@@ -29,10 +36,15 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod caller;
+mod control;
 mod driver;
+mod gate;
 mod hooks;
 mod interpose;
 mod lifecycle;
 mod lock;
 mod logfile;
+mod pool;
 mod recorder;
+mod stop;
+mod thread;

@@ -6,8 +6,17 @@
 //! the writing path); until the process ends its tail past the last record
 //! is zeros, which readers stop at. An orderly end cuts the file to its
 //! records.
+//!
+//! The log holds no descriptor between those calls: each opens the file by
+//! its path, checks that it is the same file (device and inode), and closes
+//! it again. A program that closes every descriptor it did not open (a
+//! daemon, a sandbox, a `closefrom` launcher) and reuses the numbers can
+//! never have its own files cut, grown or written by the log, and finds no
+//! descriptor of ours among its own.
 
-use std::ffi::{CStr, c_int};
+use std::ffi::{CStr, CString, c_int};
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::unix::ffi::OsStrExt as _;
 use std::ptr;
 
 use trace::event::MAX_LINE_BYTES;
@@ -23,7 +32,10 @@ const RESERVE: u64 = 4 * MAX_LINE_BYTES as u64;
 
 /// An open log.
 pub struct LogFile {
-    fd: c_int,
+    /// The file's absolute path, and its identity.
+    path: CString,
+    dev: u64,
+    ino: u64,
     map: *mut u8,
     /// File offset of the mapping.
     map_start: u64,
@@ -35,10 +47,13 @@ pub struct LogFile {
     max_bytes: u64,
     /// Records dropped at the bound.
     pub dropped: u64,
+    /// The time of the last record the file held when it was opened (the
+    /// image before an `exec`), so that time goes on from there.
+    pub last_time_ns: Option<u64>,
 }
 
-// SAFETY: the mapping and descriptor belong to this value alone; it moves
-// between threads only inside the recorder's lock.
+// SAFETY: the mapping belongs to this value alone; it moves between threads
+// only inside the recorder's lock.
 unsafe impl Send for LogFile {}
 
 impl LogFile {
@@ -46,20 +61,36 @@ impl LogFile {
     /// `max_bytes` long. Records already there stay; writing continues after
     /// the last whole one.
     pub fn open(path: &CStr, max_bytes: u64) -> Option<LogFile> {
+        // Only the owner reads a log: it names what the program allocated
+        // and the libraries it loaded. A link in its place is not followed.
         // SAFETY: open of a C string path; the descriptor is owned here.
         let fd = unsafe {
             libc::open(
                 path.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-                0o644 as libc::c_uint,
+                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                0o600 as libc::c_uint,
             )
         };
         if fd < 0 {
             return None;
         }
+        let log = Self::opened(fd, max_bytes);
+        // SAFETY: closing the descriptor opened above.
+        unsafe { libc::close(fd) };
+        log
+    }
+
+    fn opened(fd: c_int, max_bytes: u64) -> Option<LogFile> {
+        let (dev, ino) = identity(fd).filter(|&(_, _)| regular(fd))?;
+        // Reopened by this path later, after the program may have changed
+        // its working directory.
+        let path = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+        let path = CString::new(path.as_os_str().as_bytes()).ok()?;
         let end = valid_end(fd);
         let mut log = LogFile {
-            fd,
+            path,
+            dev,
+            ino,
             map: ptr::null_mut(),
             map_start: 0,
             map_len: 0,
@@ -67,14 +98,35 @@ impl LogFile {
             file_len: end,
             max_bytes: max_bytes.max(2 * RESERVE),
             dropped: 0,
+            last_time_ns: last_time(fd, end),
         };
-        // SAFETY: ftruncate of our own descriptor.
+        // SAFETY: ftruncate of the descriptor the caller opened.
         unsafe { libc::ftruncate(fd, end as libc::off_t) };
-        if !log.reach(1) {
+        if !log.reach_with(fd, 1) {
             log.close();
             return None;
         }
         Some(log)
+    }
+
+    /// A descriptor of the log, opened by path and checked to be the same
+    /// file; `None` when it is not (removed or replaced: nothing is done to
+    /// what is there now).
+    fn reopen(&self) -> Option<OwnedFd> {
+        // SAFETY: open of our C string path, read-write, no link followed,
+        // nothing created.
+        let fd = unsafe {
+            libc::open(
+                self.path.as_ptr(),
+                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: the descriptor just opened, owned (and closed) by this.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        (identity(fd.as_raw_fd()) == Some((self.dev, self.ino))).then_some(fd)
     }
 
     /// Append one record; past the bound less the end's reserve it is
@@ -109,8 +161,21 @@ impl LogFile {
         self.pos += len;
     }
 
-    /// Make [pos, pos + len) mapped and inside the file.
+    /// Make [pos, pos + len) mapped and inside the file (no system call
+    /// when it is already).
     fn reach(&mut self, len: u64) -> bool {
+        let end = self.pos + len;
+        let mapped = !self.map.is_null() && end <= self.map_start + self.map_len;
+        if mapped && self.file_len >= end {
+            return true;
+        }
+        match self.reopen() {
+            Some(fd) => self.reach_with(fd.as_raw_fd(), len),
+            None => false,
+        }
+    }
+
+    fn reach_with(&mut self, fd: c_int, len: u64) -> bool {
         let end = self.pos + len;
         if self.map.is_null() || end > self.map_start + self.map_len {
             if !self.map.is_null() {
@@ -130,7 +195,7 @@ impl LogFile {
             // blocks also make the first write to each page cheaper.
             // SAFETY: fallocate of our own descriptor.
             let reserved = unsafe {
-                libc::posix_fallocate(self.fd, start as libc::off_t, (stop - start) as libc::off_t)
+                libc::posix_fallocate(fd, start as libc::off_t, (stop - start) as libc::off_t)
             };
             if reserved != 0 {
                 return false;
@@ -143,7 +208,7 @@ impl LogFile {
                     (stop - start) as usize,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_SHARED,
-                    self.fd,
+                    fd,
                     start as libc::off_t,
                 )
             };
@@ -165,7 +230,7 @@ impl LogFile {
             // Past the file's end, a mapped page faults: grow the file to
             // the mapping's end first.
             // SAFETY: ftruncate of our own descriptor.
-            if unsafe { libc::ftruncate(self.fd, mapped_end as libc::off_t) } != 0 {
+            if unsafe { libc::ftruncate(fd, mapped_end as libc::off_t) } != 0 {
                 return false;
             }
             self.file_len = mapped_end;
@@ -176,10 +241,14 @@ impl LogFile {
     /// Cut the file to its records (at an orderly end; writing may go on
     /// afterwards and grows it again).
     pub fn cut_to_records(&mut self) {
-        // SAFETY: ftruncate of our own descriptor; the mapping past the new
+        let pos = self.pos;
+        // SAFETY: ftruncate of the log's own file; the mapping past the new
         // end is not written until `reach` grows the file again.
-        if unsafe { libc::ftruncate(self.fd, self.pos as libc::off_t) } == 0 {
-            self.file_len = self.pos;
+        let Some(fd) = self.reopen() else {
+            return;
+        };
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), pos as libc::off_t) } == 0 {
+            self.file_len = pos;
         }
     }
 
@@ -191,9 +260,49 @@ impl LogFile {
             // its own mapping and stay.
             unsafe { libc::munmap(self.map.cast(), self.map_len as usize) };
         }
-        // SAFETY: closing our own descriptor.
-        unsafe { libc::close(self.fd) };
     }
+}
+
+/// The device and inode of the file `fd` names.
+fn identity(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: a zeroed stat is valid to fill in.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of a descriptor we opened, into our buffer.
+    (unsafe { libc::fstat(fd, &mut stat) } == 0).then_some((stat.st_dev, stat.st_ino))
+}
+
+/// Whether `fd` names a regular file (a log is never written to a FIFO, a
+/// device or anything else).
+fn regular(fd: c_int) -> bool {
+    // SAFETY: as in `identity`.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as in `identity`.
+    unsafe { libc::fstat(fd, &mut stat) == 0 && stat.st_mode & libc::S_IFMT == libc::S_IFREG }
+}
+
+/// The time of the record that ends at `end`, if it reads as one.
+fn last_time(fd: c_int, end: u64) -> Option<u64> {
+    let start = end.saturating_sub(MAX_LINE_BYTES as u64);
+    let mut chunk = vec![0u8; (end - start) as usize];
+    // SAFETY: reading into our buffer, within its length.
+    let got = unsafe {
+        libc::pread(
+            fd,
+            chunk.as_mut_ptr().cast(),
+            chunk.len(),
+            start as libc::off_t,
+        )
+    };
+    if got != chunk.len() as isize || chunk.is_empty() {
+        return None;
+    }
+    let body = &chunk[..chunk.len() - 1];
+    let line = &body[body
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |at| at + 1)..];
+    let record = trace::event::parse_line(std::str::from_utf8(line).ok()?).ok()?;
+    Some(record.time_ns)
 }
 
 /// Where the records of a log end: after the last line end before the

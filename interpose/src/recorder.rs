@@ -8,11 +8,12 @@
 //! is held for a record's worth of work, plus the readings of free memory
 //! this module makes at chosen moments.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CString, c_int, c_void};
 use std::os::unix::ffi::OsStrExt as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use ctx::driver::result::OUT_OF_MEMORY as CUDA_ERROR_OUT_OF_MEMORY;
 use trace::event::{
@@ -28,8 +29,11 @@ use trace::process::{Accounting, Snapshot};
 use crate::caller::caller_id;
 use crate::driver::{self, read};
 use crate::lifecycle;
-use crate::lock::Lock;
+use crate::lock::{Guard, Lock};
 use crate::logfile::LogFile;
+use crate::stop::{guarded, print, stop_quietly, stopped};
+use crate::thread::monotonic_ns;
+use crate::thread::{forget_thread_id, thread_id};
 
 /// At most one reading of free memory at a new peak of live bytes per this
 /// many nanoseconds; a peak inside the interval is read before the next
@@ -59,7 +63,24 @@ pub struct State {
     peak: Peak,
     out_of_memory: u64,
     async_seen: bool,
+    /// Records written, and the one that panics (a test aid, see
+    /// [`TEST_PANIC_VAR`]).
+    records: u64,
+    panic_at: Option<u64>,
 }
+
+/// A test aid, never set by `cudamem run`: the recorder panics on the
+/// record after this many (to show that a panic leaves the program as it
+/// was).
+pub const TEST_PANIC_VAR: &str = "CUDAMEM_TEST_PANIC_AFTER";
+
+/// How long the exit path waits for another thread's record (never for
+/// this thread's).
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a fatal signal's handler waits for the lock (`cudamem run`
+/// tells an unrecorded one from the wait status).
+const SIGNAL_WAIT: Duration = Duration::from_millis(20);
 
 static STATE: Lock<Option<State>> = Lock::new(None);
 
@@ -78,40 +99,8 @@ static START_NS: AtomicU64 = AtomicU64::new(0);
 static LOGGING: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
-    static THREAD: Cell<u32> = const { Cell::new(0) };
     /// Where the hot paths format their record, outside the lock.
     static LINE: RefCell<Line> = const { RefCell::new(Line::new()) };
-}
-
-/// This thread's kernel id, asked of the kernel once per thread.
-pub fn thread_id() -> u32 {
-    THREAD.with(|cached| {
-        let known = cached.get();
-        if known != 0 {
-            return known;
-        }
-        // SAFETY: gettid has no arguments and cannot fail.
-        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-        cached.set(tid);
-        tid
-    })
-}
-
-/// Forget the cached thread id (a forked child's thread has a new one).
-pub fn forget_thread_id() {
-    THREAD.with(|cached| cached.set(0));
-}
-
-/// `CLOCK_MONOTONIC` now, nanoseconds (read through the vDSO: no system
-/// call).
-fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    (now.tv_sec as u64).saturating_mul(1_000_000_000) + now.tv_nsec as u64
 }
 
 fn exe_path() -> String {
@@ -123,7 +112,12 @@ fn exe_path() -> String {
 impl State {
     fn new(libraries: Vec<(usize, String)>, names: HashMap<u64, (String, bool)>) -> State {
         let log = open_log();
-        let start_ns = monotonic_ns();
+        // After an `exec`, the log goes on, and so does its time.
+        let since_start = log
+            .as_ref()
+            .and_then(|log| log.last_time_ns)
+            .map_or(0, |last| last + 1);
+        let start_ns = monotonic_ns().saturating_sub(since_start).max(1);
         START_NS.store(start_ns, Ordering::Release);
         LOGGING.store(log.is_some(), Ordering::Release);
         let mut state = State {
@@ -140,6 +134,10 @@ impl State {
             },
             out_of_memory: 0,
             async_seen: false,
+            records: 0,
+            panic_at: std::env::var(TEST_PANIC_VAR)
+                .ok()
+                .and_then(|text| text.parse().ok()),
         };
         // SAFETY: getpid and getppid cannot fail.
         let (pid, ppid) = unsafe { (libc::getpid() as u32, libc::getppid() as u32) };
@@ -173,8 +171,17 @@ impl State {
         self.emit_record(record);
     }
 
+    /// Count a record, panicking where the test aid asks.
+    fn count(&mut self) {
+        self.records += 1;
+        if self.panic_at.is_some_and(|at| self.records > at) {
+            panic!("the panic {TEST_PANIC_VAR} asked for");
+        }
+    }
+
     /// Write and apply a record already stamped.
     fn emit_record(&mut self, record: Record<'_>) {
+        self.count();
         let last = matches!(record.event, Event::Exit { .. } | Event::Signal { .. });
         if let Some(log) = &mut self.log {
             self.line.encode(&record);
@@ -190,6 +197,7 @@ impl State {
     /// Append a record formatted outside the lock (by [`record_fast`]) and
     /// apply it.
     fn append(&mut self, line: &Line, record: &Record<'_>) {
+        self.count();
         if let Some(log) = &mut self.log {
             log.append(line.as_bytes());
         }
@@ -313,9 +321,21 @@ fn open_log() -> Option<LogFile> {
 }
 
 /// Run `f` on the recorder's state, setting it up on first use (and anew in
-/// a forked child).
-fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    let mut guard = STATE.lock();
+/// a forked child); `None` when recording stopped, or when this thread
+/// holds the lock already (a signal handler interrupted a record: the
+/// inner call is left unrecorded rather than waiting for ever).
+fn with<R>(f: impl FnOnce(&mut State) -> R) -> Option<R> {
+    if stopped() {
+        return None;
+    }
+    guarded(|| {
+        let guard = STATE.lock()?;
+        Some(with_guard(guard, f))
+    })
+    .flatten()
+}
+
+fn with_guard<R>(mut guard: Guard<'_, Option<State>>, f: impl FnOnce(&mut State) -> R) -> R {
     // A load first: the swap's write would be one more shared cache line
     // written by every call of every thread.
     if FORKED.load(Ordering::Acquire) && FORKED.swap(false, Ordering::AcqRel) {
@@ -336,13 +356,23 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
 
 /// Record `event` with its line formatted before the lock is taken (the
 /// hot paths: allocations and frees); `before` runs under the lock before
-/// the record is appended, `after` once it is.
+/// the record is appended, `after` once it is. `None` where [`with`] gives
+/// none.
 fn record_fast<R>(
     thread: u32,
     event: Event<'_>,
     before: impl FnOnce(&mut State),
     after: impl FnOnce(&mut State) -> R,
-) -> R {
+) -> Option<R> {
+    guarded(|| record_fast_unguarded(thread, event, before, after)).flatten()
+}
+
+fn record_fast_unguarded<R>(
+    thread: u32,
+    event: Event<'_>,
+    before: impl FnOnce(&mut State),
+    after: impl FnOnce(&mut State) -> R,
+) -> Option<R> {
     let start = START_NS.load(Ordering::Acquire);
     let formatted = start != 0 && LOGGING.load(Ordering::Acquire);
     let record = Record {
@@ -383,23 +413,10 @@ fn record_fast<R>(
     }
 }
 
-/// Print an explanation on stderr, in one write where it fits.
-fn print(text: &str) {
-    let mut rest = text.as_bytes();
-    while !rest.is_empty() {
-        // SAFETY: writing our own buffer to descriptor 2.
-        let wrote = unsafe { libc::write(2, rest.as_ptr().cast(), rest.len()) };
-        if wrote <= 0 {
-            return;
-        }
-        rest = &rest[wrote as usize..];
-    }
-}
-
 /// An allocation call returned: record it (`ptr` 0 on failure), and explain
 /// an out-of-memory return before the caller sees it.
 pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize, result: c_int) {
-    let caller = caller_id(immediate);
+    let caller = named_caller(immediate);
     let thread = thread_id();
     let ordered = matches!(call, Call::MemAllocAsync | Call::MemAllocFromPoolAsync);
     let event = Event::Alloc {
@@ -425,7 +442,8 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
             (result == CUDA_ERROR_OUT_OF_MEMORY)
                 .then(|| state.explain(call, Some(size), caller, thread))
         },
-    );
+    )
+    .flatten();
     if let Some(text) = explanation {
         print(&text);
     }
@@ -435,7 +453,7 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
 /// reuses the pointer can come before it in the log). Returns what a
 /// `free-failed` record needs, should the free fail.
 pub fn freeing(call: Call, ptr: u64, stream: u64, immediate: usize) -> Option<(u64, u32)> {
-    let caller = caller_id(immediate);
+    let caller = named_caller(immediate);
     let thread = thread_id();
     let mut block = None;
     record_fast(
@@ -476,7 +494,7 @@ pub fn free_failed(call: Call, ptr: u64, block: (u64, u32), result: c_int) {
 /// A VMM or other record that adds memory (or none) after its call.
 pub fn after(event: Event<'_>, immediate: usize) {
     let caller = match &event {
-        Event::Create { .. } => caller_id(immediate),
+        Event::Create { .. } => named_caller(immediate),
         _ => 0,
     };
     let thread = thread_id();
@@ -498,7 +516,8 @@ pub fn after(event: Event<'_>, immediate: usize) {
         state.emit(thread, event);
         state.grew(thread, None);
         oom.map(|size| state.explain(Call::MemCreate, Some(size), caller, thread))
-    });
+    })
+    .flatten();
     if let Some(text) = explanation {
         print(&text);
     }
@@ -550,7 +569,8 @@ pub fn measured(event: Event<'_>, call: Call, request: Option<u64>, result: c_in
         let explanation =
             (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, request, 0, thread));
         (explanation, state.accounting.take_unexplained())
-    });
+    })
+    .unwrap_or_default();
     // A drop no cause fits is said at once, with the call that made it.
     if let Some(drop) = unexplained {
         print(&format!("cudamem: {drop}\n"));
@@ -611,7 +631,8 @@ pub fn context(how: ContextHow, ctx: *mut c_void, device: c_int, result: c_int) 
             ContextHow::Primary => Call::DevicePrimaryCtxRetain,
         };
         (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, None, 0, thread))
-    });
+    })
+    .flatten();
     if let Some(text) = explanation {
         print(&text);
     }
@@ -674,6 +695,7 @@ pub fn register_library(base: usize, path: &str) -> u32 {
             None => state.add_library(base, path.to_string()),
         },
     )
+    .unwrap_or(0)
 }
 
 /// Remember the name of function (or, when `kernel`, library kernel)
@@ -696,42 +718,63 @@ pub fn alias_function(to: u64, from: u64) {
 /// The name of function `handle`, and whether it is a library kernel, if
 /// known.
 pub fn function_name(handle: u64) -> Option<(String, bool)> {
-    with(|state| state.names.get(&handle).cloned())
+    with(|state| state.names.get(&handle).cloned()).flatten()
 }
 
 /// The process exits: read free memory one last time, and write the exit
-/// record.
+/// record (left out, never waited for, when this thread holds the lock).
 pub fn exiting() {
-    with(|state| {
-        let thread = thread_id();
-        if !state.accounting.devices().is_empty() {
-            state.read(MemInfoWhy::Exit, thread);
-        }
-        let dropped = state.log.as_ref().map_or(0, |log| log.dropped);
-        state.emit(thread, Event::Exit { dropped });
-        if let Some(log) = &mut state.log {
-            log.cut_to_records();
-        }
+    guarded(|| {
+        let Some(guard) = STATE.lock_within(EXIT_WAIT) else {
+            return;
+        };
+        with_guard(guard, |state| {
+            let thread = thread_id();
+            // Not from a signal handler that interrupted a driver call: the
+            // driver may hold a lock of its own on this thread.
+            if !state.accounting.devices().is_empty() && !crate::hooks::inside() {
+                state.read(MemInfoWhy::Exit, thread);
+            }
+            let dropped = state.log.as_ref().map_or(0, |log| log.dropped);
+            state.emit(thread, Event::Exit { dropped });
+            if let Some(log) = &mut state.log {
+                log.cut_to_records();
+            }
+        });
     });
+}
+
+/// Run `f` on the process's accounting so far (`None` before the first
+/// record).
+pub fn with_accounting<R>(f: impl FnOnce(&Accounting) -> R) -> Option<R> {
+    let guard = STATE.lock()?;
+    guard.as_ref().map(|state| f(&state.accounting))
 }
 
 /// The last destructor: cut the log to its records (anything the program's
 /// own teardown did after [`exiting`] is in it).
 pub fn finished() {
-    let mut guard = STATE.lock();
-    if let Some(log) = guard.as_mut().and_then(|state| state.log.as_mut()) {
-        log.cut_to_records();
-    }
+    guarded(|| {
+        if let Some(mut guard) = STATE.lock_within(EXIT_WAIT)
+            && let Some(log) = guard.as_mut().and_then(|state| state.log.as_mut())
+        {
+            log.cut_to_records();
+        }
+    });
 }
 
-/// A fatal signal arrived: record it if the lock can be had (the signal may
-/// have interrupted its holder, on this thread).
+/// A fatal signal arrived: record it if the lock can be had within a
+/// moment (never when this thread holds it: the signal interrupted its
+/// record). `cudamem run` tells a signal it did not see recorded from the
+/// process's wait status.
 pub fn signaled(number: c_int) {
-    if let Some(mut guard) = STATE.try_lock()
-        && let Some(state) = guard.as_mut()
-    {
-        state.emit(thread_id(), Event::Signal { number });
-    }
+    guarded(|| {
+        if let Some(mut guard) = STATE.lock_within(SIGNAL_WAIT)
+            && let Some(state) = guard.as_mut()
+        {
+            state.emit(thread_id(), Event::Signal { number });
+        }
+    });
 }
 
 /// `pthread_atfork` prepare: hold the lock across `fork`, so the child's
@@ -745,12 +788,20 @@ pub fn after_fork_parent() {
     STATE.release_held();
 }
 
-/// `pthread_atfork` child: release it, and start over on the first record.
+/// `pthread_atfork` child: release it, and start over on the first record
+/// (a child forked by a handler that interrupted a record records nothing).
 pub fn after_fork_child() {
     forget_thread_id();
     for last in &LAST_PROGRAM_READ {
         last.store(u64::MAX, Ordering::Relaxed);
     }
     FORKED.store(true, Ordering::Release);
-    STATE.release_held();
+    if !STATE.release_held() {
+        stop_quietly();
+    }
+}
+
+/// The library that called (0: unknown), no panic let out.
+fn named_caller(immediate: usize) -> u32 {
+    guarded(|| caller_id(immediate)).unwrap_or(0)
 }

@@ -2,6 +2,8 @@
 //!
 //! - [`event`] and [`event_log`]: the driver interposer's event log (one
 //!   record a line), where it is written and how it is read back;
+//! - [`image`]: what a module image (PTX, cubin, fatbin) tells before it is
+//!   loaded: whether its code calls the device's `malloc` or `printf`;
 //! - [`process`]: what a process's event records add up to (live blocks by
 //!   calling library, each device's context, limits, kernels), its ledgers
 //!   and the advice they support;

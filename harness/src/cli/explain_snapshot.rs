@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use crate::cli::output;
 use crate::cli::snapshot_oom::{self, OOM_RULE, OomStory};
 use crate::report::{escape, page};
-use ctx::text::{LINE_WIDTH, wrap};
+use ctx::text::push_wrapped;
 use memcore::bytes::human;
 use trace;
 use trace::display_name;
@@ -181,11 +181,7 @@ fn moment_when(moment: &AtMoment) -> String {
 fn moment_text(name: &str, moment: &AtMoment, story: &OomStory) -> String {
     let mut out = format!("{}\n", moment_heading(moment));
     for warning in &moment.warnings {
-        let _ = writeln!(
-            out,
-            "{}",
-            wrap(&format!("warning: {warning}"), LINE_WIDTH, "", "  ")
-        );
+        push_wrapped(&mut out, &format!("warning: {warning}"), "", "  ");
     }
     out + &text(name, &moment.state, story)
 }
@@ -267,9 +263,7 @@ fn segment_line(segment: &Segment) -> String {
 /// The state for people, with its out-of-memory story.
 pub fn text(name: &str, state: &State, story: &OomStory) -> String {
     let mut out = String::new();
-    let say = |out: &mut String, text: &str, first: &str, rest: &str| {
-        let _ = writeln!(out, "{}", wrap(text, LINE_WIDTH, first, rest));
-    };
+    let say = push_wrapped;
     say(
         &mut out,
         &format!(

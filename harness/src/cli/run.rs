@@ -1,4 +1,4 @@
-//! `cudamem run [--trace FILE] [--report FILE.html] -- PROGRAM ARGS...`:
+//! `cudamem run [--trace FILE] [--report FILE.html] [--pool] -- PROGRAM ARGS...`:
 //! run an unmodified CUDA program with the driver interposer preloaded,
 //! then print the ledger of each of its processes at its peak (on
 //! stderr, after the program's own output) and exit with the program's
@@ -10,9 +10,12 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::process::report::html;
-use crate::process::run::{HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, prepare};
+use crate::process::run::{
+    HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, not_entered, prepare,
+};
 use trace::event_log::DEFAULT_MAX_LOG_BYTES;
 
+use crate::cli::pause::{self, CONTROL_DIR_VAR, POOL_VAR};
 use crate::cli::{byte_size, output};
 
 /// The exit status for a program that cannot be found, as shells use.
@@ -28,6 +31,9 @@ pub struct RunArgs {
     /// STEM.<pid>.EXT, and every process's event log to FILE.events/.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Overwrite the --trace file if it exists.
+    #[arg(long)]
+    force: bool,
     /// Write an HTML report of the ledgers.
     #[arg(long, value_name = "FILE.html")]
     report: Option<PathBuf>,
@@ -35,6 +41,13 @@ pub struct RunArgs {
     /// are counted and dropped.
     #[arg(long, value_name = "BYTES", value_parser = byte_size::parse, default_value_t = DEFAULT_MAX_LOG_BYTES)]
     max_log_bytes: u64,
+    /// Serve the program's cuMemAlloc/cuMemFree from cudamem's pool in its
+    /// own process (POLICY: stitch, the one there is), so that `cudamem
+    /// pause PID` can give its memory back and `cudamem resume PID` bring
+    /// it back at the same addresses.
+    #[arg(long, value_name = "POLICY", num_args = 0..=1, default_missing_value = "stitch",
+          value_parser = ["stitch"])]
+    pool: Option<String>,
     /// The program to run and its arguments (after `--`).
     #[arg(
         required = true,
@@ -90,6 +103,23 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join(" ");
+    let control = match &args.pool {
+        Some(_) => Some(
+            pause::ControlDir::make().map_err(|source| RunError::LogDir {
+                path: std::env::temp_dir(),
+                source,
+            })?,
+        ),
+        None => None,
+    };
+    let mut env = Vec::new();
+    if let (Some(policy), Some(control)) = (&args.pool, &control) {
+        env.push((POOL_VAR.to_string(), OsString::from(policy)));
+        env.push((
+            CONTROL_DIR_VAR.to_string(),
+            control.path().as_os_str().to_os_string(),
+        ));
+    }
     let plan = RunPlan {
         program,
         args: command.collect(),
@@ -97,9 +127,13 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         trace: args.trace,
         report: args.report.clone(),
         max_log_bytes: args.max_log_bytes,
+        env,
+        force: args.force,
     };
     let prepared = prepare(plan, std::env::var_os("PATH").as_deref())?;
+    let program_path = prepared.program().to_path_buf();
     let finished = prepared.run()?;
+    drop(control);
     let code = exit_code(finished.status);
     // The program's own output comes first; from here on nothing changes
     // the program's status: a failure is told, and the status returned.
@@ -117,7 +151,15 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         reports.len(),
         if reports.len() == 1 { "" } else { "es" }
     );
-    if reports.is_empty() {
+    if reports.is_empty()
+        && let Some(why) = not_entered(&program_path)
+    {
+        let _ = writeln!(
+            err,
+            "cudamem run: cudamem could not enter {}: {why}; what it did on the GPU is not known",
+            program_path.display()
+        );
+    } else if reports.is_empty() {
         let _ = writeln!(
             err,
             "cudamem run: the program made no CUDA driver call that cudamem saw (no CUDA \

@@ -12,6 +12,7 @@ use std::fs::File;
 use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
 
+use crate::report::escape;
 use ctx::text::{LINE_WIDTH, wrap};
 use memcore::bytes::human;
 
@@ -61,6 +62,10 @@ pub struct ProcessReport {
     pub out_of_memory: Vec<OomSeen>,
     /// The RMM log written, and what it holds.
     pub rmm: Option<(PathBuf, RmmStats)>,
+    /// Still running when the program `cudamem run` started had ended (a
+    /// child left in the background): its log holds what it wrote until
+    /// then.
+    pub outlived: bool,
 }
 
 /// A log that could not be made into a report.
@@ -236,12 +241,18 @@ pub fn summarize(
         resolutions,
         out_of_memory,
         rmm,
+        outlived: false,
     })
 }
 
 impl ProcessReport {
     /// How the process ended, as its log tells.
     pub fn ending(&self) -> String {
+        if self.outlived {
+            return "still running when the program ended (left in the background); the log \
+                    holds what it wrote until then"
+                .into();
+        }
         match (self.counts.exited, self.counts.signal, self.info.unfinished) {
             (true, _, _) => "exited".into(),
             (false, Some(signal), _) => format!("ended by signal {signal}"),
@@ -362,13 +373,6 @@ impl ProcessReport {
         }
         out
     }
-}
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 /// A minimal HTML page of the reports: each device's ledger at its peak,

@@ -328,3 +328,34 @@ fn a_drop_no_cause_fits_is_said_at_once_with_its_call() {
         "{unexplained}"
     );
 }
+
+#[test]
+fn a_fatbin_behind_the_runtimes_wrapper_is_read_through_it() {
+    // cuModuleLoadFatBinary of the runtime's wrapper, whose fatbin holds
+    // PTX calling malloc: the interposer follows the wrapper, reads the
+    // entry, and names the heap the driver takes at the first launch.
+    let run = traced(
+        "heap_fatbin",
+        &[&program("cuda_linked"), "heap-fatbin"],
+        &[("FAKE_CUDA_HEAP_AT_LAUNCH", "1")],
+    );
+    assert_eq!(run.status(), Some(0), "{}", run.stderr());
+    let log = run.log();
+    let images = records(&log, "image");
+    assert_eq!(
+        (images[0][3], images[0][4], images[0][6], images[0][8]),
+        ("cuModuleLoadFatBinary", "fatbin", "yes", ""),
+        "{log}"
+    );
+    let size: u64 = images[0][5].parse().unwrap();
+    assert!(size > 80 && size < 400, "{log}");
+    let stderr = run.stderr();
+    assert!(
+        ledger_row(&stderr, "malloc heap").contains("256 MiB 256 MiB"),
+        "{stderr}"
+    );
+    assert!(
+        ledger_row(&stderr, "unexplained").contains(" 0.0% of the"),
+        "{stderr}"
+    );
+}

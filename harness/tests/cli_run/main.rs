@@ -12,7 +12,10 @@
 mod support;
 
 mod explaining;
+mod pausing;
 mod resolving;
+mod running;
+mod safety;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -332,7 +335,7 @@ fn a_killed_program_leaves_a_readable_log() {
     let log = run.log();
     assert_eq!(records(&log, "alloc")[0][5], "9437184");
     assert!(
-        run.stderr().contains("ended without an exit record"),
+        run.stderr().contains("ended by signal 9"),
         "{}",
         run.stderr()
     );

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::driver::Sym;
 
 pub mod context;
+pub mod gated;
 pub mod image;
 pub mod memory;
 pub mod module;
@@ -125,11 +126,13 @@ macro_rules! hook {
         $crate::caller::with_caller!(local resolved [$reg] ($($arg: $ty),*) => resolved_inner);
 
         unsafe extern "C" fn export_inner($($arg: $ty,)* caller: usize) -> CuResult {
+            let _pass = $crate::gate::pass();
             // SAFETY: the program's arguments, passed on as it gave them.
             unsafe { $body(EXPORT.addr(true), caller, $($arg),*) }
         }
 
         unsafe extern "C" fn resolved_inner($($arg: $ty,)* caller: usize) -> CuResult {
+            let _pass = $crate::gate::pass();
             // SAFETY: as above.
             unsafe { $body(resolved_addr(&RESOLVED), caller, $($arg),*) }
         }
@@ -137,11 +140,13 @@ macro_rules! hook {
     (@stubs plain $name:ident ($($arg:ident: $ty:ty),*) => $body:path) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
+            let _pass = $crate::gate::pass();
             // SAFETY: the program's arguments, passed on as it gave them.
             unsafe { $body(EXPORT.addr(true), 0, $($arg),*) }
         }
 
         pub unsafe extern "C" fn resolved($($arg: $ty),*) -> CuResult {
+            let _pass = $crate::gate::pass();
             // SAFETY: as above.
             unsafe { $body(resolved_addr(&RESOLVED), 0, $($arg),*) }
         }
@@ -242,6 +247,22 @@ pub static ENTRIES: &[&Entry] = &[
     &objects::cuGraphLaunch::ENTRY,
     &objects::cuGraphLaunch_ptsz::ENTRY,
     &objects::cuMemPoolCreate::ENTRY,
+    &gated::cuMemGetAddressRange_v2::ENTRY,
+    &gated::cuPointerGetAttribute::ENTRY,
+    &gated::cuMemcpy::ENTRY,
+    &gated::cuMemcpyAsync::ENTRY,
+    &gated::cuMemcpyHtoD_v2::ENTRY,
+    &gated::cuMemcpyDtoH_v2::ENTRY,
+    &gated::cuMemcpyDtoD_v2::ENTRY,
+    &gated::cuMemcpyHtoDAsync_v2::ENTRY,
+    &gated::cuMemcpyDtoHAsync_v2::ENTRY,
+    &gated::cuMemcpyDtoDAsync_v2::ENTRY,
+    &gated::cuMemsetD8_v2::ENTRY,
+    &gated::cuMemsetD32_v2::ENTRY,
+    &gated::cuMemsetD8Async::ENTRY,
+    &gated::cuMemsetD32Async::ENTRY,
+    &gated::cuStreamSynchronize::ENTRY,
+    &gated::cuCtxSynchronize::ENTRY,
     &crate::interpose::cuGetProcAddress::ENTRY,
     &crate::interpose::cuGetProcAddress_v2::ENTRY,
     &MEM_ALLOC_V1,
@@ -263,6 +284,13 @@ impl Drop for Inside {
     fn drop(&mut self) {
         INSIDE.with(|inside| inside.set(false));
     }
+}
+
+/// Whether this thread is inside a wrapper (a signal handler that runs now
+/// interrupted it, perhaps inside the driver: the exit path then calls
+/// nothing of the driver's).
+pub fn inside() -> bool {
+    INSIDE.with(Cell::get)
 }
 
 /// Enter a wrapper, or `None` when this thread is inside one already (the

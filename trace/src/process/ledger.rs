@@ -55,6 +55,8 @@ pub struct Snapshot {
     pub heap_measured: u64,
     /// Whether the images loaded call `malloc`.
     pub calls_malloc: Answer,
+    /// Whether the images loaded call `printf`.
+    pub calls_printf: Answer,
     /// What could not be read of the images loaded.
     pub image_notes: Vec<String>,
     /// Drops of free memory no cause fits, with their calls.
@@ -140,6 +142,7 @@ impl Snapshot {
             heap_fifo_measured: device.heap_fifo_measured,
             heap_measured: device.heap_measured,
             calls_malloc: device.images_call_malloc,
+            calls_printf: device.images_call_printf,
             image_notes: device.image_notes.clone(),
             unexplained_drops: device.unexplained_drops.clone(),
             live_device_bytes: accounting.live_device_bytes(),
@@ -212,7 +215,7 @@ impl Snapshot {
             &self.limits,
             &Workload {
                 kernels_local_bytes: &frames,
-                calls_printf: false,
+                calls_printf: self.calls_printf == Answer::Yes,
                 calls_malloc: self.calls_malloc == Answer::Yes || self.heap_measured > 0,
                 user_bytes: self.live_device_bytes,
                 cm_heap_bytes: 0,
@@ -449,12 +452,7 @@ impl Snapshot {
 
 /// `bytes` with a sign, for people.
 pub fn signed_human(bytes: i128) -> String {
-    let magnitude = u64::try_from(bytes.unsigned_abs()).unwrap_or(u64::MAX);
-    if bytes < 0 {
-        format!("-{}", human(magnitude))
-    } else {
-        human(magnitude)
-    }
+    memcore::bytes::signed(bytes, false, human)
 }
 
 /// The profile ctx's rules read: what the device reported, with the

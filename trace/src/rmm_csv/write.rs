@@ -15,6 +15,12 @@
 //! Every `free` row names a live `allocate` row: a free of a pointer the
 //! log never allocated is left out (and counted), and an allocation at a
 //! pointer still live (its free went unseen) is preceded by that free.
+//!
+//! A free the driver refused wrote no row: the interposer records a free
+//! before making it, and its `free-failed` after, so a `free` row is held
+//! back until the next row is written or the log ends, and a `free-failed`
+//! for it drops it. (When another thread's row came between the two, the
+//! `free` row is out already, and the block comes back as an `allocate`.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
@@ -40,6 +46,8 @@ pub struct RmmStats {
 /// Writes an RMM log record by record.
 pub struct RmmWriter<W: Write> {
     out: W,
+    /// A `free` row not written yet: (where, pointer, size).
+    held: Option<(Row, u64, u64)>,
     live: HashMap<u64, u64>,
     mappings: BTreeMap<u64, u64>,
     libraries: Vec<String>,
@@ -52,6 +60,7 @@ impl<W: Write> RmmWriter<W> {
         writeln!(out, "{HEADER}")?;
         Ok(Self {
             out,
+            held: None,
             live: HashMap::new(),
             mappings: BTreeMap::new(),
             libraries: Vec::new(),
@@ -110,10 +119,22 @@ impl<W: Write> RmmWriter<W> {
                         caller,
                         ..at
                     };
-                    self.row(&row, "free", ptr, size)?;
+                    self.release_held()?;
+                    self.held = Some((row, ptr, size));
                 }
                 None => self.stats.unknown_frees += 1,
             },
+            &Event::FreeFailed { call, ptr, .. }
+                if !call.is_host()
+                    && self.held.as_ref().is_some_and(|(row, held, _)| {
+                        *held == ptr && row.thread == record.thread
+                    }) =>
+            {
+                // The free never happened, and its row was not written.
+                if let Some((_, ptr, size)) = self.held.take() {
+                    self.live.insert(ptr, size);
+                }
+            }
             &Event::FreeFailed {
                 call,
                 ptr,
@@ -149,7 +170,20 @@ impl<W: Write> RmmWriter<W> {
         Ok(())
     }
 
+    /// Write the `free` row held back, if any.
+    fn release_held(&mut self) -> io::Result<()> {
+        match self.held.take() {
+            Some((row, ptr, size)) => self.write_row(&row, "free", ptr, size),
+            None => Ok(()),
+        }
+    }
+
     fn row(&mut self, row: &Row, action: &str, ptr: u64, size: u64) -> io::Result<()> {
+        self.release_held()?;
+        self.write_row(row, action, ptr, size)
+    }
+
+    fn write_row(&mut self, row: &Row, action: &str, ptr: u64, size: u64) -> io::Result<()> {
         let caller = self
             .libraries
             .get(row.caller as usize)
@@ -167,11 +201,13 @@ impl<W: Write> RmmWriter<W> {
 
     /// Flush and say what was written.
     pub fn finish(mut self) -> io::Result<RmmStats> {
+        self.release_held()?;
         self.out.flush()?;
         Ok(self.stats)
     }
 }
 
+#[derive(Clone, Copy)]
 struct Row {
     thread: u32,
     time_ns: u64,
@@ -197,14 +233,30 @@ mod tests {
     use super::*;
     use crate::event::Call;
 
+    /// The Action column of each row below the header.
+    fn actions(lines: &[String]) -> Vec<&str> {
+        lines[1..]
+            .iter()
+            .map(|line| line.split(',').nth(2).unwrap())
+            .collect()
+    }
+
     fn rows(events: Vec<Event<'static>>) -> (Vec<String>, RmmStats) {
+        rows_of_threads(events.into_iter().map(|event| (9, event)))
+    }
+
+    /// The RMM log of `events`, each made on its thread, a microsecond
+    /// apart: its lines, the header first, and what the writer counted.
+    fn rows_of_threads(
+        events: impl IntoIterator<Item = (u32, Event<'static>)>,
+    ) -> (Vec<String>, RmmStats) {
         let mut out = Vec::new();
         let mut writer = RmmWriter::new(&mut out).unwrap();
-        for (index, event) in events.into_iter().enumerate() {
+        for (index, (thread, event)) in events.into_iter().enumerate() {
             writer
                 .record(&Record {
                     time_ns: 3_723_000_001_000 + index as u64 * 1_000,
-                    thread: 9,
+                    thread,
                     event,
                 })
                 .unwrap();
@@ -212,6 +264,17 @@ mod tests {
         let stats = writer.finish().unwrap();
         let text = String::from_utf8(out).unwrap();
         (text.lines().map(str::to_string).collect(), stats)
+    }
+
+    /// A `cuMemFree` of `size` bytes at `ptr` the driver refused.
+    fn failed_free(ptr: u64, size: u64) -> Event<'static> {
+        Event::FreeFailed {
+            call: Call::MemFree,
+            ptr,
+            size,
+            caller: 1,
+            result: 700,
+        }
     }
 
     fn alloc(ptr: u64, size: u64, result: i32) -> Event<'static> {
@@ -283,10 +346,7 @@ mod tests {
                 size: 4 << 20,
             },
         ]);
-        let actions: Vec<&str> = lines[1..]
-            .iter()
-            .map(|line| line.split(',').nth(2).unwrap())
-            .collect();
+        let actions = actions(&lines);
         assert_eq!(
             actions,
             ["allocate", "allocate", "allocate", "free", "free"]
@@ -301,23 +361,27 @@ mod tests {
             alloc(0x1000, 512, 0),
             alloc(0x1000, 256, 0),
             free(0x1000),
-            Event::FreeFailed {
-                call: Call::MemFree,
-                ptr: 0x1000,
-                size: 256,
-                caller: 1,
-                result: 700,
-            },
+            failed_free(0x1000, 256),
             free(0x1000),
         ]);
-        let actions: Vec<&str> = lines[1..]
-            .iter()
-            .map(|line| line.split(',').nth(2).unwrap())
-            .collect();
-        assert_eq!(
-            actions,
-            ["allocate", "free", "allocate", "free", "allocate", "free"]
-        );
+        let actions = actions(&lines);
+        // The refused free wrote nothing: no free, no allocation again.
+        assert_eq!(actions, ["allocate", "free", "allocate", "free"]);
         assert_eq!(stats.implied_frees, 1);
+    }
+
+    #[test]
+    fn a_failed_free_after_another_threads_row_restores_the_block() {
+        let events = [
+            (1, alloc(0x1000, 256, 0)),
+            (1, free(0x1000)),
+            (2, alloc(0x9000, 64, 0)),
+            (1, failed_free(0x1000, 256)),
+        ];
+        let (lines, _) = rows_of_threads(events);
+        assert_eq!(
+            actions(&lines),
+            ["allocate", "free", "allocate", "allocate"]
+        );
     }
 }

@@ -157,6 +157,7 @@ impl Accounting {
             call,
             bytes,
             malloc,
+            printf,
             note,
             ..
         } = event
@@ -165,6 +166,7 @@ impl Accounting {
         };
         let state = self.current_device_mut();
         state.images_call_malloc = state.images_call_malloc.and(*malloc);
+        state.images_call_printf = state.images_call_printf.and(*printf);
         if !note.is_empty() && state.image_notes.len() < 8 {
             state.image_notes.push(note.to_string());
         }

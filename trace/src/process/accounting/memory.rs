@@ -2,6 +2,8 @@
 //! managed, stream-ordered, pinned host), and VMM reservations, physical
 //! handles and mappings.
 
+use std::collections::hash_map::Entry;
+
 use super::{Accounting, Block, call_allocating};
 use crate::event::Call;
 
@@ -43,6 +45,7 @@ impl Accounting {
             self.counts.unknown_frees += 1;
             return;
         };
+        self.last_freed = Some((ptr, block));
         if call.is_host() {
             self.live_host_bytes -= block.size;
             self.caller(block.caller).host_bytes -= block.size;
@@ -64,14 +67,23 @@ impl Accounting {
     }
 
     pub(super) fn free_failed(&mut self, call: Call, ptr: u64, size: u64, caller: u32) {
-        // The free did not happen: the block is live again.
+        // The free did not happen: the block is live again, made by the
+        // call that made it (a stream-ordered free of a plain allocation
+        // stays a plain allocation), where the free just before saw it.
+        let allocating = match self.last_freed.take() {
+            Some((freed, block)) if freed == ptr => block.call,
+            _ => call_allocating(call),
+        };
         self.counts.frees -= 1;
-        self.allocated(call_allocating(call), ptr, size, caller, 0);
+        self.allocated(allocating, ptr, size, caller, 0);
         self.counts.allocations -= 1;
     }
 
     pub(super) fn reserved(&mut self, ptr: u64, size: u64, result: i32) {
-        if result == 0 && self.reserved.insert(ptr, size).is_none() {
+        // A second reservation at a live start (a driver refuses it; a log
+        // may still say it) keeps the first.
+        if let (0, Entry::Vacant(slot)) = (result, self.reserved.entry(ptr)) {
+            slot.insert(size);
             self.reserved_bytes += size;
         }
     }
@@ -101,11 +113,18 @@ impl Accounting {
             call: Call::MemCreate,
         };
         if device < 0 {
-            self.host.insert(handle, block);
+            if let Some(old) = self.host.insert(handle, block) {
+                self.live_host_bytes -= old.size;
+                self.caller(old.caller).host_bytes -= old.size;
+            }
             self.live_host_bytes += size;
             self.caller(caller).host_bytes += size;
         } else {
-            self.handles.insert(handle, block);
+            if let Some(old) = self.handles.insert(handle, block) {
+                // A live handle made again: its release went by unseen.
+                self.created_bytes -= old.size;
+                self.remove_device(old);
+            }
             self.created_bytes += size;
             self.add_device(block);
         }
@@ -125,7 +144,11 @@ impl Accounting {
     }
 
     pub(super) fn mapped(&mut self, ptr: u64, size: u64, result: i32) {
-        if result == 0 && self.mappings.insert(ptr, size).is_none() {
+        // A second mapping at a mapped start keeps the first, as above.
+        if let (0, std::collections::btree_map::Entry::Vacant(slot)) =
+            (result, self.mappings.entry(ptr))
+        {
+            slot.insert(size);
             self.mapped_bytes += size;
         }
     }

@@ -157,6 +157,8 @@ pub struct DeviceState {
     /// Whether the images loaded call `malloc`: yes if one does, unknown
     /// if one could not be read, no otherwise (and before any image).
     pub images_call_malloc: Answer,
+    /// Whether the images loaded call `printf` (as for `malloc`).
+    pub images_call_printf: Answer,
     /// What could not be read of the images (the first 8 notes).
     pub image_notes: Vec<String>,
     /// The most module code the images loaded can hold, bytes
@@ -266,6 +268,9 @@ pub struct Accounting {
     pub resolutions: Resolutions,
     /// The drop no cause fitted at the last record, until taken.
     last_unexplained: Option<UnexplainedDrop>,
+    /// The block the last free removed, for a `free-failed` record that
+    /// follows it.
+    last_freed: Option<(u64, Block)>,
 }
 
 impl Accounting {
@@ -504,6 +509,7 @@ impl DeviceState {
             heap_measured: 0,
             heap_pending: true,
             images_call_malloc: Answer::No,
+            images_call_printf: Answer::No,
             image_notes: Vec::new(),
             code_bound: 0,
             code_unbounded: false,
