@@ -92,6 +92,7 @@ unsafe fn pointer_attribute(
 macro_rules! passed {
     ($body:ident ($($arg:ident: $ty:ty),*)) => {
         unsafe fn $body(real: Option<usize>, _caller: usize, $($arg: $ty),*) -> CuResult {
+            crate::pool::work_queued();
             let real = real!(real, fn($($ty),*));
             // SAFETY: the program's arguments.
             unsafe { real($($arg),*) }
