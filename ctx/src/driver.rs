@@ -202,6 +202,31 @@ numbers! {
 }
 
 numbers! {
+    /// Kinds of physical memory `cuMemCreate` makes (`CUmemAllocationType`).
+    pub mod mem_allocation_type: u32 = "CU_MEM_ALLOCATION_TYPE_" {
+        PINNED = 1,
+    }
+}
+
+numbers! {
+    /// Access a mapping grants (`CUmemAccess_flags`).
+    pub mod mem_access_flags: u32 = "CU_MEM_ACCESS_FLAGS_PROT_" {
+        NONE = 0,
+        READ = 1,
+        READWRITE = 3,
+    }
+}
+
+numbers! {
+    /// Pointer attributes cudamem answers for its pool's blocks
+    /// (`CUpointer_attribute`).
+    pub mod pointer_attribute: i32 = "CU_POINTER_ATTRIBUTE_" {
+        RANGE_START_ADDR = 11,
+        RANGE_SIZE = 12,
+    }
+}
+
+numbers! {
     /// Flags of `cuGetProcAddress` (`CUdriverProcAddress_flags`).
     pub mod proc_address_flag: u64 = "CU_GET_PROC_ADDRESS_" {
         LEGACY_STREAM = 1,

@@ -95,6 +95,13 @@ fn words(text: &str) -> Vec<String> {
     words
 }
 
+/// `text` wrapped within [`LINE_WIDTH`] (see [`wrap`] for `first` and
+/// `rest`) and added to `out` as whole lines, the last one ended too.
+pub fn push_wrapped(out: &mut String, text: &str, first: &str, rest: &str) {
+    out.push_str(&wrap(text, LINE_WIDTH, first, rest));
+    out.push('\n');
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,28 +126,36 @@ mod tests {
         assert_eq!(wrap("", 10, "> ", ""), "> ");
     }
 
+    /// Each `(text, width, wrapped)`: `text` wrapped at `width` with no
+    /// indent is `wrapped`.
+    fn wraps_as(cases: &[(&str, usize, &str)]) {
+        for &(text, width, wrapped) in cases {
+            assert_eq!(wrap(text, width, "", ""), wrapped, "{text:?} at {width}");
+        }
+    }
+
     #[test]
     fn a_quoted_command_stays_on_one_line() {
-        assert_eq!(
-            wrap("or `cudamem run -- PROGRAM` here", 20, "", ""),
-            "or `cudamem run --\nPROGRAM` here"
-        );
-        assert_eq!(
-            wrap("or `cudamem run -- PROGRAM` here", 30, "", ""),
-            "or `cudamem run -- PROGRAM`\nhere"
-        );
+        wraps_as(&[
+            (
+                "or `cudamem run -- PROGRAM` here",
+                20,
+                "or `cudamem run --\nPROGRAM` here",
+            ),
+            (
+                "or `cudamem run -- PROGRAM` here",
+                30,
+                "or `cudamem run -- PROGRAM`\nhere",
+            ),
+        ]);
     }
 
     #[test]
     fn a_size_keeps_its_unit() {
-        assert_eq!(
-            wrap("would map 30.0 MiB less", 14, "", ""),
-            "would map\n30.0 MiB less"
-        );
-        assert_eq!(
-            wrap("(-2.23 GiB, -42.9%)", 12, "", ""),
-            "(-2.23 GiB,\n-42.9%)"
-        );
+        wraps_as(&[
+            ("would map 30.0 MiB less", 14, "would map\n30.0 MiB less"),
+            ("(-2.23 GiB, -42.9%)", 12, "(-2.23 GiB,\n-42.9%)"),
+        ]);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! to a temporary folder.
 
 mod support;
-use support::{attempt, gzip, json, message, output, temp_path, write_file};
+use support::{attempt, default_policies, gzip, json, message, output, temp_path, write_file};
 
 use std::path::{Path, PathBuf};
 
@@ -140,20 +140,7 @@ fn json_output_has_every_field_and_the_exact_peak() {
         .iter()
         .map(|p| p["name"].as_str().unwrap())
         .collect();
-    assert_eq!(
-        names,
-        [
-            "first-fit",
-            "best-fit",
-            "tlsf",
-            "tlsf-compact",
-            "pool-vmm",
-            "offset-allocator",
-            "range-alloc",
-            "stitch",
-            "pytorch-expandable"
-        ]
-    );
+    assert_eq!(names, default_policies());
     assert!(json["duration_ns"].as_u64().unwrap() > 0, "{json}");
     for policy in policies {
         // One 2 MiB granule holds everything; stitch grows its frontier by

@@ -341,3 +341,4 @@ pub mod read {
         Some(value)
     }
 }
+pub(crate) use call_driver;

@@ -36,12 +36,15 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod caller;
+mod control;
 mod driver;
+mod gate;
 mod hooks;
 mod interpose;
 mod lifecycle;
 mod lock;
 mod logfile;
+mod pool;
 mod recorder;
 mod stop;
 mod thread;

@@ -744,6 +744,13 @@ pub fn exiting() {
     });
 }
 
+/// Run `f` on the process's accounting so far (`None` before the first
+/// record).
+pub fn with_accounting<R>(f: impl FnOnce(&Accounting) -> R) -> Option<R> {
+    let guard = STATE.lock()?;
+    guard.as_ref().map(|state| f(&state.accounting))
+}
+
 /// The last destructor: cut the log to its records (anything the program's
 /// own teardown did after [`exiting`] is in it).
 pub fn finished() {

@@ -33,8 +33,9 @@ use anyhow::{Context as _, Result, bail, ensure};
 
 use crate::{step, stub};
 
-/// What the device tool carries at most (the whole working tree, too).
-const MAX_BUNDLE_BYTES: u64 = 64 << 20;
+/// The largest bundle made unless `--max-mib` says otherwise, MiB: what a
+/// copy to a GPU machine is usually given room for.
+pub const DEFAULT_MAX_MIB: u64 = 64;
 
 /// Marks a folder as one this command made, so a rerun may replace it.
 const MARKER: &str = ".gpu-bundle";
@@ -289,7 +290,8 @@ fn bytes_under(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
-pub fn run(root: &Path, dir: &Path) -> Result<()> {
+pub fn run(root: &Path, dir: &Path, max_mib: u64) -> Result<()> {
+    let max_bytes = max_mib << 20;
     let dir = if dir.is_absolute() {
         dir.to_path_buf()
     } else {
@@ -370,8 +372,8 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
 
     let bytes = bytes_under(&dir)?;
     ensure!(
-        bytes < MAX_BUNDLE_BYTES,
-        "the bundle is {bytes} bytes; the device tool carries at most {MAX_BUNDLE_BYTES}"
+        bytes < max_bytes,
+        "the bundle is {bytes} bytes; --max-mib {max_mib} allows less than {max_bytes} (pass a larger --max-mib to make it anyway)"
     );
     println!(
         "==> bundle in {} ({:.1} MiB: gpusuite, cudamem, {HOOK_FILE}, traces, scripts + {} test executables); run it with `{}/run.sh LOG_DIR`, and `cudamem run`'s check with `{}/scripts/run/gpu_check.sh {} OUTDIR`",

@@ -46,8 +46,8 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "the C calls the C ABI tests share, made as C code makes them",
     ),
     (
-        "torch-alloc/tests/policy_env.rs",
-        "a test that calls the C ABI as C code does, under an environment variable",
+        "torch-alloc/tests/support/env_child.rs",
+        "the child process of the tests that set environment variables, calling the C ABI as C code does",
     ),
     (
         "torch-alloc/tests/oom_env.rs",
@@ -56,10 +56,6 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
     (
         "torch-alloc/benches/alloc_free.rs",
         "a bench that calls the C ABI as the C++ backend does",
-    ),
-    (
-        "torch-alloc/tests/peers_env.rs",
-        "tests that call the C ABI as C code does, with CUDAMEM_PEERS set",
     ),
     (
         "harness/tests/support/alloc_count.rs",

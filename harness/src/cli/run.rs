@@ -1,4 +1,4 @@
-//! `cudamem run [--trace FILE] [--report FILE.html] -- PROGRAM ARGS...`:
+//! `cudamem run [--trace FILE] [--report FILE.html] [--pool] -- PROGRAM ARGS...`:
 //! run an unmodified CUDA program with the driver interposer preloaded,
 //! then print the ledger of each of its processes at its peak (on
 //! stderr, after the program's own output) and exit with the program's
@@ -15,6 +15,7 @@ use crate::process::run::{
 };
 use trace::event_log::DEFAULT_MAX_LOG_BYTES;
 
+use crate::cli::pause::{self, CONTROL_DIR_VAR, POOL_VAR};
 use crate::cli::{byte_size, output};
 
 /// The exit status for a program that cannot be found, as shells use.
@@ -40,6 +41,13 @@ pub struct RunArgs {
     /// are counted and dropped.
     #[arg(long, value_name = "BYTES", value_parser = byte_size::parse, default_value_t = DEFAULT_MAX_LOG_BYTES)]
     max_log_bytes: u64,
+    /// Serve the program's cuMemAlloc/cuMemFree from cudamem's pool in its
+    /// own process (POLICY: stitch, the one there is), so that `cudamem
+    /// pause PID` can give its memory back and `cudamem resume PID` bring
+    /// it back at the same addresses.
+    #[arg(long, value_name = "POLICY", num_args = 0..=1, default_missing_value = "stitch",
+          value_parser = ["stitch"])]
+    pool: Option<String>,
     /// The program to run and its arguments (after `--`).
     #[arg(
         required = true,
@@ -95,6 +103,23 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join(" ");
+    let control = match &args.pool {
+        Some(_) => Some(
+            pause::ControlDir::make().map_err(|source| RunError::LogDir {
+                path: std::env::temp_dir(),
+                source,
+            })?,
+        ),
+        None => None,
+    };
+    let mut env = Vec::new();
+    if let (Some(policy), Some(control)) = (&args.pool, &control) {
+        env.push((POOL_VAR.to_string(), OsString::from(policy)));
+        env.push((
+            CONTROL_DIR_VAR.to_string(),
+            control.path().as_os_str().to_os_string(),
+        ));
+    }
     let plan = RunPlan {
         program,
         args: command.collect(),
@@ -102,11 +127,13 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         trace: args.trace,
         report: args.report.clone(),
         max_log_bytes: args.max_log_bytes,
+        env,
         force: args.force,
     };
     let prepared = prepare(plan, std::env::var_os("PATH").as_deref())?;
     let program_path = prepared.program().to_path_buf();
     let finished = prepared.run()?;
+    drop(control);
     let code = exit_code(finished.status);
     // The program's own output comes first; from here on nothing changes
     // the program's status: a failure is told, and the status returned.

@@ -12,6 +12,7 @@ use std::fs::File;
 use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
 
+use crate::report::escape;
 use ctx::text::{LINE_WIDTH, wrap};
 use memcore::bytes::human;
 
@@ -372,13 +373,6 @@ impl ProcessReport {
         }
         out
     }
-}
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 /// A minimal HTML page of the reports: each device's ledger at its peak,

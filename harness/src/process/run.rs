@@ -66,6 +66,8 @@ pub struct RunPlan {
     pub report: Option<PathBuf>,
     /// The bound of each process's event log, bytes.
     pub max_log_bytes: u64,
+    /// More environment for the program (`--pool`'s settings).
+    pub env: Vec<(String, OsString)>,
     /// Whether an existing trace may be overwritten.
     pub force: bool,
 }
@@ -458,7 +460,8 @@ impl Prepared {
                 preload_value(std::env::var_os("LD_PRELOAD").as_deref(), &self.plan.hook),
             )
             .env(LOG_DIR_VAR, &self.log_dir)
-            .env(MAX_LOG_BYTES_VAR, self.plan.max_log_bytes.to_string());
+            .env(MAX_LOG_BYTES_VAR, self.plan.max_log_bytes.to_string())
+            .envs(self.plan.env.iter().map(|(key, value)| (key, value)));
     }
 
     /// Run the program to its end, passing on the signals meant for it,

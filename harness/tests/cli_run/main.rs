@@ -12,6 +12,7 @@
 mod support;
 
 mod explaining;
+mod pausing;
 mod resolving;
 mod running;
 mod safety;

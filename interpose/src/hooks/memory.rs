@@ -39,8 +39,21 @@ unsafe fn mem_alloc(
         // SAFETY: the program's arguments.
         return unsafe { real(dptr, size) };
     };
-    // SAFETY: the program's arguments.
-    let result = unsafe { real(dptr, size) };
+    let served = if dptr.is_null() {
+        None
+    } else {
+        crate::pool::allocate(size)
+    };
+    let result = match served {
+        Some(Ok(ptr)) => {
+            // SAFETY: the program's out pointer, checked above.
+            unsafe { *dptr = ptr };
+            SUCCESS
+        }
+        Some(Err(code)) => code,
+        // SAFETY: the program's arguments.
+        None => unsafe { real(dptr, size) },
+    };
     // SAFETY: the driver writes the pointer on success.
     let ptr = unsafe { written(result, dptr) };
     recorder::allocated(Call::MemAlloc, ptr, size as u64, 0, caller, result);
@@ -171,8 +184,10 @@ fn free_with(
 
 unsafe fn mem_free(real: Option<usize>, caller: usize, dptr: DevicePtr) -> CuResult {
     let real = real!(real, fn(DevicePtr));
-    // SAFETY: the program's argument.
-    free_with(Call::MemFree, dptr, 0, caller, || unsafe { real(dptr) })
+    free_with(Call::MemFree, dptr, 0, caller, || {
+        // SAFETY: the program's argument.
+        crate::pool::free(dptr).unwrap_or_else(|| unsafe { real(dptr) })
+    })
 }
 
 unsafe fn mem_free_async(

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::driver::Sym;
 
 pub mod context;
+pub mod gated;
 pub mod image;
 pub mod memory;
 pub mod module;
@@ -130,11 +131,13 @@ macro_rules! hook {
         $crate::caller::with_caller!(local resolved [$reg] ($($arg: $ty),*) => resolved_inner);
 
         unsafe extern "C" fn export_inner($($arg: $ty,)* caller: usize) -> CuResult {
+            let _pass = $crate::gate::pass();
             // SAFETY: the program's arguments, passed on as it gave them.
             unsafe { $body(EXPORT.addr(true), caller, $($arg),*) }
         }
 
         unsafe extern "C" fn resolved_inner($($arg: $ty,)* caller: usize) -> CuResult {
+            let _pass = $crate::gate::pass();
             // SAFETY: as above.
             unsafe { $body(resolved_addr(&RESOLVED), caller, $($arg),*) }
         }
@@ -142,11 +145,13 @@ macro_rules! hook {
     (@stubs plain $name:ident ($($arg:ident: $ty:ty),*) => $body:path) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
+            let _pass = $crate::gate::pass();
             // SAFETY: the program's arguments, passed on as it gave them.
             unsafe { $body(EXPORT.addr(true), 0, $($arg),*) }
         }
 
         pub unsafe extern "C" fn resolved($($arg: $ty),*) -> CuResult {
+            let _pass = $crate::gate::pass();
             // SAFETY: as above.
             unsafe { $body(resolved_addr(&RESOLVED), 0, $($arg),*) }
         }

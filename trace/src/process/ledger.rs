@@ -452,12 +452,7 @@ impl Snapshot {
 
 /// `bytes` with a sign, for people.
 pub fn signed_human(bytes: i128) -> String {
-    let magnitude = u64::try_from(bytes.unsigned_abs()).unwrap_or(u64::MAX);
-    if bytes < 0 {
-        format!("-{}", human(magnitude))
-    } else {
-        human(magnitude)
-    }
+    memcore::bytes::signed(bytes, false, human)
 }
 
 /// The profile ctx's rules read: what the device reported, with the

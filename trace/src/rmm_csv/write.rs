@@ -233,14 +233,30 @@ mod tests {
     use super::*;
     use crate::event::Call;
 
+    /// The Action column of each row below the header.
+    fn actions(lines: &[String]) -> Vec<&str> {
+        lines[1..]
+            .iter()
+            .map(|line| line.split(',').nth(2).unwrap())
+            .collect()
+    }
+
     fn rows(events: Vec<Event<'static>>) -> (Vec<String>, RmmStats) {
+        rows_of_threads(events.into_iter().map(|event| (9, event)))
+    }
+
+    /// The RMM log of `events`, each made on its thread, a microsecond
+    /// apart: its lines, the header first, and what the writer counted.
+    fn rows_of_threads(
+        events: impl IntoIterator<Item = (u32, Event<'static>)>,
+    ) -> (Vec<String>, RmmStats) {
         let mut out = Vec::new();
         let mut writer = RmmWriter::new(&mut out).unwrap();
-        for (index, event) in events.into_iter().enumerate() {
+        for (index, (thread, event)) in events.into_iter().enumerate() {
             writer
                 .record(&Record {
                     time_ns: 3_723_000_001_000 + index as u64 * 1_000,
-                    thread: 9,
+                    thread,
                     event,
                 })
                 .unwrap();
@@ -248,6 +264,17 @@ mod tests {
         let stats = writer.finish().unwrap();
         let text = String::from_utf8(out).unwrap();
         (text.lines().map(str::to_string).collect(), stats)
+    }
+
+    /// A `cuMemFree` of `size` bytes at `ptr` the driver refused.
+    fn failed_free(ptr: u64, size: u64) -> Event<'static> {
+        Event::FreeFailed {
+            call: Call::MemFree,
+            ptr,
+            size,
+            caller: 1,
+            result: 700,
+        }
     }
 
     fn alloc(ptr: u64, size: u64, result: i32) -> Event<'static> {
@@ -319,10 +346,7 @@ mod tests {
                 size: 4 << 20,
             },
         ]);
-        let actions: Vec<&str> = lines[1..]
-            .iter()
-            .map(|line| line.split(',').nth(2).unwrap())
-            .collect();
+        let actions = actions(&lines);
         assert_eq!(
             actions,
             ["allocate", "allocate", "allocate", "free", "free"]
@@ -337,19 +361,10 @@ mod tests {
             alloc(0x1000, 512, 0),
             alloc(0x1000, 256, 0),
             free(0x1000),
-            Event::FreeFailed {
-                call: Call::MemFree,
-                ptr: 0x1000,
-                size: 256,
-                caller: 1,
-                result: 700,
-            },
+            failed_free(0x1000, 256),
             free(0x1000),
         ]);
-        let actions: Vec<&str> = lines[1..]
-            .iter()
-            .map(|line| line.split(',').nth(2).unwrap())
-            .collect();
+        let actions = actions(&lines);
         // The refused free wrote nothing: no free, no allocation again.
         assert_eq!(actions, ["allocate", "free", "allocate", "free"]);
         assert_eq!(stats.implied_frees, 1);
@@ -357,38 +372,16 @@ mod tests {
 
     #[test]
     fn a_failed_free_after_another_threads_row_restores_the_block() {
-        let mut out = Vec::new();
-        let mut writer = RmmWriter::new(&mut out).unwrap();
         let events = [
             (1, alloc(0x1000, 256, 0)),
             (1, free(0x1000)),
             (2, alloc(0x9000, 64, 0)),
-            (
-                1,
-                Event::FreeFailed {
-                    call: Call::MemFree,
-                    ptr: 0x1000,
-                    size: 256,
-                    caller: 1,
-                    result: 700,
-                },
-            ),
+            (1, failed_free(0x1000, 256)),
         ];
-        for (index, (thread, event)) in events.into_iter().enumerate() {
-            let record = Record {
-                time_ns: index as u64,
-                thread,
-                event,
-            };
-            writer.record(&record).unwrap();
-        }
-        writer.finish().unwrap();
-        let text = String::from_utf8(out).unwrap();
-        let actions: Vec<&str> = text
-            .lines()
-            .skip(1)
-            .map(|line| line.split(',').nth(2).unwrap())
-            .collect();
-        assert_eq!(actions, ["allocate", "free", "allocate", "allocate"]);
+        let (lines, _) = rows_of_threads(events);
+        assert_eq!(
+            actions(&lines),
+            ["allocate", "free", "allocate", "allocate"]
+        );
     }
 }

@@ -462,21 +462,19 @@ impl<R: BufRead> Reader<R> {
                         .map_err(|_| self.malformed(at, "MEMOIZE", "the memo is full"))?;
                     self.memo_put(index, at, "MEMOIZE")?;
                 }
-                b'q' => {
-                    let index = u32::from(self.input.byte()?);
-                    self.memo_put(index, at, "BINPUT")?;
-                }
-                b'r' => {
-                    let index = u32::from_le_bytes(self.input.array()?);
-                    self.memo_put(index, at, "LONG_BINPUT")?;
-                }
-                b'h' => {
-                    let index = u32::from(self.input.byte()?);
-                    self.memo_get(index, at, "BINGET")?;
-                }
-                b'j' => {
-                    let index = u32::from_le_bytes(self.input.array()?);
-                    self.memo_get(index, at, "LONG_BINGET")?;
+                b'q' | b'r' | b'h' | b'j' => {
+                    // One byte of index for BINPUT and BINGET, four for
+                    // their LONG_ forms.
+                    let index = match opcode {
+                        b'q' | b'h' => u32::from(self.input.byte()?),
+                        _ => u32::from_le_bytes(self.input.array()?),
+                    };
+                    match opcode {
+                        b'q' => self.memo_put(index, at, "BINPUT")?,
+                        b'r' => self.memo_put(index, at, "LONG_BINPUT")?,
+                        b'h' => self.memo_get(index, at, "BINGET")?,
+                        _ => self.memo_get(index, at, "LONG_BINGET")?,
+                    }
                 }
                 other => {
                     return Err(match unsupported_name(other) {
