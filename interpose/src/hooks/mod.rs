@@ -130,12 +130,20 @@ macro_rules! hook {
         $crate::caller::with_caller!(export $name [$reg] ($($arg: $ty),*) => export_inner);
         $crate::caller::with_caller!(local resolved [$reg] ($($arg: $ty),*) => resolved_inner);
 
+        /// # Safety
+        ///
+        /// Entered from the stub only: the program's arguments to this ABI, valid
+        /// as the driver requires them, and the caller's stack pointer at entry (or 0).
         unsafe extern "C" fn export_inner($($arg: $ty,)* caller: usize) -> CuResult {
             let _pass = $crate::gate::pass();
             // SAFETY: the program's arguments, passed on as it gave them.
             unsafe { $body(EXPORT.addr(true), caller, $($arg),*) }
         }
 
+        /// # Safety
+        ///
+        /// Entered from the stub only: the program's arguments to this ABI, valid
+        /// as the driver requires them, and the caller's stack pointer at entry (or 0).
         unsafe extern "C" fn resolved_inner($($arg: $ty,)* caller: usize) -> CuResult {
             let _pass = $crate::gate::pass();
             // SAFETY: as above.
@@ -143,6 +151,10 @@ macro_rules! hook {
         }
     };
     (@stubs plain $name:ident ($($arg:ident: $ty:ty),*) => $body:path) => {
+        /// # Safety
+        ///
+        /// The driver's contract for this ABI: the arguments are valid as the
+        /// driver requires them.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
             let _pass = $crate::gate::pass();
@@ -150,6 +162,10 @@ macro_rules! hook {
             unsafe { $body(EXPORT.addr(true), 0, $($arg),*) }
         }
 
+        /// # Safety
+        ///
+        /// The driver's contract for this ABI: the arguments are valid as the
+        /// driver requires them.
         pub unsafe extern "C" fn resolved($($arg: $ty),*) -> CuResult {
             let _pass = $crate::gate::pass();
             // SAFETY: as above.

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::rc::Rc;
 
+use memcore::pytorch::TraceAction;
+
 use super::pickle::{Pickle, Value};
 use super::state::{self, BlockState, LiveBlock, Segment, Stack, Stacks, State};
 use super::{action, integer, root};
@@ -62,7 +64,9 @@ pub struct AtMoment {
 /// One history entry as the walk needs it.
 #[derive(Debug, Clone)]
 struct Entry {
-    action: Action,
+    /// What the entry did; `None` for one the walk passes over (a
+    /// snapshot, an out-of-memory, an action it does not know).
+    action: Option<TraceAction>,
     addr: u64,
     size: u64,
     /// For an alloc: its stack. For a free: the stack of the alloc it
@@ -71,18 +75,6 @@ struct Entry {
     /// where PyTorch handed out a larger block unsplit, the rest shows as
     /// free.)
     frames: Option<Rc<Stack>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Action {
-    Alloc,
-    FreeRequested,
-    FreeCompleted,
-    SegmentAlloc,
-    SegmentFree,
-    SegmentMap,
-    SegmentUnmap,
-    Other,
 }
 
 /// What the walk keeps: segments by start (device, bytes, pool, stream,
@@ -211,11 +203,11 @@ fn peak(layout: &Layout, entries: &[Entry]) -> usize {
         // The history holds requests; PyTorch counts the rounded block.
         let size = i128::from(memcore::pytorch::round_size(entry.size));
         match entry.action {
-            Action::Alloc => allocated -= size,
-            Action::FreeRequested => allocated += size,
-            Action::SegmentAlloc | Action::SegmentMap => reserved -= size,
-            Action::SegmentFree | Action::SegmentUnmap => reserved += size,
-            Action::FreeCompleted | Action::Other => {}
+            Some(TraceAction::Alloc) => allocated -= size,
+            Some(TraceAction::FreeRequested) => allocated += size,
+            Some(TraceAction::SegmentAlloc | TraceAction::SegmentMap) => reserved -= size,
+            Some(TraceAction::SegmentFree | TraceAction::SegmentUnmap) => reserved += size,
+            _ => {}
         }
     }
     best.2
@@ -286,17 +278,9 @@ fn history(
             problem,
         };
         let name = action(pickle, value).map_err(fail)?;
-        let action = match name {
-            "alloc" => Action::Alloc,
-            "free_requested" => Action::FreeRequested,
-            "free_completed" => Action::FreeCompleted,
-            "segment_alloc" => Action::SegmentAlloc,
-            "segment_free" => Action::SegmentFree,
-            "segment_map" => Action::SegmentMap,
-            "segment_unmap" => Action::SegmentUnmap,
-            _ => Action::Other,
-        };
-        if name == "oom" {
+        let named = TraceAction::from_name(name);
+        let action = named.filter(|a| !matches!(a, TraceAction::Snapshot | TraceAction::Oom));
+        if named == Some(TraceAction::Oom) {
             ooms.push(OomEntry {
                 index,
                 requested_bytes: integer(pickle, value, "size").unwrap_or(0),
@@ -304,7 +288,7 @@ fn history(
                 time_us: integer(pickle, value, "time_us").ok(),
             });
         }
-        let (addr, size) = if action == Action::Other {
+        let (addr, size) = if action.is_none() {
             (0, 0)
         } else {
             (
@@ -313,12 +297,12 @@ fn history(
             )
         };
         let frames = match action {
-            Action::Alloc => {
+            Some(TraceAction::Alloc) => {
                 last_alloc.insert(addr, index);
                 let frames = pickle.get(value, "frames").unwrap_or(Value::None);
                 Some(stacks.stack(frames).map_err(fail)?)
             }
-            Action::FreeRequested | Action::FreeCompleted => last_alloc
+            Some(TraceAction::FreeRequested | TraceAction::FreeCompleted) => last_alloc
                 .get(&addr)
                 .and_then(|&alloc: &usize| entries.get(alloc))
                 .and_then(|alloc: &Entry| alloc.frames.clone()),
@@ -376,11 +360,11 @@ impl Layout {
     fn undo(&mut self, entry: &Entry) {
         let (addr, size) = (entry.addr, entry.size);
         match entry.action {
-            Action::Alloc => {
+            Some(TraceAction::Alloc) => {
                 self.blocks.remove(&addr);
             }
-            Action::FreeRequested | Action::FreeCompleted => {
-                let state = if entry.action == Action::FreeRequested {
+            Some(TraceAction::FreeRequested | TraceAction::FreeCompleted) => {
+                let state = if entry.action == Some(TraceAction::FreeRequested) {
                     BlockState::Allocated
                 } else {
                     BlockState::PendingFree
@@ -400,16 +384,16 @@ impl Layout {
                 });
                 block.state = state;
             }
-            Action::SegmentAlloc => {
+            Some(TraceAction::SegmentAlloc) => {
                 self.segments.remove(&addr);
             }
-            Action::SegmentFree => {
+            Some(TraceAction::SegmentFree) => {
                 let segment = self.segment_of(size, false);
                 self.segments.insert(addr, segment);
             }
-            Action::SegmentMap => self.carve(addr, size),
-            Action::SegmentUnmap => self.map_back(addr, size),
-            Action::Other => {}
+            Some(TraceAction::SegmentMap) => self.carve(addr, size),
+            Some(TraceAction::SegmentUnmap) => self.map_back(addr, size),
+            _ => {}
         }
     }
 
