@@ -107,8 +107,8 @@ pub struct ExplainArgs {
     /// Of a multi-device snapshot, only the device N it recorded (default:
     /// every device at the dump; the first device with a history for the
     /// other moments).
-    #[arg(long, value_name = "N", requires = "snapshot")]
-    snapshot_device: Option<usize>,
+    #[arg(long, value_name = "N", requires = "snapshot", value_parser = parse_snapshot_device)]
+    snapshot_device: Option<u32>,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -138,6 +138,22 @@ fn parse_device(text: &str) -> Result<DeviceChoice, String> {
     })
 }
 
+/// `--snapshot-device`'s value: a CUDA device ordinal as PyTorch records
+/// it (32 bits), never cut to fit.
+fn parse_snapshot_device(text: &str) -> Result<u32, String> {
+    let shown: String = text.chars().take(80).collect();
+    let number: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{shown:?} is not a device ordinal (0, 1, ...)"))?;
+    u32::try_from(number).map_err(|_| {
+        format!(
+            "device {number} is past the largest ordinal a snapshot can name ({})",
+            u32::MAX
+        )
+    })
+}
+
 /// A ledger and where its figures came from.
 pub(crate) struct Explained {
     pub(crate) profile: DeviceProfile,
@@ -152,7 +168,7 @@ pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
         return crate::cli::explain_snapshot::run(
             snapshot,
             args.at.unwrap_or(moments::Moment::Dump),
-            args.snapshot_device,
+            args.snapshot_device.map(|device| device as usize),
             args.json,
             args.report.as_deref(),
             out,

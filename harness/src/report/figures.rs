@@ -145,7 +145,7 @@ pub(super) fn figures_table(summary: &TraceSummary) -> String {
             format!("{:.3}", recorded.footprint_ratio),
         ];
         row.resize(COLUMNS.len() - 1, "-".to_string());
-        row.push(recorded.ran().to_string());
+        row.push(recorded.ran());
         html += &cells(&row);
     }
     for policy in usable {
