@@ -104,6 +104,7 @@ macro_rules! passed {
         /// A hook's body: `real` is the driver's function of this ABI (or `None`),
         /// and the arguments are the program's, valid as the driver requires them.
         unsafe fn $body(real: Option<usize>, _caller: usize, $($arg: $ty),*) -> CuResult {
+            crate::pool::work_queued();
             let real = real!(real, fn($($ty),*));
             // SAFETY: the program's arguments.
             unsafe { real($($arg),*) }

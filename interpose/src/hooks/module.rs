@@ -512,6 +512,7 @@ fn launch_with(
     stream: *mut c_void,
     launch: impl FnOnce() -> CuResult,
 ) -> CuResult {
+    crate::pool::work_queued();
     // Every launch after a function's first: one lock-free check.
     if !first_launch(function as u64) {
         return launch();

@@ -155,6 +155,7 @@ unsafe fn graph_upload(
     exec: *mut c_void,
     stream: *mut c_void,
 ) -> CuResult {
+    crate::pool::work_queued();
     let real = real!(real, fn(*mut c_void, *mut c_void));
     let first = !exec.is_null() && UPLOADED.first(exec as u64);
     // SAFETY: the program's arguments.
