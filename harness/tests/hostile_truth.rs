@@ -454,3 +454,54 @@ fn replay_of_a_snapshot_without_history_points_to_explain() {
     let said = replay_message(&path, &[]);
     assert!(said.contains("cudamem explain --snapshot"), "{said}");
 }
+
+#[test]
+fn peak_bars_stand_on_an_axis_from_zero() {
+    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../traces/pytorch/vit_infer.full.default.pickle.gz");
+    let page = temp_path("bars.html");
+    output(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--report",
+        page.to_str().unwrap(),
+    ]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    let bars = &html[html.find("class=\"peaks\"").unwrap()..];
+    let bars = &bars[..bars.find("</svg>").unwrap()];
+    assert!(bars.contains("the axis starts at 0"), "{bars}");
+    assert!(!bars.contains("past the axis"), "{bars}");
+    // Each bar's width over its bytes is one scale for all.
+    let mut scales = Vec::new();
+    for group in bars.split("<g><title>").skip(1) {
+        let bytes: f64 = group
+            .split(": peak ")
+            .nth(1)
+            .unwrap()
+            .split(" (")
+            .nth(1)
+            .unwrap()
+            .split(" B)")
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let width: f64 = group
+            .split("width=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        if bytes > 0.0 {
+            scales.push(width / bytes);
+        }
+    }
+    assert!(scales.len() > 2, "{bars}");
+    let (low, high) = scales
+        .iter()
+        .fold((f64::MAX, 0f64), |(l, h), &s| (l.min(s), h.max(s)));
+    assert!(high / low < 1.01, "{scales:?}");
+}
