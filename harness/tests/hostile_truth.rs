@@ -409,3 +409,48 @@ fn a_utf16_log_is_named_for_its_encoding() {
     );
     assert_eq!(replay_json(&path, &[])["events"], 1);
 }
+
+#[test]
+fn help_writes_defaults_as_the_output_writes_sizes_and_says_what_units_mean() {
+    let help = |args: &[&str]| {
+        let (_, result) = attempt(args);
+        format!("{}", result.unwrap_err())
+    };
+    let explain = help(&["explain", "--help"]).replace('\n', " ");
+    let explain = explain.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(explain.contains("default 1.00 KiB (1024 B)"), "{explain}");
+    assert!(
+        explain.contains("default 8.25 MiB (8650752 B)"),
+        "{explain}"
+    );
+    assert!(explain.contains("16K = 16384 B"), "{explain}");
+    assert!(explain.contains("16KB = 16000 B"), "{explain}");
+    assert!(!explain.contains("8,650,752"), "{explain}");
+    let run = help(&["run", "--help"]);
+    let run = run.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(run.contains("default 1.00 GiB (1073741824 B)"), "{run}");
+    assert!(!run.contains("[default: 1073741824]"), "{run}");
+}
+
+#[test]
+fn an_empty_log_stops_replay_with_one_line() {
+    let path = write_file("empty.csv", b"Thread,Time,Action,Pointer,Size,Stream\n");
+    let said = replay_message(&path, &[]);
+    assert!(said.contains("holds no allocation or free"), "{said}");
+    assert_eq!(said.lines().count(), 1, "{said}");
+}
+
+#[test]
+fn replay_of_a_snapshot_without_history_points_to_explain() {
+    let bytes = snapshot_of(
+        vec![segment(
+            BASE,
+            2 * MIB,
+            vec![block(BASE, 2 * MIB, "inactive")],
+        )],
+        vec![],
+    );
+    let path = write_file("no-history.pickle", &bytes);
+    let said = replay_message(&path, &[]);
+    assert!(said.contains("cudamem explain --snapshot"), "{said}");
+}

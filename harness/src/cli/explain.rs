@@ -65,10 +65,13 @@ pub struct ExplainArgs {
     /// which devices reach which (needs a build with the `cuda` feature).
     #[arg(long, value_parser = parse_device)]
     device: Option<DeviceChoice>,
-    /// Stack limit per thread (CU_LIMIT_STACK_SIZE), e.g. 4KiB; default 1024 B.
+    /// Stack limit per thread (CU_LIMIT_STACK_SIZE), e.g. 4KiB; default 1.00 KiB
+    /// (1024 B). Sizes: K, KiB, M, MiB, G, GiB are binary (16K = 16384 B), KB,
+    /// MB, GB decimal (16KB = 16000 B).
     #[arg(long, value_parser = byte_size::parse)]
     stack_size: Option<u64>,
-    /// In-kernel malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE); default 8 MiB.
+    /// In-kernel malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE); default 8.00 MiB
+    /// (8388608 B).
     #[arg(long, value_parser = byte_size::parse)]
     heap_size: Option<u64>,
     /// A cm_malloc heap (cudamem's in-kernel allocator) of this much, e.g. 256MiB: a line
@@ -76,7 +79,7 @@ pub struct ExplainArgs {
     /// CUDA's malloc heap; default none.
     #[arg(long, value_parser = byte_size::parse)]
     cm_heap: Option<u64>,
-    /// printf FIFO (CU_LIMIT_PRINTF_FIFO_SIZE); default 8,650,752 B.
+    /// printf FIFO (CU_LIMIT_PRINTF_FIFO_SIZE); default 8.25 MiB (8650752 B).
     #[arg(long, value_parser = byte_size::parse)]
     printf_fifo: Option<u64>,
     /// Local memory per thread of a loaded kernel (repeatable): the largest

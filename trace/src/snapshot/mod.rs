@@ -149,7 +149,8 @@ pub fn traces(
     else {
         return Err(whole(Problem::NotSnapshot(
             "the dict has no \"device_traces\" list (record with \
-             torch.cuda.memory._record_memory_history before dumping)"
+             torch.cuda.memory._record_memory_history before dumping); \
+             `cudamem explain --snapshot FILE` reads the segments it holds"
                 .into(),
         )));
     };
@@ -220,7 +221,10 @@ pub fn traces(
     }
     if traces.is_empty() {
         return Err(whole(Problem::NotSnapshot(
-            "device_traces holds no events (was _record_memory_history enabled?)".into(),
+            "device_traces holds no events (was _record_memory_history enabled?); \
+             `cudamem explain --snapshot FILE` reads the segments it holds at the dump: what is \
+             stranded, what is cached, and the stacks that hold them"
+                .into(),
         )));
     }
     Ok(traces)
