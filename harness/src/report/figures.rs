@@ -43,12 +43,9 @@ pub(super) fn peak_bars(curves: &[FootprintCurve<'_>], peak_live: u64) -> String
         let RGBColor(r, g, b) = curve_color(index);
         let y = 10.0 + row * index as f64;
         let ratio = bytes as f64 / peak_live.max(1) as f64;
-        // The longest bars carry their figure inside, in white.
-        let (vx, anchor, fill) = if x(bytes as f64) > left + width * 0.6 {
-            (x(bytes as f64) - 6.0, "end", "white")
-        } else {
-            (x(bytes as f64) + 6.0, "start", "black")
-        };
+        // The figure right of the bar (the axis leaves room for it), clear
+        // of the black line of the peak live bytes.
+        let (vx, anchor, fill) = (x(bytes as f64) + 6.0, "start", "black");
         svg += &format!(
             "<g><title>{name}: peak {human} ({bytes} B), {ratio:.3} x the peak live bytes</title>\
              <text x=\"{tx}\" y=\"{ty}\" text-anchor=\"end\">{name}</text>\
