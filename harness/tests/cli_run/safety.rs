@@ -279,3 +279,33 @@ fn copies_made_by_a_raw_clone_write_logs_of_their_own_and_never_their_parents() 
         assert!(three_mib(log) <= 1, "{log}");
     }
 }
+
+#[test]
+fn a_function_the_driver_lacks_bound_by_the_loader_answers_not_found() {
+    // Alone, the weak reference to a function the driver lacks is null.
+    // Under `cudamem run` the loader binds it to the interposer's export
+    // (a preloaded library's exports are fixed before it can know the
+    // driver: ARCHITECTURE.md says what remains); called, that export
+    // answers as the driver would for a missing function, and records
+    // nothing.
+    let hostile = program("hostile");
+    let by_itself = alone(&[&hostile, "weak"]);
+    assert_eq!(
+        text(&by_itself.stdout),
+        "cuMemAllocFromPoolAsync_ptsz: missing\n"
+    );
+    let trace = temp_path("weak.csv");
+    let output = under_cudamem(
+        &["--trace", trace.to_str().unwrap(), "--", &hostile, "weak"],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(
+        text(&output.stdout),
+        "cuMemAllocFromPoolAsync_ptsz: present, answers 500\n"
+    );
+    for log in event_logs(&trace) {
+        let log = text(&std::fs::read(log).unwrap());
+        assert!(records(&log, "alloc").is_empty(), "{log}");
+    }
+}
