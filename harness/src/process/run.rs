@@ -283,8 +283,9 @@ pub fn prepare(plan: RunPlan, path_var: Option<&OsStr>) -> Result<Prepared, RunE
                 source,
             };
             let mut file = File::create(path).map_err(unwritable)?;
-            // A program that never reaches the driver still leaves a log
-            // `cudamem replay` reads: the header and no rows.
+            // The header, so a program that records later still leaves a
+            // log `cudamem replay` reads; one that makes no driver call
+            // leaves none ([`Prepared::run`] removes it).
             if what == "--trace" {
                 writeln!(file, "{}", trace::rmm_csv::write::HEADER).map_err(unwritable)?;
             }
@@ -424,6 +425,9 @@ pub struct Finished {
     /// Each process that recorded anything, the started one first; or why
     /// their logs could not be read (the program's status stands either way).
     pub reports: Result<Vec<ProcessReport>, RunError>,
+    /// The `--trace` file and `FILE.events/`, removed because no process
+    /// made a driver call (they would hold no row).
+    pub trace_removed: Option<PathBuf>,
 }
 
 impl Prepared {
@@ -499,8 +503,35 @@ impl Prepared {
         let _ = forwarder.join();
         let status = waited.map_err(RunError::Wait)?;
         let reports = self.collect(root, status);
+        let trace_removed = match &reports {
+            Ok(reports) if !reports.iter().any(ProcessReport::made_driver_calls) => {
+                self.remove_trace(reports)
+            }
+            _ => None,
+        };
         drop(self.temporary);
-        Ok(Finished { status, reports })
+        Ok(Finished {
+            status,
+            reports,
+            trace_removed,
+        })
+    }
+
+    /// Remove what `--trace` made when no process made a driver call: the
+    /// file (a header and no row), the RMM logs and event logs of processes
+    /// that only asked for a driver, and `FILE.events/` when that leaves it
+    /// empty. The trace, when there was one to remove.
+    fn remove_trace(&self, reports: &[ProcessReport]) -> Option<PathBuf> {
+        let trace = self.plan.trace.as_ref()?;
+        let _ = fs::remove_file(trace);
+        for report in reports {
+            if let Some((rmm, _)) = &report.rmm {
+                let _ = fs::remove_file(rmm);
+            }
+            let _ = fs::remove_file(&report.log);
+        }
+        let _ = fs::remove_dir(&self.log_dir);
+        Some(trace.clone())
     }
 
     fn collect(&self, root: u32, status: ExitStatus) -> Result<Vec<ProcessReport>, RunError> {

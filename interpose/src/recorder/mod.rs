@@ -725,14 +725,26 @@ pub fn function_name(handle: u64) -> Option<(String, bool)> {
 
 /// The process exits: read free memory one last time, and write the exit
 /// record (left out, never waited for, when this thread holds the lock).
+///
+/// A process that asked the loader for the driver and has none loaded
+/// writes a `driver-missing` record first (its log made now, when it made
+/// no driver call); a process that made no driver call and asked for no
+/// driver writes nothing.
 pub fn exiting() {
     guarded(|| {
         copy_check();
+        let missing = crate::loading::driver_missing();
         let Some(guard) = STATE.lock_within(EXIT_WAIT) else {
             return;
         };
+        if guard.is_none() && missing.is_none() {
+            return;
+        }
         with_guard(guard, |state| {
             let thread = thread_id();
+            if let Some(name) = &missing {
+                state.emit(thread, Event::DriverMissing { name: name.into() });
+            }
             // Not from a signal handler that interrupted a driver call: the
             // driver may hold a lock of its own on this thread.
             if !state.accounting.devices().is_empty() && !crate::hooks::inside() {
