@@ -225,3 +225,87 @@ fn event_logs_are_readable_by_their_owner_alone() {
         assert_eq!(mode & 0o777, 0o600, "{}", log.display());
     }
 }
+
+#[test]
+fn copies_made_by_a_raw_clone_write_logs_of_their_own_and_never_their_parents() {
+    let hostile = program("hostile");
+    let by_itself = alone(&[&hostile, "clone"]);
+    assert_eq!(text(&by_itself.stdout), "clone: 16 of 16 exited 7\n");
+    let trace = temp_path("clone.csv");
+    let output = under_cudamem(
+        &["--trace", trace.to_str().unwrap(), "--", &hostile, "clone"],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(output.stdout, by_itself.stdout);
+    let logs: Vec<String> = event_logs(&trace)
+        .iter()
+        .map(|path| text(&std::fs::read(path).unwrap()))
+        .collect();
+    let field = |log: &str, kind: &str, at: usize| -> Vec<String> {
+        records(log, kind)
+            .iter()
+            .map(|record| record[at].to_string())
+            .collect()
+    };
+    let three_mib = |log: &str| {
+        records(log, "alloc")
+            .iter()
+            .filter(|record| record[5] == (3 << 20).to_string())
+            .count()
+    };
+    // The program's own log: one process and one exit record, and none of
+    // its copies' allocations.
+    let (parents, copies): (Vec<&String>, Vec<&String>) = logs
+        .iter()
+        .partition(|log| records(log, "alloc").iter().any(|r| r[5] == "1048576"));
+    assert_eq!(parents.len(), 1, "{} logs", logs.len());
+    let parent = parents[0];
+    assert_eq!(records(parent, "process").len(), 1);
+    assert_eq!(records(parent, "exit").len(), 1);
+    assert_eq!(three_mib(parent), 0);
+    // Every copy that allocated has its log, named by its own pid, with its
+    // allocation and its exit; each names the program as its parent.
+    let parent_pid = field(parent, "process", 4)[0].clone();
+    let allocating: Vec<&&String> = copies.iter().filter(|log| three_mib(log) == 1).collect();
+    assert_eq!(allocating.len(), 8, "{} copies' logs", copies.len());
+    for log in &copies {
+        assert_eq!(
+            field(log, "process", 5),
+            std::slice::from_ref(&parent_pid),
+            "{log}"
+        );
+        assert_eq!(records(log, "exit").len(), 1, "{log}");
+        assert!(three_mib(log) <= 1, "{log}");
+    }
+}
+
+#[test]
+fn a_function_the_driver_lacks_bound_by_the_loader_answers_not_found() {
+    // Alone, the weak reference to a function the driver lacks is null.
+    // Under `cudamem run` the loader binds it to the interposer's export
+    // (a preloaded library's exports are fixed before it can know the
+    // driver: ARCHITECTURE.md says what remains); called, that export
+    // answers as the driver would for a missing function, and records
+    // nothing.
+    let hostile = program("hostile");
+    let by_itself = alone(&[&hostile, "weak"]);
+    assert_eq!(
+        text(&by_itself.stdout),
+        "cuMemAllocFromPoolAsync_ptsz: missing\n"
+    );
+    let trace = temp_path("weak.csv");
+    let output = under_cudamem(
+        &["--trace", trace.to_str().unwrap(), "--", &hostile, "weak"],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(
+        text(&output.stdout),
+        "cuMemAllocFromPoolAsync_ptsz: present, answers 500\n"
+    );
+    for log in event_logs(&trace) {
+        let log = text(&std::fs::read(log).unwrap());
+        assert!(records(&log, "alloc").is_empty(), "{log}");
+    }
+}
