@@ -453,8 +453,18 @@ fn segment(walk: &mut Walk<'_>, value: Value) -> Result<Segment, Problem> {
             Pickle::kind(blocks)
         )));
     };
+    // No "device": device 0, as PyTorch's older snapshots had it.
+    let device = match pickle.get(value, "device") {
+        None => 0,
+        Some(_) => integer(pickle, value, "device")?,
+    };
+    if device >= super::MAX_DEVICES as u64 {
+        return Err(Problem::TooManyDevices {
+            what: format!("\"device\" is {device}"),
+        });
+    }
     let mut segment = Segment {
-        device: integer(pickle, value, "device").unwrap_or(0),
+        device,
         address: integer(pickle, value, "address")?,
         total_bytes,
         allocated_bytes: 0,
