@@ -12,6 +12,7 @@ pub mod output;
 pub mod replay_command;
 pub mod run;
 pub mod snapshot_oom;
+pub mod torch_adoption;
 
 use std::io::Write;
 

@@ -13,7 +13,7 @@ use cudamem_hook::log::DEFAULT_MAX_LOG_BYTES;
 use cudamem_hook::report::html;
 use cudamem_hook::run::{HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, prepare};
 
-use crate::cli::{byte_size, output};
+use crate::cli::{byte_size, output, torch_adoption};
 
 /// The exit status for a program that cannot be found, as shells use.
 const NOT_FOUND_STATUS: u8 = 127;
@@ -35,6 +35,10 @@ pub struct RunArgs {
     /// are counted and dropped.
     #[arg(long, value_name = "BYTES", value_parser = byte_size::parse, default_value_t = DEFAULT_MAX_LOG_BYTES)]
     max_log_bytes: u64,
+    /// Run a PyTorch program on cudamem's backend with this pool, unmodified
+    /// (installed when it imports torch; see python/adopt/sitecustomize.py).
+    #[arg(long, value_name = "POLICY")]
+    torch: Option<torch_adoption::TorchPolicy>,
     /// The program to run and its arguments (after `--`).
     #[arg(
         required = true,
@@ -82,17 +86,37 @@ fn refuse_inputs(args: &RunArgs) -> Result<(), output::SameFile> {
 
 fn run_program(args: RunArgs) -> Result<u8, RunError> {
     let mut command = args.command.into_iter();
-    let program = command.next().unwrap_or_default();
+    let mut program = command.next().unwrap_or_default();
     let exe = std::env::current_exe().unwrap_or_default();
+    let mut rest: Vec<OsString> = command.collect();
     let hook = find_hook(std::env::var_os(HOOK_LIB_VAR), &exe)?;
     let shown = std::iter::once(program.clone())
-        .chain(command.clone())
+        .chain(rest.iter().cloned())
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join(" ");
+    if let Some(policy) = args.torch {
+        let env = |name| std::env::var_os(name);
+        let wrapped = torch_adoption::wrap(
+            policy,
+            program,
+            rest,
+            &exe,
+            env("CUDAMEM_TORCH_PY"),
+            env("CUDAMEM_TORCH_LIB"),
+            env("PYTHONPATH"),
+        );
+        match wrapped {
+            Ok(command) => (program, rest) = command,
+            Err(problem) => {
+                eprintln!("cudamem run: {problem}");
+                return Ok(1);
+            }
+        }
+    }
     let plan = RunPlan {
         program,
-        args: command.collect(),
+        args: rest,
         hook,
         trace: args.trace,
         report: args.report.clone(),
