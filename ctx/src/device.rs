@@ -37,6 +37,18 @@ impl StreamId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PhysicalHandle(pub(crate) u64);
 
+impl PhysicalHandle {
+    /// The handle a backend outside this crate made, by its own number.
+    pub const fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
+
+    /// The backend's number for it.
+    pub const fn raw(self) -> u64 {
+        self.0
+    }
+}
+
 /// Device memory as a pool uses it, at the driver's level and no higher:
 /// virtual address reservations, physical memory made, mapped into them,
 /// made accessible, unmapped and released as separate steps (VMM), plain

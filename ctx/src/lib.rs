@@ -6,6 +6,7 @@ mod address_space;
 mod copy;
 mod device;
 mod device_heap;
+pub mod driver;
 mod driver_code;
 mod error;
 mod ledger;
@@ -16,6 +17,7 @@ mod preflight;
 mod profile;
 mod sim;
 mod stitched;
+pub mod text;
 
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]

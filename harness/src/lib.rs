@@ -27,7 +27,7 @@
 //! use cudamem::replay::{self, Settings};
 //!
 //! // Replay the built-in ResNet-50 trace through TLSF.
-//! let trace = &cudamem::trace::file::load_embedded()?[0];
+//! let trace = &trace::file::load_embedded()?[0];
 //! let tlsf = replay::spec::named("tlsf").expect("a policy of the table");
 //! let hidden = indicatif::ProgressBar::hidden();
 //! let (outcome, _) = replay::run(tlsf, trace, &Settings::default(), &hidden, false)?;
@@ -46,6 +46,6 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod process;
 pub mod replay;
 pub mod report;
-pub mod trace;

@@ -10,8 +10,8 @@ use support::{attempt, failure, gzip, json_lines, message, output, run, temp_pat
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use cudamem::trace::{Location, Problem, TraceError};
 use flate2::read::GzDecoder;
+use trace::{Location, Problem, TraceError};
 
 #[global_allocator]
 static COUNTING: Counting = Counting;

@@ -6,12 +6,12 @@
 mod support;
 use std::path::Path;
 
-use support::pickle::{Pickler, Py, dict, entry, s};
+use support::pickle::{Pickler, Py, dict, entry, s, state_block, torch_and_user_frames};
 use support::{json, message, output, temp_path, write_file};
 
 use cudamem::cli::snapshot_oom::{OomKind, story};
-use cudamem::trace::snapshot::moments::OomEntry;
-use cudamem::trace::snapshot::state::{BlockState, LiveBlock, Segment, State};
+use trace::snapshot::moments::OomEntry;
+use trace::snapshot::state::{BlockState, LiveBlock, Segment, State};
 
 const MIB: i64 = 1 << 20;
 const A: i64 = 0x10_0000_0000;
@@ -21,21 +21,7 @@ const X: i64 = A + 2 * MIB;
 /// The stack that allocated block X: a torch frame, then the user's, whose
 /// function name holds an escape character.
 fn frames() -> Py {
-    Py::List(vec![
-        dict(vec![
-            (
-                "filename",
-                s("/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py"),
-            ),
-            ("line", Py::Int(134)),
-            ("name", s("forward")),
-        ]),
-        dict(vec![
-            ("filename", s("/home/me/train.py")),
-            ("line", Py::Int(42)),
-            ("name", s("st\u{1b}[2Jep")),
-        ]),
-    ])
+    torch_and_user_frames("st\u{1b}[2Jep")
 }
 
 fn with_frames(mut entry: Py, frames: Py) -> Py {
@@ -58,15 +44,7 @@ fn oom(size: i64, device_free: i64) -> Py {
 /// history made A and X, then B (40 MiB) with a 30 MiB block Y, freed Y,
 /// freed B (PyTorch's retry), and recorded two oom entries.
 fn history_snapshot() -> Vec<u8> {
-    let block = |address: i64, size: i64, state: &str, frames: Py| {
-        dict(vec![
-            ("address", Py::Int(address)),
-            ("size", Py::Int(size)),
-            ("requested_size", Py::Int(size)),
-            ("state", s(state)),
-            ("frames", frames),
-        ])
-    };
+    let block = state_block;
     let segment = dict(vec![
         ("device", Py::Int(0)),
         ("address", Py::Int(A)),

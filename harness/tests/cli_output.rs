@@ -4,9 +4,11 @@
 //! run ended, `--help` says what the command is for, and the bare command's
 //! report lands where git ignores it. Everything else is tested in process.
 
+mod support;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 /// The workspace root (the folder above harness/).
 fn root() -> &'static Path {
@@ -47,15 +49,7 @@ fn text(bytes: &[u8]) -> String {
 #[test]
 fn a_closed_pipe_ends_the_command_quietly() {
     for args in invocations() {
-        let mut child = cudamem()
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // The reader goes away before the command writes a byte.
-        drop(child.stdout.take());
-        let output = child.wait_with_output().unwrap();
+        let output = support::with_closed_stdout(&args);
         assert_eq!(
             output.status.code(),
             Some(0),

@@ -2,11 +2,11 @@
 //! to a temporary folder.
 
 mod support;
-use support::{attempt, gzip, json, message, output, temp_path, write_file};
+use support::{attempt, default_policies, gzip, json, message, output, temp_path, write_file};
 
 use std::path::{Path, PathBuf};
 
-use cudamem::trace::{Location, TraceError};
+use trace::{Location, TraceError};
 
 const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
 
@@ -140,20 +140,7 @@ fn json_output_has_every_field_and_the_exact_peak() {
         .iter()
         .map(|p| p["name"].as_str().unwrap())
         .collect();
-    assert_eq!(
-        names,
-        [
-            "first-fit",
-            "best-fit",
-            "tlsf",
-            "tlsf-compact",
-            "pool-vmm",
-            "offset-allocator",
-            "range-alloc",
-            "stitch",
-            "pytorch-expandable"
-        ]
-    );
+    assert_eq!(names, default_policies());
     assert!(json["duration_ns"].as_u64().unwrap() > 0, "{json}");
     for policy in policies {
         // One 2 MiB granule holds everything; stitch grows its frontier by
@@ -274,7 +261,7 @@ fn the_report_is_html_with_svg() {
 #[test]
 fn the_bare_command_and_replay_of_the_built_in_trace_give_the_same_rows() {
     use cudamem::cli::replay_command::{self, ReplayArgs};
-    use cudamem::trace::file::EMBEDDED;
+    use trace::file::EMBEDDED;
 
     let mut bare = ReplayArgs::defaults().unwrap();
     // As the bare command runs, but JSON, and the report out of the way.

@@ -5,6 +5,7 @@
 mod support;
 
 use std::path::Path;
+use support::default_policies;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
@@ -59,17 +60,7 @@ fn the_replay_report_has_legends_keys_and_the_overhead_chart() {
     let legends = legends(&html);
     // Footprint, overhead, and a key under each of the nine memory maps.
     assert_eq!(legends.len(), 2 + 9);
-    for name in [
-        "first-fit",
-        "best-fit",
-        "tlsf",
-        "tlsf-compact",
-        "pool-vmm",
-        "offset-allocator",
-        "range-alloc",
-        "stitch",
-        "pytorch-expandable",
-    ] {
+    for name in default_policies() {
         assert!(legends[0].contains(&format!("</i>{name}</span>")), "{name}");
         assert!(html.contains(&format!("<li><b>{name}</b>: ")), "{name}");
     }
@@ -117,13 +108,13 @@ fn a_snapshots_stacks_are_in_its_page_once_and_bounded() {
     // the top frames, every frame's names cut to 80 characters.
     let frame_bytes = 2 * 80 + 30;
     assert!(
-        tables[0].len() <= 400 * (1 + cudamem::trace::HOVER_FRAMES) * frame_bytes,
+        tables[0].len() <= 400 * (1 + trace::HOVER_FRAMES) * frame_bytes,
         "{} bytes of stacks",
         tables[0].len()
     );
     for stack in &stacks {
         let lines: Vec<&str> = stack.lines().collect();
-        assert!(lines.len() <= 1 + cudamem::trace::HOVER_FRAMES, "{stack}");
+        assert!(lines.len() <= 1 + trace::HOVER_FRAMES, "{stack}");
         assert!(
             lines[1..].iter().all(|frame| frame.contains(" in ")),
             "{stack}"

@@ -12,7 +12,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use memcore::text::LINE_WIDTH;
+use ctx::text::LINE_WIDTH;
 
 const DOCS: [&str; 3] = ["README.md", "BENCHMARKS.md", "harness/README.md"];
 

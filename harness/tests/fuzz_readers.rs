@@ -15,10 +15,10 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use cudamem::replay::{self, Settings};
-use cudamem::trace::budget::ReadBudget;
-use cudamem::trace::file::read_limited;
 use flate2::read::GzDecoder;
 use proptest::prelude::*;
+use trace::budget::ReadBudget;
+use trace::file::read_limited;
 
 #[global_allocator]
 static COUNTING: Counting = Counting;

@@ -7,7 +7,7 @@ mod support;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use support::pickle::*;
 use support::*;
@@ -117,14 +117,7 @@ fn explain_snapshot_to_a_closed_pipe_or_a_full_disk() {
         if json {
             args.push("--json");
         }
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cudamem"))
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        drop(child.stdout.take());
-        let output = child.wait_with_output().unwrap();
+        let output = support::with_closed_stdout(&args);
         assert_eq!(output.status.code(), Some(0));
         assert!(output.stderr.is_empty());
         let full = File::options().write(true).open("/dev/full").unwrap();

@@ -11,10 +11,10 @@ use support::alloc_count::{Counting, peak_during};
 use support::pickle::*;
 use support::*;
 
-use cudamem::trace::budget::ReadBudget;
-use cudamem::trace::file::{load, load_device, load_pickle};
-use cudamem::trace::snapshot::state;
-use cudamem::trace::{Event, Location, Problem, TraceError};
+use trace::budget::ReadBudget;
+use trace::file::{load, load_device, load_pickle};
+use trace::snapshot::state;
+use trace::{Event, Location, Problem, TraceError};
 
 #[global_allocator]
 static COUNTING: Counting = Counting;
@@ -64,11 +64,11 @@ fn a_plain_pickle_of_memo_entries_meets_the_memo_bound() {
         ..ReadBudget::CEILING
     };
     let body = pickle(&[&b"]"[..], &[0x94u8].repeat(1001)].concat());
-    let err = cudamem::trace::snapshot::pickle::read(&body[..], &budget).unwrap_err();
+    let err = trace::snapshot::pickle::read(&body[..], &budget).unwrap_err();
     assert!(
         matches!(
             err,
-            cudamem::trace::snapshot::pickle::PickleError::Limit { limit: 1000, .. }
+            trace::snapshot::pickle::PickleError::Limit { limit: 1000, .. }
         ),
         "{err}"
     );
@@ -77,35 +77,30 @@ fn a_plain_pickle_of_memo_entries_meets_the_memo_bound() {
         ..ReadBudget::CEILING
     };
     let body = pickle(&[&b"]"[..], &b"Na".repeat(1001)].concat());
-    assert!(cudamem::trace::snapshot::pickle::read(&body[..], &items).is_err());
+    assert!(trace::snapshot::pickle::read(&body[..], &items).is_err());
     // Each count within its own bound, but together past the bytes held.
     let held = ReadBudget {
         held_bytes: 1000,
         ..ReadBudget::CEILING
     };
     let body = pickle(&b"]\x94".repeat(16));
-    let err = cudamem::trace::snapshot::pickle::read(&body[..], &held).unwrap_err();
+    let err = trace::snapshot::pickle::read(&body[..], &held).unwrap_err();
     assert!(
         matches!(
             err,
-            cudamem::trace::snapshot::pickle::PickleError::Limit { limit: 1000, .. }
+            trace::snapshot::pickle::PickleError::Limit { limit: 1000, .. }
         ),
         "{err}"
     );
     let body = pickle(&[&b"]\x94".repeat(14)[..], b"0"].concat());
-    assert!(cudamem::trace::snapshot::pickle::read(&body[..], &held).is_ok());
+    assert!(trace::snapshot::pickle::read(&body[..], &held).is_ok());
 }
 
 /// A snapshot whose `segments` is one segment of `blocks` blocks, then
 /// `references` memo references to it.
 fn shared_segment(blocks: usize, references: usize) -> Vec<u8> {
     let mut pickler = Pickler::new();
-    pickler.raw(b"}");
-    pickler.memoize();
-    pickler.raw(b"(");
-    pickler.value(&s("segments"));
-    pickler.raw(b"]");
-    pickler.memoize();
+    pickler.snapshot_segments_start();
     pickler.raw(b"(");
     let block = dict(vec![
         ("address", Py::Int(0x1000)),
@@ -113,9 +108,7 @@ fn shared_segment(blocks: usize, references: usize) -> Vec<u8> {
         ("requested_size", Py::Int(512)),
         ("state", s("inactive")),
     ]);
-    pickler.raw(b"}");
-    let memo = pickler.memoize();
-    pickler.raw(b"(");
+    let memo = pickler.open_dict();
     for (key, value) in [
         ("device", Py::Int(0)),
         ("address", Py::Int(0x1000)),
@@ -171,13 +164,7 @@ fn a_segment_shared_a_thousand_times_is_refused_not_copied() {
 /// `devices + 1` devices (the list itself, then `devices` references).
 fn one_list_as_many_devices(devices: usize) -> Vec<u8> {
     let mut pickler = Pickler::new();
-    pickler.raw(b"}");
-    pickler.memoize();
-    pickler.raw(b"(");
-    pickler.value(&s("segments")).value(&Py::List(vec![]));
-    pickler.value(&s("device_traces"));
-    pickler.raw(b"]");
-    pickler.memoize();
+    pickler.snapshot_traces_start();
     pickler.raw(b"(");
     let entries: Vec<Py> = (0..1000)
         .flat_map(|index| {
@@ -262,19 +249,11 @@ fn a_dict_of_many_keys_referenced_often_is_looked_up_by_index() {
         .collect();
     pairs.push((s("action"), s("snapshot")));
     let mut pickler = Pickler::new();
-    pickler.raw(b"}");
-    pickler.memoize();
-    pickler.raw(b"(");
-    pickler.value(&s("segments")).value(&Py::List(vec![]));
-    pickler.value(&s("device_traces"));
-    pickler.raw(b"]");
-    pickler.memoize();
+    pickler.snapshot_traces_start();
     pickler.raw(b"(]");
     pickler.memoize();
     pickler.raw(b"(");
-    pickler.raw(b"}");
-    let junk = pickler.memoize();
-    pickler.raw(b"(");
+    let junk = pickler.open_dict();
     for (key, value) in &pairs {
         pickler.value(key).value(value);
     }
@@ -304,12 +283,7 @@ fn a_frames_list_shared_by_every_block_is_read_once() {
         })
         .collect();
     let mut pickler = Pickler::new();
-    pickler.raw(b"}");
-    pickler.memoize();
-    pickler.raw(b"(");
-    pickler.value(&s("segments"));
-    pickler.raw(b"]");
-    pickler.memoize();
+    pickler.snapshot_segments_start();
     pickler.raw(b"(}");
     pickler.memoize();
     pickler.raw(b"(");
@@ -323,29 +297,14 @@ fn a_frames_list_shared_by_every_block_is_read_once() {
     pickler.raw(b"(");
     let mut frames_memo = None;
     for index in 0..20_000i64 {
-        pickler.raw(b"}");
-        pickler.memoize();
-        pickler.raw(b"(");
+        pickler.open_dict();
         pickler
             .value(&s("address"))
             .value(&Py::Int(0x1000 + 512 * index));
         pickler.value(&s("size")).value(&Py::Int(512));
         pickler.value(&s("state")).value(&s("active_allocated"));
         pickler.value(&s("frames"));
-        match frames_memo {
-            Some(memo) => {
-                pickler.get(memo);
-            }
-            None => {
-                pickler.raw(b"]");
-                frames_memo = Some(pickler.memoize());
-                pickler.raw(b"(");
-                for frame in &frames {
-                    pickler.value(frame);
-                }
-                pickler.raw(b"e");
-            }
-        }
+        pickler.shared_list(&mut frames_memo, &frames);
         pickler.raw(b"u");
     }
     pickler.raw(b"eue");
@@ -484,7 +443,7 @@ proptest! {
 
 #[test]
 fn odd_but_readable_rows_are_noted_once_per_kind() {
-    use cudamem::trace::Oddity;
+    use trace::Oddity;
     let text = "Thread,Time,Action,Pointer,Size,Stream\n\
                 0,0,allocate,0x1000,4096,0\n\
                 0,0,allocate,0x1800,4096,0\n\

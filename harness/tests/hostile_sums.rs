@@ -6,9 +6,9 @@ mod support;
 use support::pickle::*;
 use support::*;
 
-use cudamem::trace::file::{load, load_pickle};
-use cudamem::trace::snapshot::state;
-use cudamem::trace::{Problem, TraceError};
+use trace::file::{load, load_pickle};
+use trace::snapshot::state;
+use trace::{Problem, TraceError};
 
 fn problem(result: Result<impl std::fmt::Debug, TraceError>) -> Problem {
     match result {
@@ -20,12 +20,7 @@ fn problem(result: Result<impl std::fmt::Debug, TraceError>) -> Problem {
 /// A state whose segments each hold one free block of `size` bytes.
 fn segments(sizes: &[u64], address_of: impl Fn(usize) -> u64) -> Vec<u8> {
     let mut pickler = Pickler::new();
-    pickler.raw(b"}");
-    pickler.memoize();
-    pickler.raw(b"(");
-    pickler.value(&s("segments"));
-    pickler.raw(b"]");
-    pickler.memoize();
+    pickler.snapshot_segments_start();
     pickler.raw(b"(");
     for (index, &size) in sizes.iter().enumerate() {
         let uint = |value: u64| {
@@ -34,9 +29,7 @@ fn segments(sizes: &[u64], address_of: impl Fn(usize) -> u64) -> Vec<u8> {
             bytes.push(0);
             bytes
         };
-        pickler.raw(b"}");
-        pickler.memoize();
-        pickler.raw(b"(");
+        pickler.open_dict();
         pickler.value(&s("address")).raw(&uint(address_of(index)));
         pickler.value(&s("total_size")).raw(&uint(size));
         pickler.value(&s("blocks")).raw(b"]}(");
@@ -108,9 +101,7 @@ fn frees_of_unknown_blocks_past_64_bits_are_refused_as_the_csv_reader_refuses() 
 fn a_time_stamp_past_584_years_is_refused() {
     let stamped = |us: u64| {
         let mut pickler = Pickler::new();
-        pickler.raw(b"}");
-        pickler.memoize();
-        pickler.raw(b"(");
+        pickler.open_dict();
         pickler.value(&s("segments")).value(&Py::List(vec![]));
         pickler.value(&s("device_traces")).raw(b"]]}(");
         pickler.value(&s("action")).value(&s("alloc"));

@@ -59,7 +59,7 @@ fn control_characters_from_a_snapshot_are_escaped_in_text() {
 
 #[test]
 fn one_escaping_function_leaves_plain_text_alone() {
-    use cudamem::trace::printable;
+    use trace::printable;
     assert_eq!(printable("/home/me/train.py"), "/home/me/train.py");
     assert_eq!(printable("a\u{1b}b\tc"), "a\\u{1b}b\\tc");
     assert_eq!(printable("é\u{9b}"), "é\\u{9b}");

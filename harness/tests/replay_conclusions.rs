@@ -247,7 +247,7 @@ fn rows_but_time(table: &str) -> Vec<String> {
 #[test]
 fn the_bare_command_prints_what_replay_of_its_trace_prints() {
     use cudamem::cli::replay_command::{self, ASK_ABOUT_YOURS, ReplayArgs};
-    use cudamem::trace::file::EMBEDDED;
+    use trace::file::EMBEDDED;
 
     let mut bare = ReplayArgs::defaults().unwrap();
     bare.report = Some(support::temp_path("bare.html"));

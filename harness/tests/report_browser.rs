@@ -59,17 +59,24 @@ fn report() -> PathBuf {
 fn probed_dom(html: &str, probe: &str, name: &str) -> String {
     let probed = support::temp_path(name);
     std::fs::write(&probed, html.replace("</body>", probe)).unwrap();
-    let out = chromium()
-        .arg("--dump-dom")
-        .arg(url(&probed))
-        .output()
-        .unwrap();
+    dump_dom(&probed)
+}
+
+/// The DOM chromium builds of the page at `path`.
+fn dump_dom(path: &Path) -> String {
+    String::from_utf8(chromium_on(path, "--dump-dom".into())).unwrap()
+}
+
+/// Chromium's standard output for the page at `path` with `flag`; it must
+/// succeed.
+fn chromium_on(path: &Path, flag: String) -> Vec<u8> {
+    let out = chromium().arg(flag).arg(url(path)).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap()
+    out.stdout
 }
 
 fn url(path: &Path) -> String {
@@ -79,17 +86,7 @@ fn url(path: &Path) -> String {
 #[test]
 fn the_rendered_report_has_its_conclusion_axes_legends_and_maps() {
     let page = report();
-    let out = chromium()
-        .arg("--dump-dom")
-        .arg(url(&page))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dom = String::from_utf8(out.stdout).unwrap();
+    let dom = dump_dom(&page);
     let conclusion = dom
         .split("id=\"conclusion\"")
         .nth(1)
@@ -132,16 +129,7 @@ fn the_rendered_report_has_its_conclusion_axes_legends_and_maps() {
 fn the_screenshot_is_a_picture_with_the_maps_colours() {
     let page = report();
     let shot = support::temp_path("report.png");
-    let out = chromium()
-        .arg(format!("--screenshot={}", shot.display()))
-        .arg(url(&page))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    chromium_on(&page, format!("--screenshot={}", shot.display()));
     let image = Png::read(&std::fs::read(&shot).unwrap());
     assert_eq!((image.width, image.height), (1250, 2400));
     let pixels = image.pixels();

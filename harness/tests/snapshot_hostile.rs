@@ -9,7 +9,7 @@ use support::alloc_count::{Counting, peak_during};
 use support::pickle::*;
 use support::*;
 
-use cudamem::trace::{Location, Problem, TraceError};
+use trace::{Location, Problem, TraceError};
 
 #[global_allocator]
 static COUNTING: Counting = Counting;
@@ -148,13 +148,7 @@ fn every_action_several_devices_and_streams() {
 /// Entries that share one frames list and frame dicts, as PyTorch writes them.
 fn shared_frames_snapshot(entries: usize) -> Vec<u8> {
     let mut pickler = Pickler::new();
-    pickler.raw(b"}");
-    pickler.memoize();
-    pickler.raw(b"(");
-    pickler.value(&s("segments")).value(&Py::List(vec![]));
-    pickler.value(&s("device_traces"));
-    pickler.raw(b"]");
-    pickler.memoize();
+    pickler.snapshot_traces_start();
     pickler.raw(b"]");
     pickler.memoize();
     let frame = dict(vec![
@@ -170,23 +164,12 @@ fn shared_frames_snapshot(entries: usize) -> Vec<u8> {
         } else {
             "free_completed"
         };
-        pickler.raw(b"}");
-        pickler.memoize();
-        pickler.raw(b"(");
+        pickler.open_dict();
         pickler.value(&s("action")).value(&s(action));
         pickler.value(&s("addr")).value(&addr);
         pickler.value(&s("size")).value(&Py::Int(4096));
         pickler.value(&s("frames"));
-        match frames_memo {
-            Some(memo) => {
-                pickler.get(memo);
-            }
-            None => {
-                pickler.raw(b"]");
-                frames_memo = Some(pickler.memoize());
-                pickler.raw(b"(").value(&frame).value(&frame).raw(b"e");
-            }
-        }
+        pickler.shared_list(&mut frames_memo, &[frame.clone(), frame.clone()]);
         pickler.raw(b"u");
         pickler.raw(b"a");
     }
@@ -207,9 +190,7 @@ fn shared_objects_load() {
 fn true_recursion_is_harmless() {
     // The root dict holds itself, and an entry's frames list holds itself.
     let mut pickler = Pickler::new();
-    pickler.raw(b"}");
-    let root = pickler.memoize();
-    pickler.raw(b"(");
+    let root = pickler.open_dict();
     pickler.value(&s("self")).get(root);
     pickler.value(&s("segments")).value(&Py::List(vec![]));
     pickler.value(&s("device_traces")).raw(b"]");
@@ -262,17 +243,13 @@ fn deep_nesting_is_bounded_without_recursion() {
 #[test]
 fn a_huge_integer_is_a_fast_short_error() {
     let mut pickler = Pickler::new();
-    pickler.raw(b"}");
-    pickler.memoize();
-    pickler.raw(b"(");
+    pickler.open_dict();
     pickler.value(&s("segments")).value(&Py::List(vec![]));
     pickler.value(&s("device_traces")).raw(b"]");
     pickler.memoize();
     pickler.raw(b"]");
     pickler.memoize();
-    pickler.raw(b"}");
-    pickler.memoize();
-    pickler.raw(b"(");
+    pickler.open_dict();
     pickler.value(&s("action")).value(&s("alloc"));
     pickler.value(&s("addr")).value(&Py::Int(4096));
     pickler.value(&s("size"));
@@ -429,30 +406,8 @@ fn malformed_snapshots_name_the_file_and_entry() {
 /// A snapshot whose state holds two segments: one pinned by a block
 /// allocated in user code, one empty.
 fn state_snapshot(total: i64) -> Vec<u8> {
-    let frames = Py::List(vec![
-        dict(vec![
-            (
-                "filename",
-                s("/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py"),
-            ),
-            ("line", Py::Int(134)),
-            ("name", s("forward")),
-        ]),
-        dict(vec![
-            ("filename", s("/home/me/train.py")),
-            ("line", Py::Int(42)),
-            ("name", s("step")),
-        ]),
-    ]);
-    let block = |address: i64, size: i64, state: &str, frames: Py| {
-        dict(vec![
-            ("address", Py::Int(address)),
-            ("size", Py::Int(size)),
-            ("requested_size", Py::Int(size)),
-            ("state", s(state)),
-            ("frames", frames),
-        ])
-    };
+    let frames = torch_and_user_frames("step");
+    let block = state_block;
     let segment = |address: i64, total: i64, blocks: Vec<Py>| {
         dict(vec![
             ("device", Py::Int(0)),

@@ -8,11 +8,11 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use cudamem::replay::{self, Settings};
-use cudamem::trace::budget::ReadBudget;
-use cudamem::trace::file::read_limited;
 use proptest::prelude::*;
 use support::alloc_count::{Counting, peak_during};
 use support::*;
+use trace::budget::ReadBudget;
+use trace::file::read_limited;
 
 #[global_allocator]
 static COUNTING: Counting = Counting;

@@ -18,23 +18,12 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use memcore::{Allocation, Allocator, Fit, FreeList, Tlsf};
 
-const MIN_SIZE: u64 = 256;
-const MAX_SIZE: u64 = 64 << 10;
+#[path = "support/sizes.rs"]
+mod sizes;
+
+use sizes::{MAX_SIZE, XorShift};
+
 const ALIGN: u64 = 256;
-const GRANULE: u64 = 256;
-
-/// A tiny deterministic generator, so every run measures the same heap.
-struct XorShift(u64);
-
-impl XorShift {
-    fn size(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        let steps = (MAX_SIZE - MIN_SIZE) / GRANULE + 1;
-        MIN_SIZE + self.0 % steps * GRANULE
-    }
-}
 
 /// A heap of `allocator` with `live` blocks live and about as many holes.
 fn prefilled<A: Allocator>(mut allocator: A, live: usize, rng: &mut XorShift) -> A {

@@ -16,22 +16,10 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use memcore::{Stitch, StitchBlock, StitchConfig};
 
-const MIN_SIZE: u64 = 256;
-const MAX_SIZE: u64 = 64 << 10;
-const GRANULE: u64 = 256;
+#[path = "support/sizes.rs"]
+mod sizes;
 
-/// A tiny deterministic generator, so every run measures the same pool.
-struct XorShift(u64);
-
-impl XorShift {
-    fn size(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        let steps = (MAX_SIZE - MIN_SIZE) / GRANULE + 1;
-        MIN_SIZE + self.0 % steps * GRANULE
-    }
-}
+use sizes::XorShift;
 
 /// A pool with `live` blocks live and about as many holes, and the blocks.
 fn prefilled(live: usize, rng: &mut XorShift) -> (Stitch, Vec<StitchBlock>) {

@@ -47,6 +47,19 @@ impl Extent {
         self.offset.saturating_add(self.size)
     }
 
+    /// A region to add to an allocator: `size` bytes at `offset`, and its
+    /// end; [`Error::ZeroSize`] or [`Error::Overflow`] where it has no
+    /// bytes or runs past the 64-bit address space.
+    pub(crate) fn region(offset: u64, size: u64) -> crate::Result<(Self, u64)> {
+        if size == 0 {
+            return Err(crate::Error::ZeroSize);
+        }
+        let end = offset
+            .checked_add(size)
+            .ok_or(crate::Error::Overflow { offset, size })?;
+        Ok((Self::new(offset, size), end))
+    }
+
     /// One past the last byte, or `None` if that overflows the 64-bit
     /// address space.
     pub const fn checked_end(&self) -> Option<u64> {

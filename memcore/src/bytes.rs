@@ -166,6 +166,19 @@ pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / MIB as f64)
 }
 
+/// A signed difference of byte counts: its size written by `unsigned`
+/// ([`human`], [`mib`]) after `-` when it is negative, and after `+` when
+/// it is not and `plus` asks for the sign (`-2.00 MiB`, `+3.0 MiB`).
+pub fn signed(bytes: i128, plus: bool, unsigned: impl FnOnce(u64) -> String) -> String {
+    let size = u64::try_from(bytes.unsigned_abs()).unwrap_or(u64::MAX);
+    let sign = match (bytes < 0, plus) {
+        (true, _) => "-",
+        (false, true) => "+",
+        (false, false) => "",
+    };
+    format!("{sign}{}", unsigned(size))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,5 +229,17 @@ mod tests {
         assert_eq!(human(5_830_299_792), "5.43 GiB");
         assert_eq!(human(u64::MAX), "16384 PiB");
         assert_eq!(mib(3 << 19), "1.5 MiB");
+    }
+
+    #[test]
+    fn a_signed_difference_keeps_its_sign_and_saturates() {
+        assert_eq!(signed(-(2 << 20), false, human), "-2.00 MiB");
+        assert_eq!(signed(3 << 20, false, human), human(3 << 20));
+        assert_eq!(signed(3 << 20, true, mib), "+3.0 MiB");
+        assert_eq!(signed(0, true, mib), "+0.0 MiB");
+        assert_eq!(
+            signed(i128::MIN, false, exact),
+            format!("-{}", exact(u64::MAX))
+        );
     }
 }

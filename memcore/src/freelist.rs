@@ -206,13 +206,7 @@ impl Allocator for FreeList {
     }
 
     fn add_region(&mut self, offset: u64, size: u64) -> Result<()> {
-        if size == 0 {
-            return Err(Error::ZeroSize);
-        }
-        let end = offset
-            .checked_add(size)
-            .ok_or(Error::Overflow { offset, size })?;
-        let new = Extent::new(offset, size);
+        let (new, end) = Extent::region(offset, size)?;
         let below = self.regions.range(..end).next_back();
         if below.is_some_and(|(&o, &l)| Extent::new(o, l).overlaps(&new)) {
             return Err(Error::RegionOverlap { offset, size });

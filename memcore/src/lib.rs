@@ -16,7 +16,6 @@ mod handle;
 pub mod pytorch;
 mod steps;
 mod stitch;
-pub mod text;
 mod tlsf;
 mod vmm;
 

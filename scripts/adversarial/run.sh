@@ -12,6 +12,22 @@ bin="$root/target/release/cudamem"
 cases=${1:-$(mktemp -d)}
 python3 "$root/scripts/adversarial/gen.py" "$cases"
 work=$(mktemp -d)
+
+# Run cudamem with the arguments given, within the bounds; set rc, seconds,
+# rss (KB) and said (the first line of stderr).
+measure() {
+    (
+        cd "$work" || exit 1
+        ulimit -v 2000000
+        command time -f '%e %M' -o "$work/time" timeout 60 "$bin" "$@" \
+            >"$work/out" 2>"$work/err"
+        echo $? >"$work/rc"
+    )
+    read -r seconds rss < <(tail -n 1 "$work/time") || { seconds=?; rss=?; }
+    rc=$(cat "$work/rc")
+    said=$(grep -v '^Command exited' "$work/err" | head -c 150 | head -n 1 | tr -d '\033\007')
+}
+
 printf '%-28s %-8s %4s %7s %9s  %s\n' case command exit seconds rss_kb stderr
 for file in "$cases"/*; do
     name=$(basename "$file")
@@ -23,16 +39,7 @@ for file in "$cases"/*; do
         else
             args=(explain --snapshot "$file")
         fi
-        (
-            cd "$work" || exit 1
-            ulimit -v 2000000
-            command time -f '%e %M' -o "$work/time" timeout 60 "$bin" "${args[@]}" \
-                >"$work/out" 2>"$work/err"
-            echo $? >"$work/rc"
-        )
-        read -r seconds rss < <(tail -n 1 "$work/time") || { seconds=?; rss=?; }
-        rc=$(cat "$work/rc")
-        said=$(grep -v '^Command exited' "$work/err" | head -c 150 | head -n 1 | tr -d '\033\007')
+        measure "${args[@]}"
         printf '%-28s %-8s %4s %7s %9s  %s\n' "$name" "$command" "$rc" "$seconds" "$rss" "$said"
     done
 done
@@ -41,16 +48,8 @@ small="$cases/small.csv"
 snap="$cases/pk_escape.pickle"
 while IFS= read -r line; do
     read -r -a args <<<"$line"
-    (
-        cd "$work" || exit 1
-        ulimit -v 2000000
-        command time -f '%e %M' -o "$work/time" timeout 60 "$bin" "${args[@]}" \
-            >"$work/out" 2>"$work/err"
-        echo $? >"$work/rc"
-    )
-    read -r seconds rss < <(tail -n 1 "$work/time") || { seconds=?; rss=?; }
-    said=$(grep -v '^Command exited' "$work/err" | head -c 150 | head -n 1 | tr -d '\033\007')
-    printf '%-37s %4s %7s %9s  %s\n' "${args[*]:0:4}" "$(cat "$work/rc")" "$seconds" "$rss" "$said"
+    measure "${args[@]}"
+    printf '%-37s %4s %7s %9s  %s\n' "${args[*]:0:4}" "$rc" "$seconds" "$rss" "$said"
 done <<EOF2
 replay $small --stitch-large 8589932544MiB
 replay $small --stitch-large 0 --policy stitch

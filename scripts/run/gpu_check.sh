@@ -5,6 +5,9 @@
 #   cudart): a kernel whose local memory takes most of the device, then an
 #   out of memory while allocating little; the explanation must name the
 #   kernel and its reservation;
+# - an 8 GiB in-kernel malloc heap taken at the first launch of a kernel
+#   that calls malloc, then an out of memory (heap_oom.cu): the ledger must
+#   name the heap;
 # - PyTorch (caching allocator, expandable segments, cudaMallocAsync, and an
 #   out of memory), CuPy, JAX (with and without its preallocation), and one
 #   of the repository's PyTorch workloads (its peak ledger);
@@ -57,7 +60,8 @@ failed=0
 echo "==> building the CUDA programs with $nvcc"
 mkdir -p "$out/build"
 "$nvcc" -O2 -arch=sm_90 -o "$out/build/seed_local_memory" "$here/seed_local_memory.cu" > "$out/build/nvcc.log" 2>&1 \
-  && "$nvcc" -O2 -arch=sm_90 -o "$out/build/alloc_pairs" "$here/alloc_pairs.cu" >> "$out/build/nvcc.log" 2>&1
+  && "$nvcc" -O2 -arch=sm_90 -o "$out/build/alloc_pairs" "$here/alloc_pairs.cu" >> "$out/build/nvcc.log" 2>&1 \
+  && "$nvcc" -O2 -arch=sm_90 -o "$out/build/heap_oom" "$here/heap_oom.cu" >> "$out/build/nvcc.log" 2>&1
 if [ $? -ne 0 ]; then
   echo "nvcc failed: see build/nvcc.log" | tee -a "$summary"
   exit 1
@@ -99,6 +103,11 @@ case_run() {
 case_run seed 2 -- "$out/build/seed_local_memory"
 if ! grep -q "^cudamem: .*local memory (kernel .*big_frame" "$out/seed/stderr.log"; then
   echo "seed: the out-of-memory explanation does not name big_frame's local memory among the holders" >> "$summary"
+  failed=1
+fi
+case_run heap 2 -- "$out/build/heap_oom"
+if ! grep -qi "malloc heap" "$out/heap/stderr.log"; then
+  echo "heap: the ledger does not name the malloc heap" >> "$summary"
   failed=1
 fi
 case_run torch-default 0 -- "$python" "$here/torch_alloc.py" default
@@ -186,9 +195,9 @@ fake_log="$out/fake-calls.log"
 if sh "$bundle/fixtures/build.sh" "$out/fixtures" > "$out/build/fixtures.log" 2>&1; then
   for round in 1 2 3; do
     echo "bare   $(LD_LIBRARY_PATH="$out/fixtures" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
-    echo "hook   $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_hook.so" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
+    echo "hook   $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
     rm -rf "$out/fixtures/logs"; mkdir -p "$out/fixtures/logs"
-    echo "logged $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_hook.so" CUDAMEM_HOOK_DIR="$out/fixtures/logs" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
+    echo "logged $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" CUDAMEM_HOOK_DIR="$out/fixtures/logs" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
   done
   rm -rf "$out/fixtures/logs"
 else

@@ -4,7 +4,7 @@
 //! ```text
 //! DIR/bin/gpusuite     the GPU suite (harness, release, `cuda` feature)
 //! DIR/bin/cudamem      the command, built with `cuda`, run on the device
-//! DIR/bin/libcudamem_hook.so
+//! DIR/bin/libcudamem_interpose.so
 //!                      the driver interposer `cudamem run` preloads (found
 //!                      beside the command; it links no CUDA library)
 //! DIR/tests/*          ctx's test executables built with the `cuda` feature
@@ -33,8 +33,9 @@ use anyhow::{Context as _, Result, bail, ensure};
 
 use crate::{step, stub};
 
-/// What the device tool carries at most (the whole working tree, too).
-const MAX_BUNDLE_BYTES: u64 = 64 << 20;
+/// The largest bundle made unless `--max-mib` says otherwise, MiB: what a
+/// copy to a GPU machine is usually given room for.
+pub const DEFAULT_MAX_MIB: u64 = 64;
 
 /// Marks a folder as one this command made, so a rerun may replace it.
 const MARKER: &str = ".gpu-bundle";
@@ -162,10 +163,10 @@ const SUITE_ARGS: &[&str] = &[
 /// The driver interposer, release, in the default target folder: it needs
 /// no `cuda` feature and links no CUDA library (checked), since the program
 /// it is loaded into brings the driver.
-const HOOK_ARGS: &[&str] = &["build", "--release", "-p", "cudamem-hook-preload", "--lib"];
+const HOOK_ARGS: &[&str] = &["build", "--release", "-p", "cudamem-interpose", "--lib"];
 
 /// The interposer's file name.
-const HOOK_FILE: &str = "libcudamem_hook.so";
+const HOOK_FILE: &str = "libcudamem_interpose.so";
 
 /// ctx's test executables, release, `cuda` feature.
 const TEST_ARGS: &[&str] = &[
@@ -289,7 +290,8 @@ fn bytes_under(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
-pub fn run(root: &Path, dir: &Path) -> Result<()> {
+pub fn run(root: &Path, dir: &Path, max_mib: u64) -> Result<()> {
+    let max_bytes = max_mib << 20;
     let dir = if dir.is_absolute() {
         dir.to_path_buf()
     } else {
@@ -354,7 +356,10 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
             &dir.join("scripts").join(scripts),
         )?;
     }
-    copy_tree(&root.join("hook").join("fixtures"), &dir.join("fixtures"))?;
+    copy_tree(
+        &root.join("interpose").join("fixtures"),
+        &dir.join("fixtures"),
+    )?;
     step::run(
         "chmod gpu_check.sh",
         Command::new("chmod")
@@ -367,8 +372,8 @@ pub fn run(root: &Path, dir: &Path) -> Result<()> {
 
     let bytes = bytes_under(&dir)?;
     ensure!(
-        bytes < MAX_BUNDLE_BYTES,
-        "the bundle is {bytes} bytes; the device tool carries at most {MAX_BUNDLE_BYTES}"
+        bytes < max_bytes,
+        "the bundle is {bytes} bytes; --max-mib {max_mib} allows less than {max_bytes} (pass a larger --max-mib to make it anyway)"
     );
     println!(
         "==> bundle in {} ({:.1} MiB: gpusuite, cudamem, {HOOK_FILE}, traces, scripts + {} test executables); run it with `{}/run.sh LOG_DIR`, and `cudamem run`'s check with `{}/scripts/run/gpu_check.sh {} OUTDIR`",
@@ -408,13 +413,13 @@ mod tests {
     #[test]
     fn the_interposer_is_found_among_an_artifacts_files() {
         let json = concat!(
-            r#"{"reason":"compiler-artifact","target":{"name":"cudamem_hook"},"filenames":["/t/release/libcudamem_hook.so","/t/release/libcudamem_hook.rlib"],"executable":null}"#,
+            r#"{"reason":"compiler-artifact","target":{"name":"cudamem_interpose"},"filenames":["/t/release/libcudamem_interpose.so","/t/release/libcudamem_interpose.rlib"],"executable":null}"#,
             "\n",
             r#"{"reason":"compiler-artifact","target":{"name":"other"},"filenames":["/t/release/libother.rlib"],"executable":null}"#,
         );
         assert_eq!(
             artifact_files(json, HOOK_FILE),
-            [PathBuf::from("/t/release/libcudamem_hook.so")]
+            [PathBuf::from("/t/release/libcudamem_interpose.so")]
         );
         assert!(artifact_files(json, "libnothing.so").is_empty());
     }

@@ -12,8 +12,9 @@
 //!   as `ci` does.
 //! - `gpu-test`: on a machine with an NVIDIA GPU, build against the real driver
 //!   and run the hardware suite.
-//! - `gpu-bundle DIR`: build the hardware suite here (against a stub libcuda)
-//!   and put it, with a `run.sh`, in DIR for a GPU machine without Rust.
+//! - `gpu-bundle [--max-mib N] DIR`: build the hardware suite here (against a
+//!   stub libcuda) and put it, with a `run.sh`, in DIR for a GPU machine
+//!   without Rust; a bundle of N MiB or more (default 64) is refused.
 //!
 //! Every build with the `cuda` feature goes to `<target>/cuda`, so the
 //! `cudamem` in `target/{debug,release}` is always the CPU build.
@@ -45,7 +46,9 @@ commands:
                       build the stub libcuda; print the folder for CUDA_LIBRARY_PATH
                       (--empty-cargo-home: find cust_raw through a fresh registry, as ci does)
   gpu-test            on an NVIDIA GPU machine: build with the real driver and run the hardware suite
-  gpu-bundle DIR      build the hardware suite here and put it in DIR with a run.sh for a GPU machine";
+  gpu-bundle [--max-mib N] DIR
+                      build the hardware suite here and put it in DIR with a run.sh for a GPU machine
+                      (--max-mib: refuse a bundle of N MiB or more; default 64)";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -75,13 +78,24 @@ fn run(args: Vec<String>) -> Result<()> {
             Ok(())
         }
         ["gpu-test"] => gpu_test::run(&root),
-        ["gpu-bundle", dir] => gpu_bundle::run(&root, Path::new(dir)),
+        ["gpu-bundle", dir] => gpu_bundle::run(&root, Path::new(dir), gpu_bundle::DEFAULT_MAX_MIB),
+        ["gpu-bundle", "--max-mib", mib, dir] => {
+            gpu_bundle::run(&root, Path::new(dir), parse_mib(mib)?)
+        }
         ["help" | "--help" | "-h"] => {
             println!("{USAGE}");
             Ok(())
         }
         [] => bail!("no command given\n\n{USAGE}"),
         _ => bail!("unknown arguments {args:?}\n\n{USAGE}"),
+    }
+}
+
+/// A `--max-mib` value: a whole, positive number of MiB.
+fn parse_mib(text: &str) -> Result<u64> {
+    match text.parse::<u64>() {
+        Ok(mib) if mib > 0 && mib <= u64::MAX >> 20 => Ok(mib),
+        _ => bail!("--max-mib takes a whole number of MiB above 0, not {text:?}"),
     }
 }
 
@@ -108,13 +122,33 @@ mod tests {
             "ptx",
             "stub",
             "gpu-test",
-            "gpu-bundle DIR",
+            "gpu-bundle [--max-mib N] DIR",
         ] {
             assert!(
                 error.contains(&format!("\n  {command}")),
                 "{command}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn a_bundle_limit_is_a_whole_positive_number_of_mib() {
+        assert_eq!(parse_mib("64").unwrap(), 64);
+        assert_eq!(parse_mib("1").unwrap(), 1);
+        for bad in ["0", "-1", "1.5", "64MiB", "", "99999999999999999999"] {
+            let error = parse_mib(bad).unwrap_err().to_string();
+            assert!(error.contains("--max-mib"), "{bad}: {error}");
+        }
+        // A bad limit is refused before anything is built.
+        let error = run(vec![
+            "gpu-bundle".into(),
+            "--max-mib".into(),
+            "0".into(),
+            "dir".into(),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("--max-mib"), "{error}");
     }
 
     #[test]

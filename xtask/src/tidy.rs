@@ -46,8 +46,8 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "the C calls the C ABI tests share, made as C code makes them",
     ),
     (
-        "torch-alloc/tests/policy_env.rs",
-        "a test that calls the C ABI as C code does, under an environment variable",
+        "torch-alloc/tests/support/env_child.rs",
+        "the child process of the tests that set environment variables, calling the C ABI as C code does",
     ),
     (
         "torch-alloc/tests/oom_env.rs",
@@ -58,10 +58,6 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "a bench that calls the C ABI as the C++ backend does",
     ),
     (
-        "torch-alloc/tests/peers_env.rs",
-        "tests that call the C ABI as C code does, with CUDAMEM_PEERS set",
-    ),
-    (
         "harness/tests/support/alloc_count.rs",
         "a counting global allocator: tests bound what a reader allocates",
     ),
@@ -70,7 +66,7 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "loads cm_alloc.cuh compiled for the host and calls its C ABI",
     ),
     (
-        "hook/preload/src/",
+        "interpose/src/",
         "the driver interposer: C ABI entry points the program calls in place of the \
          driver's, the real driver called through looked-up pointers, the log's shared \
          mapping, and fork, exit and signal handlers",

@@ -51,3 +51,38 @@ pub use event::{Event, ForeignStream};
 pub use measure::{LargestAllocation, MemoryDelta};
 pub use module::{Function, FunctionAttributes, LaunchConfig, Module};
 pub use stream::Stream;
+
+// The binding's numbers are the ones `crate::driver` declares for the code
+// that speaks to the driver without it.
+const _: () = {
+    use cust::sys::{
+        CUdevice_attribute as D, CUfunction_attribute as F, CUlimit as L, CUmemPool_attribute as P,
+        cudaError_enum as R,
+    };
+
+    use crate::driver::{device_attribute, function_attribute, limit, mempool_attribute, result};
+
+    assert!(R::CUDA_SUCCESS as i32 == crate::driver::SUCCESS);
+    assert!(R::CUDA_ERROR_OUT_OF_MEMORY as i32 == result::OUT_OF_MEMORY);
+    assert!(R::CUDA_ERROR_NOT_FOUND as i32 == result::NOT_FOUND);
+    assert!(R::CUDA_ERROR_NOT_SUPPORTED as i32 == result::NOT_SUPPORTED);
+    assert!(L::CU_LIMIT_STACK_SIZE as u32 == limit::STACK_SIZE);
+    assert!(L::CU_LIMIT_PRINTF_FIFO_SIZE as u32 == limit::PRINTF_FIFO_SIZE);
+    assert!(L::CU_LIMIT_MALLOC_HEAP_SIZE as u32 == limit::MALLOC_HEAP_SIZE);
+    assert!(
+        D::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as i32
+            == device_attribute::MULTIPROCESSOR_COUNT
+    );
+    assert!(
+        D::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR as i32
+            == device_attribute::MAX_THREADS_PER_MULTIPROCESSOR
+    );
+    assert!(
+        D::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED as i32
+            == device_attribute::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+    );
+    assert!(F::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES as i32 == function_attribute::LOCAL_SIZE_BYTES);
+    assert!(
+        P::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT as i32 == mempool_attribute::RESERVED_MEM_CURRENT
+    );
+};

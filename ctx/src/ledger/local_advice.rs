@@ -4,8 +4,8 @@
 
 use std::fmt;
 
+use crate::text::{LINE_WIDTH, wrap};
 use memcore::bytes::{GIB, exact, human};
-use memcore::text::{LINE_WIDTH, wrap};
 
 use super::{Ledger, LedgerItemKind, Limits};
 

@@ -8,8 +8,8 @@ mod table;
 
 use std::fmt;
 
+use crate::text::{LINE_WIDTH, wrap};
 use memcore::bytes::{exact, human};
-use memcore::text::{LINE_WIDTH, wrap};
 
 use crate::error::{Error, Result};
 use crate::profile::DeviceProfile;
@@ -41,6 +41,27 @@ impl Limits {
             malloc_heap_bytes: 8 << 20,
             printf_fifo_bytes: 8_650_752,
         }
+    }
+
+    /// The ledger's first line for a context on `device` with these
+    /// limits: the one header every ledger (predicted or of a recorded
+    /// process) prints.
+    ///
+    /// ```
+    /// use ctx::Limits;
+    ///
+    /// assert_eq!(
+    ///     Limits::cuda_default().header("h200"),
+    ///     "ledger of h200: stack 1.00 KiB (1024 B) per thread, malloc heap 8.00 MiB, printf FIFO 8.25 MiB"
+    /// );
+    /// ```
+    pub fn header(&self, device: &str) -> String {
+        format!(
+            "ledger of {device}: stack {} per thread, malloc heap {}, printf FIFO {}",
+            exact(self.stack_bytes),
+            human(self.malloc_heap_bytes),
+            human(self.printf_fifo_bytes)
+        )
     }
 }
 
@@ -678,13 +699,7 @@ fn per_sm(max_threads_per_sm: u32, per_thread: u64) -> u64 {
 /// memory adds up, every line within [`LINE_WIDTH`].
 impl fmt::Display for Ledger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let limits = format!(
-            "ledger of {}: stack {} per thread, malloc heap {}, printf FIFO {}",
-            self.device,
-            human(self.limits.stack_bytes),
-            human(self.limits.malloc_heap_bytes),
-            human(self.limits.printf_fifo_bytes)
-        );
+        let limits = self.limits.header(self.device);
         writeln!(f, "{}", wrap(&limits, LINE_WIDTH, "", "  "))?;
         render_rows(f, &self.rows())?;
         let local = format!(

@@ -6,8 +6,8 @@
 
 use std::fmt;
 
+use crate::text::{LINE_WIDTH, wrap};
 use memcore::bytes::human;
-use memcore::text::{LINE_WIDTH, wrap};
 
 use super::Prediction;
 

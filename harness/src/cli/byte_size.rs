@@ -1,7 +1,7 @@
 //! Byte counts on the command line: memcore's one parser, with the text
 //! quoted in the error for clap.
 
-use crate::trace::quote;
+use trace::quote;
 
 /// Parse a byte count for clap (`memcore::bytes::parse`), the error naming
 /// the text.

@@ -15,9 +15,9 @@ use serde_json::{Map, Value, json};
 
 use crate::cli::byte_size;
 use crate::report::{Swatch, conclusion, escape, legend, page};
-use crate::trace::snapshot::moments;
+use ctx::text::{LINE_WIDTH, wrap};
 use memcore::bytes::{exact, human};
-use memcore::text::{LINE_WIDTH, wrap};
+use trace::snapshot::moments;
 
 /// `--profile`'s help: the built-in models, from the profile table.
 fn profile_help() -> String {

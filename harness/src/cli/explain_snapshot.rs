@@ -15,12 +15,12 @@ use anyhow::{Context, Result};
 use crate::cli::output;
 use crate::cli::snapshot_oom::{self, OOM_RULE, OomStory};
 use crate::report::{escape, page};
-use crate::trace;
-use crate::trace::display_name;
-use crate::trace::snapshot::moments::{self, AtMoment, Moment, OomEntry};
-use crate::trace::snapshot::state::{self, Segment, State};
+use ctx::text::push_wrapped;
 use memcore::bytes::human;
-use memcore::text::{LINE_WIDTH, wrap};
+use trace;
+use trace::display_name;
+use trace::snapshot::moments::{self, AtMoment, Moment, OomEntry};
+use trace::snapshot::state::{self, Segment, State};
 
 /// Pinned segments the text lists before it says how many more there are.
 const LISTED_SEGMENTS: usize = 10;
@@ -229,9 +229,7 @@ fn segment_line(segment: &Segment) -> String {
 /// The state for people, with its out-of-memory story.
 pub fn text(name: &str, state: &State, story: &OomStory) -> String {
     let mut out = String::new();
-    let say = |out: &mut String, text: &str, first: &str, rest: &str| {
-        let _ = writeln!(out, "{}", wrap(text, LINE_WIDTH, first, rest));
-    };
+    let say = push_wrapped;
     say(
         &mut out,
         &format!(

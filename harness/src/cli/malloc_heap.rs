@@ -16,8 +16,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::cli::byte_size;
+use ctx::text::{LINE_WIDTH, wrap};
 use memcore::bytes::{MIB, exact, human};
-use memcore::text::{LINE_WIDTH, wrap};
 
 /// Assumed header of every device-heap block, bytes.
 pub const BLOCK_HEADER_BYTES: u64 = 16;

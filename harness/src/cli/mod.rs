@@ -9,6 +9,7 @@ pub mod explain_devices;
 pub mod explain_snapshot;
 pub mod malloc_heap;
 pub mod output;
+pub mod pause;
 pub mod replay_command;
 pub mod run;
 pub mod snapshot_oom;
@@ -37,7 +38,7 @@ cudamem-report.html in the current directory.";
     version,
     about = ABOUT,
     long_about = None,
-    max_term_width = memcore::text::LINE_WIDTH
+    max_term_width = ctx::text::LINE_WIDTH
 )]
 pub struct Cli {
     /// The subcommand; none: `replay` of the built-in traces.
@@ -60,6 +61,16 @@ pub enum Command {
     /// Run a CUDA program with its driver calls recorded, and explain its
     /// memory (and any out-of-memory) item by item; exits with its status.
     Run(run::RunArgs),
+    /// Give back the device memory of programs started with `cudamem run
+    /// --pool`, by PID: their threads wait, the memory is copied to host and
+    /// released, every address stays reserved (all PIDs, or none).
+    Pause(pause::PauseArgs),
+    /// Bring paused programs' memory back at the same addresses and let
+    /// them go on (all PIDs, or none).
+    Resume(pause::ResumeArgs),
+    /// What a program started with `cudamem run --pool` holds on the device
+    /// now, and why each byte stays.
+    Ledger(pause::LedgerArgs),
 }
 
 /// Run the command `cli` names, writing what it prints to `out` (files it
@@ -70,6 +81,9 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<()> {
         Some(Command::Replay(args)) => replay_command::run(args, out),
         Some(Command::Explain(args)) => explain::run(args, out),
         Some(Command::Heap(args)) => malloc_heap::run(args, out),
+        Some(Command::Pause(args)) => pause::pause(&args, out),
+        Some(Command::Resume(args)) => pause::resume(&args, out),
+        Some(Command::Ledger(args)) => pause::ledger(&args, out),
         Some(Command::Run(args)) => match run::run(args) {
             0 => Ok(()),
             status => Err(ProgramStatus(status).into()),

@@ -17,8 +17,8 @@ use crate::replay::spec::{self, PolicyParser, PolicySpec, Settings};
 use crate::replay::{self, Outcome, Placement};
 use crate::report::summary::{SkippedPolicy, TraceSummary};
 use crate::report::{self, TraceReport};
-use crate::trace;
-use crate::trace::Trace;
+use trace;
+use trace::Trace;
 
 /// Where the report goes when `cudamem` runs on the built-in traces.
 pub const DEFAULT_REPORT: &str = "cudamem-report.html";

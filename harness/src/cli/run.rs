@@ -1,18 +1,21 @@
-//! `cudamem run [--trace FILE] [--report FILE.html] -- PROGRAM ARGS...`:
+//! `cudamem run [--trace FILE] [--report FILE.html] [--pool] -- PROGRAM ARGS...`:
 //! run an unmodified CUDA program with the driver interposer preloaded,
 //! then print the ledger of each of its processes at its peak (on
 //! stderr, after the program's own output) and exit with the program's
 //! status (a signal `n` as `128 + n`, as shells do). The work is
-//! `cudamem_hook::run`'s; this is the command line.
+//! `crate::process::run`'s; this is the command line.
 
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use cudamem_hook::log::DEFAULT_MAX_LOG_BYTES;
-use cudamem_hook::report::html;
-use cudamem_hook::run::{HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, prepare};
+use crate::process::report::html;
+use crate::process::run::{
+    HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, not_entered, prepare,
+};
+use trace::event_log::DEFAULT_MAX_LOG_BYTES;
 
+use crate::cli::pause::{self, CONTROL_DIR_VAR, POOL_VAR};
 use crate::cli::{byte_size, output, torch_adoption};
 
 /// The exit status for a program that cannot be found, as shells use.
@@ -28,6 +31,9 @@ pub struct RunArgs {
     /// STEM.<pid>.EXT, and every process's event log to FILE.events/.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Overwrite the --trace file if it exists.
+    #[arg(long)]
+    force: bool,
     /// Write an HTML report of the ledgers.
     #[arg(long, value_name = "FILE.html")]
     report: Option<PathBuf>,
@@ -39,6 +45,13 @@ pub struct RunArgs {
     /// (installed when it imports torch; see python/adopt/sitecustomize.py).
     #[arg(long, value_name = "POLICY")]
     torch: Option<torch_adoption::TorchPolicy>,
+    /// Serve the program's cuMemAlloc/cuMemFree from cudamem's pool in its
+    /// own process (POLICY: stitch, the one there is), so that `cudamem
+    /// pause PID` can give its memory back and `cudamem resume PID` bring
+    /// it back at the same addresses.
+    #[arg(long, value_name = "POLICY", num_args = 0..=1, default_missing_value = "stitch",
+          value_parser = ["stitch"])]
+    pool: Option<String>,
     /// The program to run and its arguments (after `--`).
     #[arg(
         required = true,
@@ -96,15 +109,15 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         .collect::<Vec<_>>()
         .join(" ");
     if let Some(policy) = args.torch {
-        let env = |name| std::env::var_os(name);
+        let var = |name| std::env::var_os(name);
         let wrapped = torch_adoption::wrap(
             policy,
             program,
             rest,
             &exe,
-            env("CUDAMEM_TORCH_PY"),
-            env("CUDAMEM_TORCH_LIB"),
-            env("PYTHONPATH"),
+            var("CUDAMEM_TORCH_PY"),
+            var("CUDAMEM_TORCH_LIB"),
+            var("PYTHONPATH"),
         );
         match wrapped {
             Ok(command) => (program, rest) = command,
@@ -114,6 +127,23 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
             }
         }
     }
+    let control = match &args.pool {
+        Some(_) => Some(
+            pause::ControlDir::make().map_err(|source| RunError::LogDir {
+                path: std::env::temp_dir(),
+                source,
+            })?,
+        ),
+        None => None,
+    };
+    let mut env = Vec::new();
+    if let (Some(policy), Some(control)) = (&args.pool, &control) {
+        env.push((POOL_VAR.to_string(), OsString::from(policy)));
+        env.push((
+            CONTROL_DIR_VAR.to_string(),
+            control.path().as_os_str().to_os_string(),
+        ));
+    }
     let plan = RunPlan {
         program,
         args: rest,
@@ -121,9 +151,13 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         trace: args.trace,
         report: args.report.clone(),
         max_log_bytes: args.max_log_bytes,
+        env,
+        force: args.force,
     };
     let prepared = prepare(plan, std::env::var_os("PATH").as_deref())?;
+    let program_path = prepared.program().to_path_buf();
     let finished = prepared.run()?;
+    drop(control);
     let code = exit_code(finished.status);
     // The program's own output comes first; from here on nothing changes
     // the program's status: a failure is told, and the status returned.
@@ -141,7 +175,15 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         reports.len(),
         if reports.len() == 1 { "" } else { "es" }
     );
-    if reports.is_empty() {
+    if reports.is_empty()
+        && let Some(why) = not_entered(&program_path)
+    {
+        let _ = writeln!(
+            err,
+            "cudamem run: cudamem could not enter {}: {why}; what it did on the GPU is not known",
+            program_path.display()
+        );
+    } else if reports.is_empty() {
         let _ = writeln!(
             err,
             "cudamem run: the program made no CUDA driver call that cudamem saw (no CUDA \

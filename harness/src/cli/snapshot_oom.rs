@@ -10,9 +10,9 @@
 
 use serde::Serialize;
 
-use crate::trace::snapshot::moments::OomEntry;
-use crate::trace::snapshot::state::State;
 use memcore::bytes::human;
+use trace::snapshot::moments::OomEntry;
+use trace::snapshot::state::State;
 
 /// How the out-of-memory is told apart, said the same way in text, JSON and
 /// HTML.

@@ -21,6 +21,7 @@ use memcore::bytes::mib;
 use serde::Serialize;
 
 use crate::replay::policy::{Arena, ArenaState, Policy};
+use crate::replay::stitch_policy::stitched_state;
 use crate::replay::{Done, Pass, Settings};
 
 /// Warm allocate+free pairs timed per pool.
@@ -370,17 +371,8 @@ impl<D: ReplayDevice> Policy for StitchedPoolPolicy<D> {
     }
 
     fn state(&self) -> Result<ArenaState> {
-        let stats = self.pool.stats().model;
-        let mapped = self.capacity.unwrap_or(stats.physical_bytes);
-        // As for the model: idle pages and unused capacity can back any
-        // request, in one piece.
-        let free = mapped.saturating_sub(stats.physical_bytes) + stats.idle_bytes;
-        Ok(ArenaState {
-            mapped_bytes: mapped,
-            live_bytes: stats.live_bytes,
-            free_bytes: free,
-            largest_free_bytes: free,
-        })
+        // As for the model.
+        Ok(stitched_state(&self.pool.stats().model, self.capacity))
     }
 
     fn at_peak(&mut self) -> Result<()> {
@@ -484,11 +476,11 @@ mod tests {
 
     use super::*;
     use crate::replay::{self, spec};
-    use crate::trace::Event;
+    use trace::Event;
 
     #[test]
     fn a_real_trace_on_a_simulated_device_matches_the_model() {
-        let trace = &crate::trace::file::load_embedded().unwrap()[0];
+        let trace = &trace::file::load_embedded().unwrap()[0];
         let settings = Settings::default();
         let on_device = spec::named("stitched-pool").unwrap();
         let (outcome, _) =
@@ -538,7 +530,7 @@ mod tests {
 
     #[test]
     fn the_pool_left_is_sound_and_empty_after_the_figures() {
-        let trace = &crate::trace::file::load_embedded().unwrap()[0];
+        let trace = &trace::file::load_embedded().unwrap()[0];
         let mut policy =
             StitchedPoolPolicy::new(SimDevice::new(SimConfig::h200_like()), &Settings::default())
                 .unwrap();

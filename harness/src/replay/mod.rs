@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::replay::device::DeviceFigures;
 use crate::replay::policy::{ArenaState, Policy};
-use crate::trace::{Event, Location, Trace};
+use trace::{Event, Location, Trace};
 
 pub use spec::{POLICIES, PolicySpec, Settings};
 
@@ -332,7 +332,7 @@ impl RecordingPass<'_> {
 mod tests {
     use super::*;
     use crate::replay::policy::Arena;
-    use crate::trace::TraceBuilder;
+    use trace::TraceBuilder;
 
     fn sawtooth() -> Trace {
         // Three 1 MiB blocks, free the middle one, then a 2 MiB request:
@@ -432,7 +432,7 @@ mod tests {
 
     #[test]
     fn every_policy_places_the_embedded_trace_soundly() {
-        let trace = &crate::trace::file::load_embedded().unwrap()[0];
+        let trace = &trace::file::load_embedded().unwrap()[0];
         for spec in POLICIES {
             let name = spec.name;
             let (outcome, placement) = run(

@@ -17,7 +17,7 @@ use crate::replay::policy::{self, Arena, GRANULE};
 use crate::replay::pool_policy::{self, PoolPolicy};
 use crate::replay::stitch_policy::{ExpandablePolicy, StitchPolicy};
 use crate::replay::{Done, Pass};
-use crate::trace::Trace;
+use trace::Trace;
 
 /// What every policy of one replay is built from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

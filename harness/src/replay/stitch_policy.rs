@@ -6,7 +6,7 @@
 use anyhow::Result;
 use memcore::{
     Allocation, Allocator, DriverCalls, Fit, FreeList, H200_DRIVER_COSTS, NewRegion, Stitch,
-    StitchBlock, StitchConfig, pytorch,
+    StitchBlock, StitchConfig, StitchStats, pytorch,
 };
 
 use crate::replay::policy::{Arena, ArenaState, Policy};
@@ -78,17 +78,7 @@ impl Policy for StitchPolicy {
     }
 
     fn state(&self) -> Result<ArenaState> {
-        let stats = self.stitch.stats();
-        let mapped = self.capacity.unwrap_or(stats.physical_bytes);
-        // Idle pages and unused capacity can back any request: they are
-        // free, and, pages being stitched anywhere, in one piece.
-        let free = mapped.saturating_sub(stats.physical_bytes) + stats.idle_bytes;
-        Ok(ArenaState {
-            mapped_bytes: mapped,
-            live_bytes: stats.live_bytes,
-            free_bytes: free,
-            largest_free_bytes: free,
-        })
+        Ok(stitched_state(&self.stitch.stats(), self.capacity))
     }
 }
 
@@ -273,5 +263,19 @@ impl Policy for ExpandablePolicy {
             free_bytes: small.free_bytes + large.free_bytes,
             largest_free_bytes: small.largest_free.max(large.largest_free),
         })
+    }
+}
+
+/// The arena of a stitching model (`stats`), within `capacity` bytes when
+/// one is set: idle pages and unused capacity can back any request, so
+/// they are free and, pages being stitched anywhere, in one piece.
+pub(super) fn stitched_state(stats: &StitchStats, capacity: Option<u64>) -> ArenaState {
+    let mapped = capacity.unwrap_or(stats.physical_bytes);
+    let free = mapped.saturating_sub(stats.physical_bytes) + stats.idle_bytes;
+    ArenaState {
+        mapped_bytes: mapped,
+        live_bytes: stats.live_bytes,
+        free_bytes: free,
+        largest_free_bytes: free,
     }
 }

@@ -54,7 +54,7 @@ impl TimeAxis {
     /// The axis of a trace of `events` events whose [`Trace::clock`] is
     /// `clock` (times that run backwards are held, so the axis only rises).
     ///
-    /// [`Trace::clock`]: crate::trace::Trace::clock
+    /// [`Trace::clock`]: trace::Trace::clock
     pub(super) fn new(clock: &[(usize, u64)], events: usize) -> Self {
         let first = clock.first().map_or(0, |&(_, ns)| ns);
         let mut latest = 0.0f64;

@@ -26,7 +26,7 @@ use crate::report::script::{
     CURVES_HINT, MAP_HINT, MAP_HINT_STACKS, MAP_SCRIPT, hover_blocks, hover_stacks,
 };
 use crate::report::summary::TraceSummary;
-use crate::trace::Trace;
+use trace::Trace;
 
 /// Memory-map raster: time buckets by address buckets. 240 x 120 cells at
 /// most, merged into runs, keeps a policy's map well under 1 MB.
@@ -258,7 +258,7 @@ fn trace_section(report: &TraceReport<'_>) -> Result<String> {
     let lifetimes = report.trace.lifetimes();
     let mut sizes = vec![0u64; report.trace.allocations as usize];
     for event in &report.trace.events {
-        if let crate::trace::Event::Alloc { id, size } = *event {
+        if let trace::Event::Alloc { id, size } = *event {
             sizes[id as usize] = size;
         }
     }
@@ -419,7 +419,7 @@ fn coinciding<'a>(curves: &[FootprintCurve<'a>]) -> Vec<Vec<&'a str>> {
 mod tests {
     use super::*;
     use crate::replay;
-    use crate::trace;
+    use trace;
 
     #[test]
     fn curves_that_coincide_are_named_together() {

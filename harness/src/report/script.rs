@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use crate::replay::Placement;
 use crate::report::charts::TimeAxis;
 use crate::report::memory_map::AddressBands;
-use crate::trace::Trace;
+use trace::Trace;
 
 /// The text over a map before the pointer is on it.
 pub(super) const MAP_HINT: &str = "Point at a block for its size and lifetime; scroll to zoom, drag to \

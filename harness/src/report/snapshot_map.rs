@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use memcore::bytes::human;
 
 use super::escape;
-use crate::trace::snapshot::state::{BlockState, Segment, State};
+use trace::snapshot::state::{BlockState, Segment, State};
 
 /// Rows drawn; the rest are counted under the picture.
 const DRAWN_SEGMENTS: usize = 160;

@@ -9,9 +9,9 @@ use crate::replay::policy::FOOTPRINT_RULE;
 use crate::replay::spec::{Framework, Pick};
 use crate::replay::{Failure, Outcome};
 use crate::report::conclusion;
-use crate::trace::{Skipped, Trace};
+use ctx::text::{LINE_WIDTH, push_wrapped, wrap};
 use memcore::bytes::{exact, human};
-use memcore::text::{LINE_WIDTH, wrap};
+use trace::{Skipped, Trace};
 
 /// One policy's figures for one trace.
 #[derive(Debug, Clone, Serialize)]
@@ -260,9 +260,7 @@ impl TraceSummary {
     /// every line fits [`LINE_WIDTH`].
     pub fn table(&self) -> String {
         let mut out = String::new();
-        let say = |out: &mut String, text: &str, first: &str, rest: &str| {
-            let _ = writeln!(out, "{}", wrap(text, LINE_WIDTH, first, rest));
-        };
+        let say = push_wrapped;
         say(
             &mut out,
             &format!(

@@ -219,3 +219,143 @@ fn measured_calls(log: &str) -> Vec<(&str, u64)> {
         })
         .collect()
 }
+
+/// A row of the ledger, its wrapped lines joined, runs of spaces made one.
+fn ledger_row(stderr: &str, name: &str) -> String {
+    let joined = stderr.replace("\n  ", " ");
+    let row = joined
+        .lines()
+        .find(|line| line.starts_with(name))
+        .unwrap_or_else(|| panic!("no {name} row in {stderr}"));
+    row.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn the_malloc_heap_taken_at_a_first_launch_is_the_heap_not_module_code() {
+    // The image's PTX declares malloc: the driver takes the 256 MiB heap at
+    // the first launch.
+    let run = traced("heap", &[&program("cuda_linked"), "heap"], &[]);
+    assert_eq!(run.status(), Some(0), "{}", run.stderr());
+    let log = run.log();
+    let images = records(&log, "image");
+    assert_eq!(images.len(), 1, "{log}");
+    assert_eq!(
+        &images[0][3..7],
+        ["cuModuleLoadData", "ptx", images[0][5], "yes"],
+        "{log}"
+    );
+    let stderr = run.stderr();
+    let heap = ledger_row(&stderr, "malloc heap");
+    assert!(heap.contains("256 MiB 256 MiB"), "{heap}");
+    let module = ledger_row(&stderr, "module code");
+    assert!(module.contains(" 2.00 MiB "), "{module}");
+    assert!(
+        ledger_row(&stderr, "unexplained").contains(" 0.0% of the"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("256 MiB the malloc heap (limit 256 MiB"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("no cause explains"), "{stderr}");
+}
+
+#[test]
+fn a_heap_taken_for_an_image_that_cannot_be_read_is_named_by_its_size() {
+    // A fatbin whose only entry is compressed: whether it calls malloc is
+    // unknown, and said; the driver takes the heap at the first launch.
+    let run = traced(
+        "heap_packed",
+        &[&program("cuda_linked"), "heap-packed"],
+        &[("FAKE_CUDA_HEAP_AT_LAUNCH", "1")],
+    );
+    assert_eq!(run.status(), Some(0), "{}", run.stderr());
+    let log = run.log();
+    let images = records(&log, "image");
+    assert_eq!(
+        (images[0][4], images[0][5], images[0][6]),
+        ("fatbin", "-", "unknown"),
+        "{log}"
+    );
+    let stderr = run.stderr();
+    assert!(
+        ledger_row(&stderr, "malloc heap").contains("256 MiB 256 MiB"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("module images not read whole (fatbin: 1 compressed entries not read)"),
+        "{stderr}"
+    );
+    assert!(
+        ledger_row(&stderr, "unexplained").contains(" 0.0% of the"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_drop_no_cause_fits_is_said_at_once_with_its_call() {
+    // The image calls no malloc, yet the driver takes 256 MiB at the first
+    // launch: neither code (the image is a few hundred bytes) nor the heap.
+    let run = traced(
+        "heap_plain",
+        &[&program("cuda_linked"), "heap-plain"],
+        &[("FAKE_CUDA_HEAP_AT_LAUNCH", "1")],
+    );
+    assert_eq!(run.status(), Some(0), "{}", run.stderr());
+    let stderr = run.stderr();
+    // Said while the program ran, before its own output's end.
+    let said = stderr
+        .lines()
+        .position(|line| {
+            line.starts_with("cudamem: cuLaunchKernel (first launch of other) took 254 MiB")
+                && line.contains("no loaded image calls malloc")
+        })
+        .unwrap_or_else(|| panic!("not said: {stderr}"));
+    let summary = stderr
+        .lines()
+        .position(|line| line.starts_with("cudamem run:"))
+        .unwrap();
+    assert!(said < summary, "{stderr}");
+    let heap = ledger_row(&stderr, "malloc heap");
+    assert!(
+        heap.contains("taken only once a kernel calling malloc runs"),
+        "{heap}"
+    );
+    let unexplained = ledger_row(&stderr, "unexplained");
+    assert!(unexplained.contains("254 MiB"), "{unexplained}");
+    assert!(
+        unexplained.contains("cuLaunchKernel (first launch of other)"),
+        "{unexplained}"
+    );
+}
+
+#[test]
+fn a_fatbin_behind_the_runtimes_wrapper_is_read_through_it() {
+    // cuModuleLoadFatBinary of the runtime's wrapper, whose fatbin holds
+    // PTX calling malloc: the interposer follows the wrapper, reads the
+    // entry, and names the heap the driver takes at the first launch.
+    let run = traced(
+        "heap_fatbin",
+        &[&program("cuda_linked"), "heap-fatbin"],
+        &[("FAKE_CUDA_HEAP_AT_LAUNCH", "1")],
+    );
+    assert_eq!(run.status(), Some(0), "{}", run.stderr());
+    let log = run.log();
+    let images = records(&log, "image");
+    assert_eq!(
+        (images[0][3], images[0][4], images[0][6], images[0][8]),
+        ("cuModuleLoadFatBinary", "fatbin", "yes", ""),
+        "{log}"
+    );
+    let size: u64 = images[0][5].parse().unwrap();
+    assert!(size > 80 && size < 400, "{log}");
+    let stderr = run.stderr();
+    assert!(
+        ledger_row(&stderr, "malloc heap").contains("256 MiB 256 MiB"),
+        "{stderr}"
+    );
+    assert!(
+        ledger_row(&stderr, "unexplained").contains(" 0.0% of the"),
+        "{stderr}"
+    );
+}

@@ -1,9 +1,9 @@
 //! `cudamem run` end to end, without a GPU: a fake driver (`libcuda.so.1`,
-//! hook/fixtures/fake_cuda.c) and test programs that reach it each way a
+//! interpose/fixtures/fake_cuda.c) and test programs that reach it each way a
 //! CUDA program does (linked, dlopen + dlsym, cuGetProcAddress_v2 of base
 //! names, a runtime that does so, eight threads, fork, exec, out of memory,
 //! a crash, a kill), built here with the C compiler
-//! (hook/fixtures/build.sh), run under the real `cudamem run` binary with
+//! (interpose/fixtures/build.sh), run under the real `cudamem run` binary with
 //! the real interposer. Each test checks the program's own result (it checks
 //! the driver's answers itself and exits non-zero on a change), the exit
 //! status, the event log, the RMM log and that `cudamem replay` reads it.
@@ -12,7 +12,10 @@
 mod support;
 
 mod explaining;
+mod pausing;
 mod resolving;
+mod running;
+mod safety;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +32,7 @@ struct Fixtures {
 fn fixtures() -> &'static Fixtures {
     static BUILT: OnceLock<Fixtures> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hook/fixtures/build.sh");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../interpose/fixtures/build.sh");
         let dir = temp_path("fixtures");
         let output = Command::new("sh")
             .arg(&script)
@@ -51,14 +54,17 @@ fn hook_library() -> PathBuf {
     let bin = Path::new(env!("CARGO_BIN_EXE_cudamem"));
     let dir = bin.parent().unwrap();
     for candidate in [
-        dir.join("deps/libcudamem_hook.so"),
-        dir.join("libcudamem_hook.so"),
+        dir.join("deps/libcudamem_interpose.so"),
+        dir.join("libcudamem_interpose.so"),
     ] {
         if candidate.is_file() {
             return candidate;
         }
     }
-    panic!("libcudamem_hook.so was not built next to {}", bin.display());
+    panic!(
+        "libcudamem_interpose.so was not built next to {}",
+        bin.display()
+    );
 }
 
 /// `cudamem run ARGS...`, the fake driver on the library path.
@@ -285,7 +291,7 @@ fn a_forked_child_writes_its_own_log_and_trace() {
     assert_eq!(sizes, ["3145728", "5242880"]);
     // The child left through _exit: its log has no exit record, all else.
     assert!(records(child_log, "exit").is_empty());
-    let child_trace = cudamem_hook::run::child_trace_path(&run.trace, child);
+    let child_trace = cudamem::process::run::child_trace_path(&run.trace, child);
     assert_eq!(events_replayed(&replay(&child_trace)), 3);
     assert_eq!(events_replayed(&replay(&run.trace)), 2);
     assert!(
@@ -329,7 +335,7 @@ fn a_killed_program_leaves_a_readable_log() {
     let log = run.log();
     assert_eq!(records(&log, "alloc")[0][5], "9437184");
     assert!(
-        run.stderr().contains("ended without an exit record"),
+        run.stderr().contains("ended by signal 9"),
         "{}",
         run.stderr()
     );

@@ -37,6 +37,9 @@ fn signed(bytes: usize) -> i64 {
 // arguments unchanged, so `System`'s guarantees are the caller's; counting
 // only reads the sizes.
 unsafe impl GlobalAlloc for Counting {
+    /// # Safety
+    ///
+    /// [`GlobalAlloc::alloc`]'s: `layout` has a non-zero size.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller upholds `alloc`'s contract, which is System's.
         let ptr = unsafe { System.alloc(layout) };
@@ -46,6 +49,10 @@ unsafe impl GlobalAlloc for Counting {
         ptr
     }
 
+    /// # Safety
+    ///
+    /// [`GlobalAlloc::dealloc`]'s: `ptr` is a block this allocator handed
+    /// out with `layout`, not freed since.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from this allocator, that is from System, with
         // `layout`, as the caller guarantees.
@@ -53,6 +60,11 @@ unsafe impl GlobalAlloc for Counting {
         count(-signed(layout.size()));
     }
 
+    /// # Safety
+    ///
+    /// [`GlobalAlloc::realloc`]'s: `ptr` as for `dealloc`, `new_size`
+    /// non-zero and, rounded up to `layout`'s alignment, at most
+    /// `isize::MAX`.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as for `dealloc`, and the caller upholds `realloc`'s
         // contract on `new_size`.

@@ -17,6 +17,31 @@ use cudamem::cli::{self, Cli};
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
+/// The policies a bare `replay` runs, in the order of the table of
+/// policies (its unit tests hold the list), which its table and page keep.
+pub fn default_policies() -> Vec<&'static str> {
+    cudamem::replay::spec::defaults(false)
+        .iter()
+        .map(|spec| spec.name)
+        .collect()
+}
+
+/// The `cudamem` binary run with `args`, its standard output a pipe whose
+/// reader goes away before the command writes a byte.
+pub fn with_closed_stdout<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> std::process::Output {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cudamem"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
+}
+
 /// A fresh path in the temporary folder, unique to this test process.
 pub fn temp_path(name: &str) -> PathBuf {
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -106,9 +131,9 @@ pub fn replay_message(path: &Path, extra: &[&str]) -> String {
 }
 
 /// The trace error that `cudamem replay PATH --json --policy tlsf` failed with.
-pub fn replay_trace_error(path: &Path) -> cudamem::trace::TraceError {
+pub fn replay_trace_error(path: &Path) -> trace::TraceError {
     let err = failure(&replay_json_args(path, &[]));
-    err.downcast_ref::<cudamem::trace::TraceError>()
+    err.downcast_ref::<trace::TraceError>()
         .unwrap_or_else(|| panic!("not a trace error: {err:#}"))
         .clone()
 }

@@ -124,11 +124,90 @@ impl Pickler {
         }
     }
 
+    /// EMPTY_DICT, MEMOIZE, MARK: a dict whose pairs follow (SETITEMS ends
+    /// them); its memo index.
+    pub fn open_dict(&mut self) -> u32 {
+        self.raw(b"}");
+        let memo = self.memoize();
+        self.raw(b"(");
+        memo
+    }
+
+    /// The start of a snapshot dict: no `segments`, then `device_traces`,
+    /// a list (memoized) whose items the caller writes.
+    pub fn snapshot_traces_start(&mut self) -> &mut Self {
+        self.open_dict();
+        self.value(&s("segments")).value(&Py::List(vec![]));
+        self.value(&s("device_traces"));
+        self.raw(b"]");
+        self.memoize();
+        self
+    }
+
+    /// The start of a snapshot dict: `segments`, a list (memoized) whose
+    /// items the caller writes.
+    pub fn snapshot_segments_start(&mut self) -> &mut Self {
+        self.open_dict();
+        self.value(&s("segments"));
+        self.raw(b"]");
+        self.memoize();
+        self
+    }
+
+    /// The list of `items`, written the first time (and its memo index kept
+    /// in `memo`), a memo reference to it every later time: one list many
+    /// records share, as pickle writes it.
+    pub fn shared_list(&mut self, memo: &mut Option<u32>, items: &[Py]) -> &mut Self {
+        match *memo {
+            Some(index) => self.get(index),
+            None => {
+                self.raw(b"]");
+                *memo = Some(self.memoize());
+                self.raw(b"(");
+                for item in items {
+                    self.value(item);
+                }
+                self.raw(b"e")
+            }
+        }
+    }
+
     /// STOP, and the bytes.
     pub fn finish(&mut self) -> Vec<u8> {
         self.out.push(b'.');
         std::mem::take(&mut self.out)
     }
+}
+
+/// A stack as PyTorch records it: a torch frame, then the user's frame in
+/// function `user_function` of /home/me/train.py.
+pub fn torch_and_user_frames(user_function: &str) -> Py {
+    Py::List(vec![
+        dict(vec![
+            (
+                "filename",
+                s("/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py"),
+            ),
+            ("line", Py::Int(134)),
+            ("name", s("forward")),
+        ]),
+        dict(vec![
+            ("filename", s("/home/me/train.py")),
+            ("line", Py::Int(42)),
+            ("name", s(user_function)),
+        ]),
+    ])
+}
+
+/// A block of a segment at the dump, as PyTorch writes it.
+pub fn state_block(address: i64, size: i64, state: &str, frames: Py) -> Py {
+    dict(vec![
+        ("address", Py::Int(address)),
+        ("size", Py::Int(size)),
+        ("requested_size", Py::Int(size)),
+        ("state", s(state)),
+        ("frames", frames),
+    ])
 }
 
 /// One trace entry as PyTorch writes it (no frames).

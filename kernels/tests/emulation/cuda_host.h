@@ -67,29 +67,18 @@ static inline std::atomic_ref<T> atomic_at(T *p)
     return std::atomic_ref<T>(*p);
 }
 
-template <class T>
-static inline T atomicAdd(T *p, std::type_identity_t<T> v)
-{
-    return atomic_at(p).fetch_add(v, std::memory_order_relaxed);
-}
-
-template <class T>
-static inline T atomicSub(T *p, std::type_identity_t<T> v)
-{
-    return atomic_at(p).fetch_sub(v, std::memory_order_relaxed);
-}
-
-template <class T>
-static inline T atomicAnd(T *p, std::type_identity_t<T> v)
-{
-    return atomic_at(p).fetch_and(v, std::memory_order_relaxed);
-}
-
-template <class T>
-static inline T atomicOr(T *p, std::type_identity_t<T> v)
-{
-    return atomic_at(p).fetch_or(v, std::memory_order_relaxed);
-}
+// atomicAdd, atomicSub, atomicAnd, atomicOr: one fetch_* each.
+#define CUDA_HOST_ATOMIC(name, fetch)                                    \
+    template <class T>                                                   \
+    static inline T name(T *p, std::type_identity_t<T> v)                \
+    {                                                                    \
+        return atomic_at(p).fetch(v, std::memory_order_relaxed);         \
+    }
+CUDA_HOST_ATOMIC(atomicAdd, fetch_add)
+CUDA_HOST_ATOMIC(atomicSub, fetch_sub)
+CUDA_HOST_ATOMIC(atomicAnd, fetch_and)
+CUDA_HOST_ATOMIC(atomicOr, fetch_or)
+#undef CUDA_HOST_ATOMIC
 
 template <class T>
 static inline T atomicMax(T *p, std::type_identity_t<T> v)
@@ -474,30 +463,32 @@ static inline unsigned __match_any_sync(unsigned mask, T value)
     return same;
 }
 
-static inline unsigned __reduce_or_sync(unsigned mask, unsigned value)
+// The values of the lanes that meet at `mask`, folded by `op` from 0 (a
+// thread outside a warp: its own value).
+template <class Op>
+static inline unsigned reduce_sync(unsigned mask, unsigned value, Op op)
 {
     if (this_warp == nullptr) {
         return value;
     }
     HostWarp::Met met = this_warp->meet(mask, value);
-    unsigned all = 0;
+    unsigned folded = 0;
     for (unsigned l = 0; l < 32; l++) {
-        all |= (met.members >> l & 1) ? (unsigned)met.value[l] : 0;
+        if (met.members >> l & 1) {
+            folded = op(folded, (unsigned)met.value[l]);
+        }
     }
-    return all;
+    return folded;
+}
+
+static inline unsigned __reduce_or_sync(unsigned mask, unsigned value)
+{
+    return reduce_sync(mask, value, [](unsigned a, unsigned b) { return a | b; });
 }
 
 static inline unsigned __reduce_add_sync(unsigned mask, unsigned value)
 {
-    if (this_warp == nullptr) {
-        return value;
-    }
-    HostWarp::Met met = this_warp->meet(mask, value);
-    unsigned sum = 0;
-    for (unsigned l = 0; l < 32; l++) {
-        sum += (met.members >> l & 1) ? (unsigned)met.value[l] : 0;
-    }
-    return sum;
+    return reduce_sync(mask, value, [](unsigned a, unsigned b) { return a + b; });
 }
 
 // The barrier of the block that runs now (see the top of this file).

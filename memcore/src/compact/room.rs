@@ -202,7 +202,6 @@ fn relocate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Handle;
     use crate::compact::testing;
     use alloc::vec;
 
@@ -242,16 +241,9 @@ mod tests {
     fn scattered_holes_fall_back_to_full_compaction() {
         // Reported from ctx's pool: 101 KiB free in holes, none big enough
         // for the 29 KiB (8 KiB-aligned) request's evicted blocks.
-        let placed = |slot, offset, size, align| Placed {
-            handle: Handle {
-                heap: 0,
-                slot,
-                generation: 0,
-            },
-            offset,
-            size,
-            align: super::super::planning_align(offset, align),
-            pinned: false,
+        let placed = |slot, offset, size, align| {
+            let align = super::super::planning_align(offset, align);
+            testing::block(slot, offset, size, align, false)
         };
         let blocks = vec![
             placed(0, 0x0, 43009, 256),

@@ -11,13 +11,7 @@ use crate::{Allocation, Error, Extent, Result};
 
 impl Tlsf {
     pub(super) fn add_region_impl(&mut self, offset: u64, size: u64) -> Result<()> {
-        if size == 0 {
-            return Err(Error::ZeroSize);
-        }
-        let end = offset
-            .checked_add(size)
-            .ok_or(Error::Overflow { offset, size })?;
-        let new = Extent::new(offset, size);
+        let (new, end) = Extent::region(offset, size)?;
         // The first region that ends after `offset`; only it can overlap.
         let at = self.region_of(offset);
         if self

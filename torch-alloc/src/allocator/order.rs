@@ -127,19 +127,7 @@ impl<T, E: StreamEvents> StreamOrder<T, E> {
         self.bytes += block.bytes;
         if !block.uses.is_empty() {
             if fence {
-                let recorded = record_all(&block, events);
-                match recorded {
-                    Ok(recorded) => self.shared.push(Shared {
-                        block,
-                        events: recorded,
-                    }),
-                    Err(error) => {
-                        // Kept, unfenced: fenced again after the next capture, or
-                        // waited for by `drain`.
-                        self.shared_unfenced.push(block);
-                        return Err(error);
-                    }
-                }
+                self.fence_shared(block, events)?;
             } else {
                 self.shared_unfenced.push(block);
             }
@@ -252,16 +240,7 @@ impl<T, E: StreamEvents> StreamOrder<T, E> {
             }
         }
         while let Some(block) = self.shared_unfenced.pop() {
-            match record_all(&block, events) {
-                Ok(recorded) => self.shared.push(Shared {
-                    block,
-                    events: recorded,
-                }),
-                Err(error) => {
-                    self.shared_unfenced.push(block);
-                    return Err(error);
-                }
-            }
+            self.fence_shared(block, events)?;
         }
         Ok(())
     }
@@ -308,6 +287,25 @@ impl<T, E: StreamEvents> StreamOrder<T, E> {
             .flat_map(|q| q.blocks.values())
             .chain(self.shared.iter().map(|s| &s.block))
             .chain(self.shared_unfenced.iter())
+    }
+
+    /// Records `block`'s events (on its own stream and each it was used on)
+    /// and keeps it until they complete; a failed record keeps it unfenced,
+    /// to be fenced again after the next capture or waited for by `drain`.
+    fn fence_shared(&mut self, block: Block<T, E::Stream>, events: &mut E) -> Result<()> {
+        match record_all(&block, events) {
+            Ok(recorded) => {
+                self.shared.push(Shared {
+                    block,
+                    events: recorded,
+                });
+                Ok(())
+            }
+            Err(error) => {
+                self.shared_unfenced.push(block);
+                Err(error)
+            }
+        }
     }
 
     fn settle(&mut self, taken: &[Block<T, E::Stream>]) {

@@ -13,6 +13,7 @@ use kernels::cm_heap::{self, CmCounters};
 use kernels::heap::{self, HeapCounters, HeapParams};
 use kernels::{Kernel, LaunchShape};
 
+use crate::device_heap::{HeapBuffers, read_counters};
 use crate::gpu::Gpu;
 use crate::report::Checks;
 use memcore::bytes::mib;
@@ -74,17 +75,11 @@ impl Bench {
         size: u64,
         max_per_thread: u32,
     ) -> Result<Outcome> {
-        self.gpu
-            .memory
-            .write(self.counters, HeapCounters::default().as_bytes())?;
-        let params = HeapParams {
+        let params = HeapBuffers {
             counters: self.counters,
             slots: self.slots,
-            size,
-            threads,
-            max_per_thread,
-            seed: 0xc3a1,
-        };
+        }
+        .params(&mut self.gpu, threads, size, max_per_thread, 0xc3a1)?;
         let module = if module_is_cm { &self.cm } else { &self.cuda };
         let shape = LaunchShape::covering(u64::from(threads));
         let elapsed = module
@@ -94,10 +89,8 @@ impl Bench {
                 kernel.param_bytes(&params),
             )
             .with_context(|| format!("running {}", kernel.name()))?;
-        let mut bytes = [0u8; HeapCounters::BYTES];
-        self.gpu.memory.read(self.counters, &mut bytes)?;
         Ok(Outcome {
-            c: HeapCounters::from_bytes(&bytes).context("counter bytes")?,
+            c: read_counters(&mut self.gpu, self.counters)?,
             seconds: elapsed.as_secs_f64(),
         })
     }

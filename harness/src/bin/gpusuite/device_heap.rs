@@ -46,17 +46,11 @@ impl HeapRun {
         size: u64,
         max_per_thread: u32,
     ) -> Result<(HeapCounters, f64)> {
-        self.gpu
-            .memory
-            .write(self.counters, HeapCounters::default().as_bytes())?;
-        let params = HeapParams {
+        let params = HeapBuffers {
             counters: self.counters,
             slots: self.slots,
-            size,
-            threads,
-            max_per_thread,
-            seed: 0x4ea9,
-        };
+        }
+        .params(&mut self.gpu, threads, size, max_per_thread, 0x4ea9)?;
         self.gpu.context.synchronize()?;
         let start = Instant::now();
         launch(
@@ -70,11 +64,47 @@ impl HeapRun {
             .synchronize()
             .with_context(|| format!("running {}", kernel.name()))?;
         let seconds = start.elapsed().as_secs_f64();
-        let mut bytes = [0u8; HeapCounters::BYTES];
-        self.gpu.memory.read(self.counters, &mut bytes)?;
-        let counters = HeapCounters::from_bytes(&bytes).context("counter bytes")?;
-        Ok((counters, seconds))
+        Ok((read_counters(&mut self.gpu, self.counters)?, seconds))
     }
+}
+
+/// Where the heap kernels keep their counters and each thread's blocks.
+pub struct HeapBuffers {
+    /// A [`HeapCounters`] on the device.
+    pub counters: u64,
+    /// A slot per thread.
+    pub slots: u64,
+}
+
+impl HeapBuffers {
+    /// Zeroes the counters, and the parameters of a launch of `threads`
+    /// threads each asking `size` bytes up to `max_per_thread` times.
+    pub fn params(
+        &self,
+        gpu: &mut Gpu,
+        threads: u32,
+        size: u64,
+        max_per_thread: u32,
+        seed: u64,
+    ) -> Result<HeapParams> {
+        gpu.memory
+            .write(self.counters, HeapCounters::default().as_bytes())?;
+        Ok(HeapParams {
+            counters: self.counters,
+            slots: self.slots,
+            size,
+            threads,
+            max_per_thread,
+            seed,
+        })
+    }
+}
+
+/// The counters a heap kernel left at `counters`.
+pub fn read_counters(gpu: &mut Gpu, counters: u64) -> Result<HeapCounters> {
+    let mut bytes = [0u8; HeapCounters::BYTES];
+    gpu.memory.read(counters, &mut bytes)?;
+    HeapCounters::from_bytes(&bytes).context("counter bytes")
 }
 
 fn percent(part: u64, whole: u64) -> f64 {

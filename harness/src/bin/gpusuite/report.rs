@@ -93,9 +93,7 @@ impl Section {
 /// A signed difference of byte counts as MiB with its sign
 /// ([`memcore::bytes::mib`] with `+` or `-`).
 pub fn mib_signed(bytes: i128) -> String {
-    let size = u64::try_from(bytes.unsigned_abs()).unwrap_or(u64::MAX);
-    let sign = if bytes < 0 { '-' } else { '+' };
-    format!("{sign}{}", memcore::bytes::mib(size))
+    memcore::bytes::signed(bytes, true, memcore::bytes::mib)
 }
 
 /// The markdown summary: one row per check, one per section error.

@@ -1,0 +1,6 @@
+//! Running a program under the driver interposer and reading back what it
+//! recorded: [`run`] starts it and collects its logs, [`report`] makes a
+//! process's log into its peak ledgers, as text and HTML.
+
+pub mod report;
+pub mod run;

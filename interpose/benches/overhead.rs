@@ -1,0 +1,155 @@
+//! What the interposer adds to an allocation call, against the fake driver:
+//! `cuMemAlloc_v2` + `cuMemFree_v2` pairs of 256 B, timed inside the C
+//! program (interpose/fixtures), bare, preloaded without a log, and preloaded
+//! with a log; called directly (the caller named from the return address)
+//! and through a shared runtime (named past the runtime's frames), on one,
+//! eight and sixteen threads (each thread's own time per pair: on a machine
+//! with fewer cores than threads it counts the time others ran). Then the cheap calls one at a time (a launch after
+//! the function's first, `cuMemGetInfo_v2`, a `cuMemAllocAsync` +
+//! `cuMemFreeAsync` pair, a `cuModuleGetFunction` lookup seen before), the
+//! same three ways. Each configuration runs several times, interleaved;
+//! the fastest run counts (the others met a busy machine).
+//!
+//! `cargo bench -p cudamem-interpose --bench overhead`
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Runs of each configuration.
+const RUNS: usize = 7;
+/// Pairs per run.
+const PAIRS: &str = "300000";
+/// Calls of each kind per run of the cheap calls.
+const CALLS: &str = "1000000";
+
+fn fixtures(dir: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/build.sh");
+    let status = Command::new("sh").arg(&script).arg(dir).status().unwrap();
+    assert!(status.success(), "{} failed", script.display());
+}
+
+fn hook_library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [
+        deps.join("libcudamem_interpose.so"),
+        deps.join("../libcudamem_interpose.so"),
+    ]
+    .into_iter()
+    .find(|path| path.is_file())
+    .expect("libcudamem_interpose.so is built with this bench")
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Bare,
+    Hook,
+    Logged,
+}
+
+/// The figures (nanoseconds) the program prints, one line of them.
+fn run(dir: &Path, hook: &Path, logs: &Path, mode: Mode, program: &str, args: &[&str]) -> Vec<f64> {
+    let mut command = Command::new(dir.join(program));
+    command.args(args);
+    command.env("LD_LIBRARY_PATH", dir).env_remove("LD_PRELOAD");
+    if mode != Mode::Bare {
+        command.env("LD_PRELOAD", hook);
+    }
+    if mode == Mode::Logged {
+        let _ = std::fs::remove_dir_all(logs);
+        std::fs::create_dir_all(logs).unwrap();
+        command.env("CUDAMEM_HOOK_DIR", logs);
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .map(|figure| figure.parse().unwrap())
+        .collect()
+}
+
+fn main() {
+    let base = std::env::temp_dir().join(format!("cudamem-hook-bench-{}", std::process::id()));
+    let dir = base.join("fixtures");
+    let logs = base.join("logs");
+    fixtures(&dir);
+    let hook = hook_library();
+    println!(
+        "pairs of cuMemAlloc_v2 + cuMemFree_v2 (256 B) on the fake driver, fastest of {RUNS} runs"
+    );
+    println!(
+        "{:<34} {:>10} {:>10} {:>10} {:>14} {:>14}",
+        "path", "bare ns", "hook ns", "logged ns", "+ns/call hook", "+ns/call log"
+    );
+    for (name, program, args) in [
+        ("linked, 1 thread", "cuda_linked", &["bench", PAIRS][..]),
+        (
+            "via a shared runtime, 1 thread",
+            "cuda_runtime",
+            &["bench", PAIRS, "1"],
+        ),
+        (
+            "via a shared runtime, 8 threads",
+            "cuda_runtime",
+            &["bench", PAIRS, "8"],
+        ),
+        (
+            "via a shared runtime, 16 threads",
+            "cuda_runtime",
+            &["bench", PAIRS, "16"],
+        ),
+    ] {
+        let mut best = [f64::MAX; 3];
+        for _ in 0..RUNS {
+            for (slot, mode) in [Mode::Bare, Mode::Hook, Mode::Logged]
+                .into_iter()
+                .enumerate()
+            {
+                best[slot] = best[slot].min(run(&dir, &hook, &logs, mode, program, args)[0]);
+            }
+        }
+        let [bare, hooked, logged] = best;
+        println!(
+            "{name:<34} {bare:>10.1} {hooked:>10.1} {logged:>10.1} {:>14.1} {:>14.1}",
+            (hooked - bare) / 2.0,
+            (logged - bare) / 2.0
+        );
+    }
+    println!("\ncheap calls on the fake driver, linked, 1 thread, fastest of {RUNS} runs");
+    println!(
+        "{:<34} {:>10} {:>10} {:>10} {:>14} {:>14}",
+        "call", "bare ns", "hook ns", "logged ns", "+ns/call hook", "+ns/call log"
+    );
+    let names = [
+        "cuLaunchKernel (not the first)",
+        "cuMemGetInfo_v2",
+        "cuMemAllocAsync + cuMemFreeAsync",
+        "cuModuleGetFunction (seen before)",
+    ];
+    let mut best = [[f64::MAX; 3]; 4];
+    for _ in 0..RUNS {
+        for (slot, mode) in [Mode::Bare, Mode::Hook, Mode::Logged]
+            .into_iter()
+            .enumerate()
+        {
+            let figures = run(&dir, &hook, &logs, mode, "cuda_linked", &["calls", CALLS]);
+            for (call, figure) in figures.into_iter().enumerate() {
+                best[call][slot] = best[call][slot].min(figure);
+            }
+        }
+    }
+    for (name, [bare, hooked, logged]) in names.iter().zip(best) {
+        // The pair is two calls.
+        let per = if name.contains('+') { 2.0 } else { 1.0 };
+        println!(
+            "{name:<34} {bare:>10.1} {hooked:>10.1} {logged:>10.1} {:>14.1} {:>14.1}",
+            (hooked - bare) / per,
+            (logged - bare) / per
+        );
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -1,0 +1,203 @@
+//! The one lock of the interposer: a mutex (waiters sleep rather than spin,
+//! which matters when more threads allocate than there are cores) that
+//! knows whether this thread holds it, plus what `fork` and signal handlers need
+//! of it: holding it across `fork` (taken in `pthread_atfork`'s prepare
+//! handler, released in the parent's and the child's, all on the forking
+//! thread), and never waiting for it on the thread that holds it (a signal
+//! handler, or an `exit` called from one, that interrupted a record).
+
+use std::cell::{Cell, RefCell};
+use std::mem::ManuallyDrop;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
+
+/// A value behind the interposer's lock.
+pub struct Lock<T: 'static> {
+    inner: Mutex<T>,
+}
+
+thread_local! {
+    /// The lock this thread is taking or holds (its address; 0: none), set
+    /// before the mutex is asked for and cleared after it is let go, so
+    /// that a signal handler never waits for a lock its own thread is in
+    /// the middle of taking or releasing.
+    static MINE: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The lock, held.
+pub struct Guard<'a, T: 'static> {
+    guard: ManuallyDrop<MutexGuard<'a, T>>,
+}
+
+impl<T> Deref for Guard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.guard
+    }
+}
+
+impl<T> DerefMut for Guard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.guard
+    }
+}
+
+impl<T> Drop for Guard<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here; the field is not used again.
+        unsafe { ManuallyDrop::drop(&mut self.guard) };
+        MINE.with(|mine| mine.set(0));
+    }
+}
+
+impl<T: 'static> Lock<T> {
+    /// An unlocked lock holding `value`.
+    pub const fn new(value: T) -> Self {
+        Self {
+            inner: Mutex::new(value),
+        }
+    }
+
+    fn key(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+
+    /// Whether this thread holds it, or is taking or releasing it (then
+    /// waiting for it might never end).
+    pub fn held_here(&self) -> bool {
+        MINE.with(Cell::get) == self.key()
+    }
+
+    fn guard<'a>(&'a self, guard: MutexGuard<'a, T>) -> Guard<'a, T> {
+        Guard {
+            guard: ManuallyDrop::new(guard),
+        }
+    }
+
+    /// Take the lock, waiting as long as another thread holds it; `None`
+    /// when this thread holds it already (a signal handler re-entered the
+    /// interposer while the interrupted code held it). A holder that
+    /// panicked left the value as it was; it is used as it is.
+    pub fn lock(&self) -> Option<Guard<'_, T>> {
+        if self.held_here() {
+            return None;
+        }
+        MINE.with(|mine| mine.set(self.key()));
+        let guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(self.guard(guard))
+    }
+
+    /// Take the lock if it is free now.
+    pub fn try_lock(&self) -> Option<Guard<'_, T>> {
+        if self.held_here() {
+            return None;
+        }
+        MINE.with(|mine| mine.set(self.key()));
+        match self.inner.try_lock() {
+            Ok(guard) => Some(self.guard(guard)),
+            Err(TryLockError::Poisoned(poisoned)) => Some(self.guard(poisoned.into_inner())),
+            Err(TryLockError::WouldBlock) => {
+                MINE.with(|mine| mine.set(0));
+                None
+            }
+        }
+    }
+
+    /// Take the lock, waiting at most `limit` for another thread to let it
+    /// go (the exit path and signal handlers: the holder may be stopped,
+    /// or waiting on something this thread holds); `None` when this thread
+    /// holds it or the time ran out.
+    pub fn lock_within(&self, limit: Duration) -> Option<Guard<'_, T>> {
+        let start = Instant::now();
+        loop {
+            if let Some(guard) = self.try_lock() {
+                return Some(guard);
+            }
+            if self.held_here() || start.elapsed() >= limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+thread_local! {
+    /// The guard held across a `fork` by the forking thread.
+    static ACROSS_FORK: RefCell<Option<Box<dyn std::any::Any>>> = const { RefCell::new(None) };
+    /// Whether this thread's prepare handler found the lock held by itself.
+    static NOT_HELD: Cell<bool> = const { Cell::new(false) };
+}
+
+impl<T: Send + 'static> Lock<T> {
+    /// Take the lock and keep it on this thread until [`Lock::release_held`]
+    /// (`pthread_atfork` prepare). Returns false when this thread holds it
+    /// already (a `fork` from a signal handler that interrupted a record):
+    /// then nothing is taken, and the child's copy stays locked.
+    pub fn hold(&'static self) -> bool {
+        match self.lock() {
+            Some(guard) => {
+                ACROSS_FORK.with(|held| *held.borrow_mut() = Some(Box::new(guard)));
+                NOT_HELD.with(|flag| flag.set(false));
+                true
+            }
+            None => {
+                NOT_HELD.with(|flag| flag.set(true));
+                false
+            }
+        }
+    }
+
+    /// Release what [`Lock::hold`] took (`pthread_atfork` parent and child:
+    /// in the child this thread is the only one, so nothing waits). Returns
+    /// false when `hold` took nothing.
+    pub fn release_held(&'static self) -> bool {
+        let held = ACROSS_FORK.with(|held| held.borrow_mut().take());
+        drop(held);
+        !NOT_HELD.with(Cell::get)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static COUNTER: Lock<u64> = Lock::new(0);
+
+    #[test]
+    fn threads_take_turns_and_a_held_lock_is_not_taken_without_waiting() {
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    for _ in 0..10_000 {
+                        *COUNTER.lock().unwrap() += 1;
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(*COUNTER.lock().unwrap(), 80_000);
+        assert!(COUNTER.hold());
+        let other = std::thread::spawn(|| {
+            COUNTER.try_lock().is_none() && COUNTER.lock_within(Duration::from_millis(5)).is_none()
+        });
+        assert!(other.join().unwrap());
+        COUNTER.release_held();
+        assert_eq!(*COUNTER.try_lock().unwrap(), 80_000);
+    }
+
+    #[test]
+    fn the_holding_thread_is_refused_rather_than_left_waiting() {
+        static OWN: Lock<u8> = Lock::new(0);
+        let guard = OWN.lock().unwrap();
+        assert!(OWN.held_here());
+        assert!(OWN.lock().is_none());
+        assert!(OWN.try_lock().is_none());
+        assert!(OWN.lock_within(Duration::from_secs(5)).is_none());
+        drop(guard);
+        assert!(!OWN.held_here());
+        assert!(OWN.lock().is_some());
+    }
+}
