@@ -34,13 +34,13 @@ impl Headline {
     /// ```
     /// use cudamem_torch::oom::Headline;
     /// let line = Headline {
-    ///     device: 0, requested: 2 << 30, total: 80 << 30, free: 1 << 30,
+    ///     device: 0, requested: 2 << 30, total: 80 << 30, free: 3 << 29,
     ///     allocated: 70 << 30, allocated_private: 0, reserved: 75 << 30, allowed: None,
     /// }
     /// .render();
     /// assert!(line.starts_with(
     ///     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of \
-    ///      80.00 GiB of which 1.00 GiB is free."
+    ///      80.00 GiB of which 1.50 GiB is free."
     /// ));
     /// ```
     pub fn render(&self) -> String {
