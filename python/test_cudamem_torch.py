@@ -51,7 +51,7 @@ class Allocator final : public cca::CUDAAllocator {
   void popCompileContext() override {}
   std::string name() const final { return "x"; }
   // void commentedOut(int a) override {}
-  void helper(int a) { call(a); }
+  void plain(int a) { call(a); }
 };
 """
 
