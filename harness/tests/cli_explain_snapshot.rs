@@ -426,7 +426,25 @@ fn snapshot_device_picks_one_device_of_a_snapshot() {
         "peak",
     ]);
     assert!(
-        said.contains("no events for device 5 (2 devices listed)"),
+        said.contains("the snapshot holds nothing of device 5 (its devices: 0, 1)"),
+        "{said}"
+    );
+    // At the dump too: never an empty state read as "nothing is stranded".
+    let said = message(&["explain", "--snapshot", p, "--snapshot-device", "5"]);
+    assert!(
+        said.contains("the snapshot holds nothing of device 5 (its devices: 0, 1)"),
+        "{said}"
+    );
+    // An ordinal past 32 bits is refused as such, never cut to 4294967295.
+    let said = message(&[
+        "explain",
+        "--snapshot",
+        p,
+        "--snapshot-device",
+        "4294967296",
+    ]);
+    assert!(
+        said.contains("device 4294967296 is past the largest ordinal"),
         "{said}"
     );
 }

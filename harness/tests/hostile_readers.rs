@@ -48,7 +48,11 @@ fn memo_append_and_list_bombs_stop_at_the_budget_of_their_size() {
         let (result, peak) = peak_during(|| load(&path));
         let limit = ReadBudget::for_file(compressed.len() as u64).decoded_bytes;
         assert!(limit < body.len() as u64 / 2);
-        assert_eq!(problem(result), Problem::TooLarge { limit_bytes: limit });
+        // Refused at the file's bound, or sooner where the bytes decoded
+        // outrun the compressed bytes read.
+        assert!(
+            matches!(problem(result), Problem::TooLarge { limit_bytes } if limit_bytes <= limit)
+        );
         // At most one value (16 bytes) per decoded byte, its vector doubled once.
         assert!(
             peak < 32 * limit + (8 << 20),
@@ -83,17 +87,31 @@ fn a_plain_pickle_of_memo_entries_meets_the_memo_bound() {
         held_bytes: 1000,
         ..ReadBudget::CEILING
     };
-    let body = pickle(&b"]\x94".repeat(16));
+    let body = pickle(&b"]\x94".repeat(64));
     let err = trace::snapshot::pickle::read(&body[..], &held).unwrap_err();
     assert!(
         matches!(
             err,
-            trace::snapshot::pickle::PickleError::Limit { limit: 1000, .. }
+            trace::snapshot::pickle::PickleError::Limit {
+                limit: 1000,
+                memory: true,
+                ..
+            }
         ),
         "{err}"
     );
-    let body = pickle(&[&b"]\x94".repeat(14)[..], b"0"].concat());
+    let body = pickle(&[&b"]\x94".repeat(8)[..], b"0"].concat());
     assert!(trace::snapshot::pickle::read(&body[..], &held).is_ok());
+    // A string's bytes are held too, counted before they are read.
+    let long = [&b"X\xd0\x07\x00\x00"[..], &[b'a'; 2000]].concat();
+    let err = trace::snapshot::pickle::read(&pickle(&long)[..], &held).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            trace::snapshot::pickle::PickleError::Limit { memory: true, .. }
+        ),
+        "{err}"
+    );
 }
 
 /// A snapshot whose `segments` is one segment of `blocks` blocks, then
@@ -151,13 +169,13 @@ fn a_segment_shared_a_thousand_times_is_refused_not_copied() {
         peak < 16 * bytes.len() as u64 + (8 << 20),
         "{peak} bytes held"
     );
-    // Shared a few times, it is read (each reference one more segment).
+    // Shared a few times, it is refused as the same bytes listed twice,
+    // never counted twice.
     let few = write_file("few.pickle", &shared_segment(20, 3));
     let (pickle, budget) = load_pickle(&few).unwrap();
-    assert_eq!(
-        state::read(&few, &pickle, &budget).unwrap().segments.len(),
-        4
-    );
+    let err = state::read(&few, &pickle, &budget).unwrap_err();
+    assert_eq!(err.location, Location::Segment { index: 1 });
+    assert!(err.to_string().contains("overlaps segment 0x1000"), "{err}");
 }
 
 /// A snapshot whose `device_traces` names one list of 2,000 entries as
@@ -332,7 +350,7 @@ fn a_gzip_of_repeated_rows_decodes_within_its_budget() {
     let (result, peak) = peak_during(|| load(&path));
     let limit = ReadBudget::for_file(compressed.len() as u64).decoded_bytes;
     assert!(limit < text.len() as u64);
-    assert_eq!(problem(result), Problem::TooLarge { limit_bytes: limit });
+    assert!(matches!(problem(result), Problem::TooLarge { limit_bytes } if limit_bytes <= limit));
     assert!(peak < REFUSAL_BYTES, "{peak} bytes held");
     // An event and where it came from take 32 bytes.
     assert!(std::mem::size_of::<Event>() + std::mem::size_of::<Location>() <= 32);

@@ -17,7 +17,8 @@ fn problem(result: Result<impl std::fmt::Debug, TraceError>) -> Problem {
     }
 }
 
-/// A state whose segments each hold one free block of `size` bytes.
+/// A state whose segments each hold one free block of `size` bytes, each
+/// segment on a device of its own.
 fn segments(sizes: &[u64], address_of: impl Fn(usize) -> u64) -> Vec<u8> {
     let mut pickler = Pickler::new();
     pickler.snapshot_segments_start();
@@ -30,6 +31,8 @@ fn segments(sizes: &[u64], address_of: impl Fn(usize) -> u64) -> Vec<u8> {
             bytes
         };
         pickler.open_dict();
+        // Each on its own device: one device's segments cannot overlap.
+        pickler.value(&s("device")).value(&Py::Int(index as i64));
         pickler.value(&s("address")).raw(&uint(address_of(index)));
         pickler.value(&s("total_size")).raw(&uint(size));
         pickler.value(&s("blocks")).raw(b"]}(");

@@ -288,6 +288,10 @@ const UNWIND_CONTINUE: c_int = 0;
 /// `_URC_NORMAL_STOP`: stop here.
 const UNWIND_STOP: c_int = 4;
 
+/// # Safety
+///
+/// Called by `_Unwind_Backtrace` only: `context` is its context of the frame
+/// being visited, and `arg` the `Walk` that `walk` passed, alive for the call.
 unsafe extern "C" fn visit(context: *mut c_void, arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the `Walk` that `walk` passed, alive for the call.
     let walk = unsafe { &mut *arg.cast::<Walk>() };
@@ -350,6 +354,10 @@ fn walk() -> Option<(u32, Option<usize>)> {
 #[cfg(target_arch = "x86_64")]
 macro_rules! with_caller {
     (export $name:ident [$reg:ident] ($($arg:ident: $ty:ty),*) => $inner:path) => {
+        /// # Safety
+        ///
+        /// The driver's contract for this ABI: the arguments are valid as the
+        /// driver requires them.
         #[unsafe(naked)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::driver::CuResult {
@@ -361,6 +369,10 @@ macro_rules! with_caller {
         }
     };
     (local $name:ident [$reg:ident] ($($arg:ident: $ty:ty),*) => $inner:path) => {
+        /// # Safety
+        ///
+        /// The driver's contract for this ABI: the arguments are valid as the
+        /// driver requires them.
         #[unsafe(naked)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::driver::CuResult {
             core::arch::naked_asm!(
@@ -377,6 +389,10 @@ macro_rules! with_caller {
 #[cfg(not(target_arch = "x86_64"))]
 macro_rules! with_caller {
     (export $name:ident [$reg:ident] ($($arg:ident: $ty:ty),*) => $inner:path) => {
+        /// # Safety
+        ///
+        /// The driver's contract for this ABI: the arguments are valid as the
+        /// driver requires them.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::driver::CuResult {
             // SAFETY: the same arguments, passed on.
@@ -384,6 +400,10 @@ macro_rules! with_caller {
         }
     };
     (local $name:ident [$reg:ident] ($($arg:ident: $ty:ty),*) => $inner:path) => {
+        /// # Safety
+        ///
+        /// The driver's contract for this ABI: the arguments are valid as the
+        /// driver requires them.
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::driver::CuResult {
             // SAFETY: the same arguments, passed on.
             unsafe { $inner($($arg,)* 0) }

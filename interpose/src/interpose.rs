@@ -32,6 +32,11 @@ pub const TABLE_NEWEST: c_int = 13000;
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
 /// `dlsym`: see the module docs.
+///
+/// # Safety
+///
+/// `dlsym`'s contract: `handle` is a handle `dlopen` returned or a
+/// pseudo-handle (`RTLD_DEFAULT`, `RTLD_NEXT`), and `symbol` a NUL-terminated string.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
@@ -75,6 +80,11 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 
 /// `dlsym` elsewhere: the same answers, with `RTLD_NEXT` lookups seen from
 /// this library rather than the caller.
+///
+/// # Safety
+///
+/// `dlsym`'s contract: `handle` is a handle `dlopen` returned or a
+/// pseudo-handle (`RTLD_DEFAULT`, `RTLD_NEXT`), and `symbol` a NUL-terminated string.
 #[cfg(not(target_arch = "x86_64"))]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
@@ -92,6 +102,11 @@ fn real_dlsym_fn() -> Option<DlsymFn> {
 }
 
 /// `dlsym` of a name that starts with `cu`.
+///
+/// # Safety
+///
+/// `dlsym`'s contract: `handle` is a handle `dlopen` returned or a
+/// pseudo-handle (`RTLD_DEFAULT`, `RTLD_NEXT`), and `symbol` a NUL-terminated string.
 unsafe extern "C" fn dlsym_driver_name(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     let Some(real) = real_dlsym_fn() else {
         return std::ptr::null_mut();
@@ -247,6 +262,10 @@ unsafe fn wrap_answer(symbol: *const c_char, pfn: *mut *mut c_void, version: c_i
     }
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn get_proc_address(
     real: Option<usize>,
     _caller: usize,
@@ -266,6 +285,10 @@ unsafe fn get_proc_address(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn get_proc_address_v2(
     real: Option<usize>,
     _caller: usize,

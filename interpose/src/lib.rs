@@ -24,8 +24,8 @@
 //! what `sigaction` reads of them) stay its own.
 //!
 //! Everything that needs no `unsafe` (the records, the accounting, the
-//! explanations) is in the `cudamem-hook` crate (`hook` here); this crate is the thin
-//! layer over the C ABI. Its behaviour is tested end to end, against a fake
+//! explanations) is in the `cudamem-trace` crate (`trace`), the pool is
+//! ctx's; this crate is the layer over the C ABI. Its behaviour is tested end to end, against a fake
 //! driver, by `cudamem run`'s tests (harness/tests/cli_run/):
 //!
 //! ```text

@@ -31,7 +31,7 @@ use crate::driver::{self, read};
 use crate::lifecycle;
 use crate::lock::{Guard, Lock};
 use crate::logfile::LogFile;
-use crate::stop::{guarded, print, stop_quietly, stopped};
+use crate::stop::{TEST_PANIC_VAR, guarded, print, stop_quietly, stopped};
 use crate::thread::monotonic_ns;
 use crate::thread::{forget_thread_id, thread_id};
 
@@ -68,11 +68,6 @@ pub struct State {
     records: u64,
     panic_at: Option<u64>,
 }
-
-/// A test aid, never set by `cudamem run`: the recorder panics on the
-/// record after this many (to show that a panic leaves the program as it
-/// was).
-pub const TEST_PANIC_VAR: &str = "CUDAMEM_TEST_PANIC_AFTER";
 
 /// How long the exit path waits for another thread's record (never for
 /// this thread's).
@@ -416,7 +411,7 @@ fn record_fast_unguarded<R>(
 /// An allocation call returned: record it (`ptr` 0 on failure), and explain
 /// an out-of-memory return before the caller sees it.
 pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize, result: c_int) {
-    let caller = named_caller(immediate);
+    let caller = guarded(|| caller_id(immediate)).unwrap_or(0);
     let thread = thread_id();
     let ordered = matches!(call, Call::MemAllocAsync | Call::MemAllocFromPoolAsync);
     let event = Event::Alloc {
@@ -453,7 +448,7 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
 /// reuses the pointer can come before it in the log). Returns what a
 /// `free-failed` record needs, should the free fail.
 pub fn freeing(call: Call, ptr: u64, stream: u64, immediate: usize) -> Option<(u64, u32)> {
-    let caller = named_caller(immediate);
+    let caller = guarded(|| caller_id(immediate)).unwrap_or(0);
     let thread = thread_id();
     let mut block = None;
     record_fast(
@@ -494,7 +489,7 @@ pub fn free_failed(call: Call, ptr: u64, block: (u64, u32), result: c_int) {
 /// A VMM or other record that adds memory (or none) after its call.
 pub fn after(event: Event<'_>, immediate: usize) {
     let caller = match &event {
-        Event::Create { .. } => named_caller(immediate),
+        Event::Create { .. } => guarded(|| caller_id(immediate)).unwrap_or(0),
         _ => 0,
     };
     let thread = thread_id();
@@ -799,9 +794,4 @@ pub fn after_fork_child() {
     if !STATE.release_held() {
         stop_quietly();
     }
-}
-
-/// The library that called (0: unknown), no panic let out.
-fn named_caller(immediate: usize) -> u32 {
-    guarded(|| caller_id(immediate)).unwrap_or(0)
 }

@@ -6,6 +6,11 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// A test aid, never set by `cudamem run`: the recorder panics on the
+/// record after this many (to show that a panic leaves the program as it
+/// was).
+pub const TEST_PANIC_VAR: &str = "CUDAMEM_TEST_PANIC_AFTER";
+
 /// Set after a panic inside the recorder: nothing is recorded any more, and
 /// every call goes straight to the driver.
 static STOPPED: AtomicBool = AtomicBool::new(false);

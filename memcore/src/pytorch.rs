@@ -1,7 +1,9 @@
 //! PyTorch's CUDA caching allocator, as far as the workspace models it: the
-//! sizes its blocks and segments come in, and its rule for splitting a
-//! cached block. One home for these facts: the snapshot reader, the replay
-//! models of PyTorch and the stitching allocator all read them here.
+//! sizes its blocks and segments come in, its rule for splitting a cached
+//! block, and the actions its allocation history records
+//! ([`TraceAction`]). One home for these facts: the snapshot reader, the
+//! replay models of PyTorch, the stitching allocator and the PyTorch
+//! backend all read them here.
 //!
 //! The names follow PyTorch's `c10/cuda/CUDACachingAllocator.cpp`
 //! (`kMinBlockSize`, `kSmallSize`, `kSmallBuffer`, `kLargeBuffer`,
@@ -73,6 +75,71 @@ pub fn should_split(block_bytes: u64, request_bytes: u64, small_pool: bool) -> b
     }
 }
 
+/// What an entry of PyTorch's allocation history records
+/// (`TraceEntry::Action`), in PyTorch's order: the index is its number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceAction {
+    /// A block handed out.
+    Alloc,
+    /// A free asked for (the block may still wait for streams).
+    FreeRequested,
+    /// A block back in the pool.
+    FreeCompleted,
+    /// Device memory taken as a new segment.
+    SegmentAlloc,
+    /// A segment given back.
+    SegmentFree,
+    /// Device memory mapped into the pool.
+    SegmentMap,
+    /// Device memory unmapped from the pool.
+    SegmentUnmap,
+    /// A snapshot was taken.
+    Snapshot,
+    /// A request ran out of memory (`addr` holds the device's free bytes).
+    Oom,
+}
+
+impl TraceAction {
+    /// Every action, in PyTorch's order (the index is its number).
+    pub const ALL: [TraceAction; 9] = [
+        Self::Alloc,
+        Self::FreeRequested,
+        Self::FreeCompleted,
+        Self::SegmentAlloc,
+        Self::SegmentFree,
+        Self::SegmentMap,
+        Self::SegmentUnmap,
+        Self::Snapshot,
+        Self::Oom,
+    ];
+
+    /// PyTorch's number for the action.
+    pub fn raw(self) -> u32 {
+        self as u32
+    }
+
+    /// PyTorch's name for it: a snapshot entry's `action`, and what
+    /// `_record_memory_history(skip_actions=...)` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Alloc => "alloc",
+            Self::FreeRequested => "free_requested",
+            Self::FreeCompleted => "free_completed",
+            Self::SegmentAlloc => "segment_alloc",
+            Self::SegmentFree => "segment_free",
+            Self::SegmentMap => "segment_map",
+            Self::SegmentUnmap => "segment_unmap",
+            Self::Snapshot => "snapshot",
+            Self::Oom => "oom",
+        }
+    }
+
+    /// The action PyTorch calls `name`, if it is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|action| action.name() == name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +165,14 @@ mod tests {
         ));
         // A request larger than the block leaves nothing to split off.
         assert!(!should_split(512, 1024, true));
+    }
+
+    #[test]
+    fn a_trace_action_is_found_by_its_name_and_numbered_in_order() {
+        for (index, action) in TraceAction::ALL.into_iter().enumerate() {
+            assert_eq!(action.raw() as usize, index);
+            assert_eq!(TraceAction::from_name(action.name()), Some(action));
+        }
+        assert_eq!(TraceAction::from_name("free"), None);
     }
 }

@@ -35,47 +35,14 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
+
+from nvml_peaks import PeakSampler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 MODES = ("default", "expandable", "tlsf", "stitch")
 CUDAMEM_MODES = ("tlsf", "stitch")
-
-
-class PeakSampler:
-    """NVML used bytes of GPU 0, sampled every `period` seconds; keeps the maximum."""
-
-    def __init__(self, period=0.001):
-        import pynvml
-
-        self.nvml = pynvml
-        pynvml.nvmlInit()
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        self.period = period
-        self.peak = 0
-        self.samples = 0
-        self.stop_flag = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def used(self):
-        return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
-
-    def _run(self):
-        while not self.stop_flag.is_set():
-            self.peak = max(self.peak, self.used())
-            self.samples += 1
-            time.sleep(self.period)
-
-    def start(self):
-        self.thread.start()
-
-    def stop(self):
-        self.stop_flag.set()
-        self.thread.join()
-        self.peak = max(self.peak, self.used())
-        return self.peak
 
 
 # The rule that picks the default policy from a benchmark: the stitched pool when, on
@@ -96,8 +63,8 @@ def child(name, mode, lib, out, explain, repeat):
 
     torch.cuda.init()
     torch.cuda.synchronize()  # the context exists now
-    sampler = PeakSampler()
-    baseline = sampler.used()
+    sampler = PeakSampler([0])
+    baseline = sampler.used()[0]
     sampler.start()
     start = time.perf_counter()
     checksums, means, steps = [], [], 0
@@ -121,7 +88,7 @@ def child(name, mode, lib, out, explain, repeat):
         means.append(sum(steady) / len(steady) if steady else 0.0)
     torch.cuda.synchronize()
     wall = time.perf_counter() - start
-    peak = sampler.stop()
+    peak = sampler.stop()[0]
     timed = sorted(means[1:] or means)
     result = {
         "workload": name,

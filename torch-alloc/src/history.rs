@@ -46,66 +46,13 @@ impl RecordContext {
     }
 }
 
-/// What a trace entry records: PyTorch's `TraceEntry::Action`, in its order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TraceAction {
-    /// A block handed out.
-    Alloc,
-    /// A free asked for (the block may still wait for streams).
-    FreeRequested,
-    /// A block back in the pool.
-    FreeCompleted,
-    /// Device memory taken as a new segment.
-    SegmentAlloc,
-    /// A segment given back.
-    SegmentFree,
-    /// Device memory mapped into the pool.
-    SegmentMap,
-    /// Device memory unmapped from the pool.
-    SegmentUnmap,
-    /// A snapshot was taken.
-    Snapshot,
-    /// A request ran out of memory (`addr` holds the device's free bytes).
-    Oom,
-}
+/// What a trace entry records: memcore's statement of PyTorch's
+/// `TraceEntry::Action`.
+pub use memcore::pytorch::TraceAction;
 
-impl TraceAction {
-    /// Every action, in PyTorch's order (the index is its number).
-    pub const ALL: [TraceAction; 9] = [
-        Self::Alloc,
-        Self::FreeRequested,
-        Self::FreeCompleted,
-        Self::SegmentAlloc,
-        Self::SegmentFree,
-        Self::SegmentMap,
-        Self::SegmentUnmap,
-        Self::Snapshot,
-        Self::Oom,
-    ];
-
-    /// PyTorch's number for the action.
-    pub fn raw(self) -> u32 {
-        self as u32
-    }
-
-    /// PyTorch's name for it (`_record_memory_history(skip_actions=...)`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Alloc => "alloc",
-            Self::FreeRequested => "free_requested",
-            Self::FreeCompleted => "free_completed",
-            Self::SegmentAlloc => "segment_alloc",
-            Self::SegmentFree => "segment_free",
-            Self::SegmentMap => "segment_map",
-            Self::SegmentUnmap => "segment_unmap",
-            Self::Snapshot => "snapshot",
-            Self::Oom => "oom",
-        }
-    }
-
-    fn bit(self) -> u32 {
-        1 << self.raw()
-    }
+/// `action`'s bit in a mask of skipped actions.
+fn bit(action: TraceAction) -> u32 {
+    1 << action.raw()
 }
 
 /// One entry of the trace, as a snapshot's `device_traces` shows it.
@@ -146,11 +93,8 @@ impl HistorySettings {
     pub fn skip_mask<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<u32, String> {
         let mut mask = 0;
         for name in names {
-            let action = TraceAction::ALL
-                .iter()
-                .find(|a| a.name() == name)
-                .ok_or_else(|| name.to_owned())?;
-            mask |= action.bit();
+            let action = TraceAction::from_name(name).ok_or_else(|| name.to_owned())?;
+            mask |= bit(action);
         }
         Ok(mask)
     }
@@ -207,7 +151,7 @@ impl History {
         context: u64,
     ) {
         let settings = self.settings;
-        if !settings.enabled || settings.skip & action.bit() != 0 {
+        if !settings.enabled || settings.skip & bit(action) != 0 {
             return;
         }
         let context = if settings.when >= RecordContext::Alloc {

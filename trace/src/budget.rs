@@ -1,23 +1,43 @@
 //! [`ReadBudget`]: what one trace file may cost the readers, stated once.
 //!
-//! Every bound is a function of the file's size on disk: a reader takes
-//! at most one object, memo entry, container item or event per byte it
-//! decodes, and it decodes at most [`DECODED_PER_FILE_BYTE`] bytes per byte
-//! of the file. A small file built to cost a lot (a gzip of one row
-//! repeated, a pickle whose memo references make one list stand for
-//! thousands) meets a bound in proportion to what it really holds, and
-//! every bound also has a ceiling ([`ReadBudget::CEILING`]) that keeps a
-//! reader's memory well inside a workstation's.
+//! Every count grows with the bytes a reader really decodes: a reader takes
+//! at most one object, memo entry, container item, record or frame per
+//! byte it decodes, and each of them holds a bounded number of bytes, so a
+//! file costs at most a fixed multiple of its own decoded bytes. A
+//! compressed file may decode to at most [`DECODED_PER_FILE_BYTE`] bytes
+//! per byte of it really read (so a small gzip followed by a hole of zeros
+//! decodes no further than the small gzip allows). Above that, one ceiling
+//! bounds what a reader holds in memory, whatever the file:
+//! [`MEMORY_ENV`] (`CUDAMEM_READ_MEMORY`, default
+//! [`DEFAULT_MEMORY_BYTES`]) raises it, and every refusal at a bound says
+//! so.
 
 use crate::rmm_csv;
 
-/// Bytes a compressed file may decode to per byte of the file: above the
-/// ratio of any real log or snapshot, far below a decompression bomb's.
+/// Bytes a compressed file may decode to per byte of the file read: above
+/// the ratio of any real log or snapshot, far below a decompression bomb's.
 pub const DECODED_PER_FILE_BYTE: u64 = 64;
 
 /// The fewest decoded bytes a budget allows, however small the file (a
 /// tiny file's ratio says little).
 pub const MIN_DECODED_BYTES: u64 = 1 << 20;
+
+/// The environment variable that sets the memory a reader may hold
+/// (`8G`, `4096MiB`, bytes); its decoded bytes may be
+/// [`DECODED_PER_MEMORY_BYTE`] times that.
+pub const MEMORY_ENV: &str = "CUDAMEM_READ_MEMORY";
+
+/// The memory a reader may hold when [`MEMORY_ENV`] is not set: a
+/// snapshot of 400 MB decoded with a stack per entry takes well under it.
+pub const DEFAULT_MEMORY_BYTES: u64 = 1 << 30;
+
+/// Decoded bytes read per byte of memory allowed: the most a reader reads
+/// of one file is this many times its memory ceiling.
+pub const DECODED_PER_MEMORY_BYTE: u64 = 4;
+
+/// Bytes a trace's record costs once read (the event, where it came from,
+/// its time and stack): what a record counts against the memory ceiling.
+pub const BYTES_PER_EVENT: u64 = 96;
 
 /// What a reader may take from one trace file before it gives up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,60 +65,77 @@ pub struct ReadBudget {
     pub marks: u64,
     /// Bytes a command may print about the file.
     pub output_bytes: u64,
-    /// Bytes a pickle's objects, memo entries and items may hold together,
-    /// as [`held_bytes`] estimates them: the counts' own bounds, each
-    /// reached alone, stay within it; all reached at once would not.
+    /// Bytes a pickle's objects, strings, memo entries and items may hold
+    /// together, as the reader counts them (the memory ceiling).
     pub held_bytes: u64,
 }
 
 /// What a reader holds for `objects` containers and strings, `memo`
-/// entries and `items` container items, bytes: a vector header and its
-/// smallest heap block per object, one value per entry and item.
+/// entries and `items` container items, bytes, at the least: a vector
+/// header per object, one stored value per entry and item.
 pub fn held_bytes(objects: u64, memo: u64, items: u64) -> u64 {
     objects
-        .saturating_mul(48)
-        .saturating_add(memo.saturating_mul(16))
-        .saturating_add(items.saturating_mul(16))
+        .saturating_mul(24)
+        .saturating_add(memo.saturating_mul(8))
+        .saturating_add(items.saturating_mul(8))
+}
+
+/// The memory a reader may hold: [`MEMORY_ENV`] where it is set to a byte
+/// count, else [`DEFAULT_MEMORY_BYTES`].
+pub fn memory_bytes() -> u64 {
+    std::env::var(MEMORY_ENV)
+        .ok()
+        .and_then(|text| memcore::bytes::parse(&text).ok())
+        .filter(|&bytes| bytes > 0)
+        .unwrap_or(DEFAULT_MEMORY_BYTES)
 }
 
 impl ReadBudget {
-    /// The bounds no file passes, however large: about a gigabyte of
-    /// reader memory at most.
-    pub const CEILING: ReadBudget = ReadBudget {
-        decoded_bytes: 4 << 30,
-        line_bytes: rmm_csv::MAX_LINE_BYTES,
-        objects: 1 << 24,
-        memo_entries: 1 << 24,
-        container_items: 1 << 25,
-        events: 1 << 25,
-        frames: 1 << 25,
-        stack_values: 1_000_000,
-        marks: 1_000,
-        output_bytes: 1 << 30,
-        held_bytes: 1 << 30,
-    };
+    /// The bounds of the default memory ceiling, however large the file.
+    pub const CEILING: ReadBudget = ReadBudget::with_memory(DEFAULT_MEMORY_BYTES);
 
-    /// The budget of a file of `file_bytes` bytes on disk.
-    pub fn for_file(file_bytes: u64) -> ReadBudget {
-        let ceiling = Self::CEILING;
-        let decoded = file_bytes
-            .saturating_mul(DECODED_PER_FILE_BYTE)
-            .clamp(MIN_DECODED_BYTES, ceiling.decoded_bytes);
+    /// The bounds no file passes when a reader may hold `memory` bytes.
+    pub const fn with_memory(memory: u64) -> ReadBudget {
+        let decoded = memory.saturating_mul(DECODED_PER_MEMORY_BYTE);
         ReadBudget {
             decoded_bytes: decoded,
-            line_bytes: ceiling.line_bytes,
+            line_bytes: rmm_csv::MAX_LINE_BYTES,
+            objects: decoded,
+            memo_entries: decoded,
+            container_items: decoded,
+            events: memory / BYTES_PER_EVENT,
+            frames: decoded,
+            stack_values: 1_000_000,
+            marks: 1_000,
+            output_bytes: if memory < 1 << 30 { memory } else { 1 << 30 },
+            held_bytes: memory,
+        }
+    }
+
+    /// The budget of a file of `file_bytes` bytes on disk, under the
+    /// memory ceiling [`memory_bytes`] says.
+    pub fn for_file(file_bytes: u64) -> ReadBudget {
+        Self::for_file_within(file_bytes, &ReadBudget::with_memory(memory_bytes()))
+    }
+
+    /// The budget of a file of `file_bytes` bytes on disk within `ceiling`.
+    pub fn for_file_within(file_bytes: u64, ceiling: &ReadBudget) -> ReadBudget {
+        let decoded = file_bytes.saturating_mul(DECODED_PER_FILE_BYTE).clamp(
+            MIN_DECODED_BYTES,
+            ceiling.decoded_bytes.max(MIN_DECODED_BYTES),
+        );
+        ReadBudget {
+            decoded_bytes: decoded,
             objects: decoded.min(ceiling.objects),
             memo_entries: decoded.min(ceiling.memo_entries),
             container_items: decoded.min(ceiling.container_items),
             events: decoded.min(ceiling.events),
             frames: decoded.min(ceiling.frames),
-            stack_values: ceiling.stack_values,
-            marks: ceiling.marks,
             // A line of text per record, with room for the headings.
             output_bytes: decoded
                 .saturating_mul(256)
-                .clamp(1 << 20, ceiling.output_bytes),
-            held_bytes: ceiling.held_bytes,
+                .clamp(1 << 20, ceiling.output_bytes.max(1 << 20)),
+            ..*ceiling
         }
     }
 }
@@ -116,6 +153,17 @@ impl ReadBudget {
             output_bytes: self
                 .output_bytes
                 .min(decoded_bytes.saturating_mul(256).max(1 << 20)),
+            ..*self
+        }
+    }
+
+    /// This budget's records lowered to what is left of the memory ceiling
+    /// once `held` bytes are taken (the pickle a trace is built from).
+    pub fn after_holding(&self, held: u64) -> ReadBudget {
+        ReadBudget {
+            events: self
+                .events
+                .min(self.held_bytes.saturating_sub(held) / BYTES_PER_EVENT),
             ..*self
         }
     }
@@ -152,12 +200,18 @@ mod tests {
 
     #[test]
     fn every_bound_grows_with_the_file_up_to_its_ceiling() {
-        let small = ReadBudget::for_file(1000);
+        let ceiling = ReadBudget::CEILING;
+        let small = ReadBudget::for_file_within(1000, &ceiling);
         assert_eq!(small.decoded_bytes, MIN_DECODED_BYTES);
-        let mid = ReadBudget::for_file(10 << 20);
+        let mid = ReadBudget::for_file_within(10 << 20, &ceiling);
         assert_eq!(mid.decoded_bytes, 640 << 20);
-        assert_eq!(mid.events, ReadBudget::CEILING.events);
-        assert_eq!(ReadBudget::for_file(u64::MAX), ReadBudget::CEILING);
+        assert_eq!(mid.container_items, 640 << 20);
+        assert_eq!(mid.events, ceiling.events);
+        assert_eq!(ReadBudget::for_file_within(u64::MAX, &ceiling), ceiling);
+        // A larger ceiling lifts every count with it.
+        let more = ReadBudget::with_memory(8 << 30);
+        assert_eq!(more.decoded_bytes, 32 << 30);
+        assert!(more.events > ceiling.events);
         let mut counter = Counter::new(2);
         assert!(counter.take(2));
         assert!(!counter.take(1));

@@ -1,13 +1,15 @@
 //! Opening a trace file: gzip or plain, CSV log or pickled snapshot, told
 //! apart by their first bytes rather than by the file name.
 
+use std::cell::Cell;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
+use std::rc::Rc;
 
 use flate2::bufread::GzDecoder;
 
-use super::budget::ReadBudget;
+use super::budget::{DECODED_PER_FILE_BYTE, MIN_DECODED_BYTES, ReadBudget};
 use super::{rmm_csv, snapshot};
 use crate::{Location, Problem, Trace, TraceError, display_name};
 
@@ -184,9 +186,48 @@ pub fn read_device(
             location: Location::File,
             problem: Problem::PickleProtocol { protocol },
         })
+    } else if let Some(encoding) = text_encoding(head) {
+        Err(TraceError {
+            path: path.to_path_buf(),
+            location: Location::File,
+            problem: Problem::Encoding { encoding },
+        })
     } else {
+        // A UTF-8 byte order mark is no part of the header.
+        if head.starts_with(UTF8_BOM) {
+            input.consume(UTF8_BOM.len());
+        }
         rmm_csv::parse(path, name, input, budget).map(|trace| vec![trace])
     }
+}
+
+const UTF8_BOM: &[u8] = &[0xef, 0xbb, 0xbf];
+
+/// The encoding of a text file cudamem does not read (UTF-16 or UTF-32,
+/// by its byte order mark or by the zero bytes between ASCII letters),
+/// so it is named rather than read as a CSV with a garbled header.
+fn text_encoding(head: &[u8]) -> Option<&'static str> {
+    if head.starts_with(&[0xff, 0xfe, 0, 0]) || head.starts_with(&[0, 0, 0xfe, 0xff]) {
+        return Some("UTF-32");
+    }
+    if head.starts_with(&[0xff, 0xfe]) {
+        return Some("UTF-16 (little-endian)");
+    }
+    if head.starts_with(&[0xfe, 0xff]) {
+        return Some("UTF-16 (big-endian)");
+    }
+    // ASCII text in UTF-16 without a mark: every other byte zero.
+    let pairs = head.len().min(64) / 2;
+    if pairs >= 4 {
+        let zero = |offset: usize| (0..pairs).all(|pair| head[2 * pair + offset] == 0);
+        if zero(1) && !zero(0) {
+            return Some("UTF-16 (little-endian)");
+        }
+        if zero(0) && !zero(1) {
+            return Some("UTF-16 (big-endian)");
+        }
+    }
+    None
 }
 
 /// The protocol of a pickle written with protocol 0 or 1 (which open
@@ -224,15 +265,48 @@ fn decoded<'a>(
     {
         return Err(file_error(Problem::Compressed { format }));
     }
-    let inner: Box<dyn Read + 'a> = if head.starts_with(&GZIP_MAGIC) {
-        Box::new(Members::new(input))
+    let gzip = head.starts_with(&GZIP_MAGIC);
+    let consumed = Rc::new(Cell::new(0u64));
+    let inner: Box<dyn Read + 'a> = if gzip {
+        Box::new(Members::new(Counted {
+            inner: input,
+            consumed: Rc::clone(&consumed),
+        }))
     } else {
         Box::new(input)
     };
-    Ok(BufReader::with_capacity(
-        1 << 16,
-        Bounded::new(inner, budget.decoded_bytes),
-    ))
+    let mut bounded = Bounded::new(inner, budget.decoded_bytes);
+    if gzip {
+        bounded.compressed = Some(consumed);
+    }
+    Ok(BufReader::with_capacity(1 << 16, bounded))
+}
+
+/// A compressed input that counts the bytes the decoder took from it, so
+/// the bytes it may decode to follow what was really read, not the
+/// file's apparent size (a sparse file, a hole after a small member).
+struct Counted<R> {
+    inner: R,
+    consumed: Rc<Cell<u64>>,
+}
+
+impl<R: BufRead> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let read = self.inner.read(buf)?;
+        self.consumed.set(self.consumed.get() + read as u64);
+        Ok(read)
+    }
+}
+
+impl<R: BufRead> BufRead for Counted<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amount: usize) {
+        self.consumed.set(self.consumed.get() + amount as u64);
+        self.inner.consume(amount);
+    }
 }
 
 /// The members of a gzip file one after another, as gzip(1) reads them:
@@ -294,11 +368,15 @@ struct TooLarge {
     limit_bytes: u64,
 }
 
-/// A reader that fails once more than `limit_bytes` have come through.
+/// A reader that fails once more than `limit_bytes` have come through, or
+/// (for a compressed input) more than [`DECODED_PER_FILE_BYTE`] bytes per
+/// compressed byte read.
 struct Bounded<R> {
     inner: R,
     left: u64,
     limit_bytes: u64,
+    /// Compressed bytes read so far, for a compressed input.
+    compressed: Option<Rc<Cell<u64>>>,
 }
 
 impl<R> Bounded<R> {
@@ -307,12 +385,28 @@ impl<R> Bounded<R> {
             inner,
             left: limit_bytes,
             limit_bytes,
+            compressed: None,
         }
     }
 }
 
 impl<R: Read> Read for Bounded<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(compressed) = &self.compressed {
+            let decoded = self.limit_bytes - self.left;
+            let allowed = compressed
+                .get()
+                .saturating_mul(DECODED_PER_FILE_BYTE)
+                .max(MIN_DECODED_BYTES);
+            if decoded > allowed {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    TooLarge {
+                        limit_bytes: allowed,
+                    },
+                ));
+            }
+        }
         // Ask for one byte past the limit, so reaching it exactly is fine
         // and passing it is seen.
         let want = buf

@@ -147,6 +147,19 @@ pub enum Problem {
         /// The devices whose lists hold events.
         present: Vec<u32>,
     },
+    /// A device the snapshot holds nothing of (no segment, no history).
+    #[error(
+        "the snapshot holds nothing of device {device} (its devices: {})",
+        if present.is_empty() { "none".to_string() } else {
+            present.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+        }
+    )]
+    NoSuchDevice {
+        /// The device asked for.
+        device: u64,
+        /// The devices it holds segments or history of.
+        present: Vec<u64>,
+    },
     /// More allocations than dense ids can name.
     #[error("more than {} allocations", u32::MAX)]
     TooManyAllocations,
@@ -171,7 +184,9 @@ pub enum Problem {
     /// allows: a file built to cost far more than its size.
     #[error(
         "more than {limit} {what}, the most cudamem reads from a file of this size \
-         (shared references count each time they are used)"
+         (shared references count each time they are used; the bound grows with the \
+         bytes the file decodes to, up to what the memory ceiling allows: {} raises it)",
+        budget::MEMORY_ENV
     )]
     OverBudget {
         /// What was counted.
@@ -188,6 +203,15 @@ pub enum Problem {
         /// The format, by name.
         format: &'static str,
     },
+    /// A text file in an encoding cudamem does not read.
+    #[error(
+        "the file is {encoding} text; cudamem reads CSV logs in UTF-8 (or ASCII): \
+         convert it first, e.g. iconv -f UTF-16 -t UTF-8 FILE > FILE.csv"
+    )]
+    Encoding {
+        /// The encoding, by name.
+        encoding: &'static str,
+    },
     /// A pickle of a protocol older than PyTorch writes.
     #[error("pickle protocol {protocol} unsupported (need 2+)")]
     PickleProtocol {
@@ -197,13 +221,44 @@ pub enum Problem {
     /// A file whose (decompressed) contents exceed what cudamem reads.
     #[error(
         "more than {limit_bytes} bytes ({}) once decompressed, the most cudamem \
-         reads from one trace file",
-        memcore::bytes::human(*limit_bytes)
+         reads from this file ({} bytes per compressed byte read, and at most {} times \
+         the memory ceiling, which {} raises)",
+        memcore::bytes::human(*limit_bytes),
+        budget::DECODED_PER_FILE_BYTE,
+        budget::DECODED_PER_MEMORY_BYTE,
+        budget::MEMORY_ENV
     )]
     TooLarge {
         /// The limit, bytes.
         limit_bytes: u64,
     },
+    /// A pickle that would make the reader hold more than the memory
+    /// ceiling, or nest deeper than a reader follows.
+    #[error("byte {offset} of the pickle: {what} (limit {limit}){}", raise_hint(*memory))]
+    PickleLimit {
+        /// Bytes of pickle read.
+        offset: u64,
+        /// Which bound.
+        what: &'static str,
+        /// The bound.
+        limit: u64,
+        /// The bound is the memory ceiling ([`budget::MEMORY_ENV`] raises it).
+        memory: bool,
+    },
+}
+
+/// How to raise the memory ceiling, for a refusal at it.
+fn raise_hint(memory: bool) -> String {
+    if memory {
+        format!(
+            "; cudamem holds at most {} while it reads one file: set {}=8G (or more) to \
+             read it",
+            memcore::bytes::human(budget::memory_bytes()),
+            budget::MEMORY_ENV
+        )
+    } else {
+        String::new()
+    }
 }
 
 /// Why a reader passed over a record rather than replaying it or
@@ -368,6 +423,11 @@ pub struct Recorded {
     /// The recording ran with expandable segments (its history maps and
     /// unmaps segments rather than allocating them).
     pub expandable_segments: bool,
+    /// Bytes already reserved when the history begins (recording started
+    /// after segments were reserved, or the ring buffer wrapped), read
+    /// from the segments the snapshot holds at its dump: the figures are
+    /// partial, what the history shows on top of those.
+    pub reserved_before_history_bytes: u64,
 }
 
 impl Trace {

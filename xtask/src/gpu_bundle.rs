@@ -13,6 +13,9 @@
 //! DIR/scripts/run/     `cudamem run`'s GPU check: CUDA C sources (built there
 //!                      with nvcc), Python jobs, gpu_check.sh
 //! DIR/scripts/torch/   the PyTorch workloads gpu_check.sh times
+//! DIR/scripts/pause/   `cudamem pause`'s GPU check: pause_job.cu (built
+//!                      there with nvcc), PyTorch, CuPy and JAX jobs,
+//!                      gpu_check.sh
 //! DIR/fixtures/        the fake driver and its test programs (C sources):
 //!                      gpu_check.sh times the interposer against them on
 //!                      the GPU machine's CPU, beside the real driver
@@ -350,7 +353,7 @@ pub fn run(root: &Path, dir: &Path, max_mib: u64) -> Result<()> {
         }
     }
     copy_tree(&root.join("traces"), &dir.join("traces"))?;
-    for scripts in ["run", "torch"] {
+    for scripts in ["run", "torch", "pause"] {
         copy_tree(
             &root.join("scripts").join(scripts),
             &dir.join("scripts").join(scripts),
@@ -364,7 +367,8 @@ pub fn run(root: &Path, dir: &Path, max_mib: u64) -> Result<()> {
         "chmod gpu_check.sh",
         Command::new("chmod")
             .arg("+x")
-            .arg(dir.join("scripts/run/gpu_check.sh")),
+            .arg(dir.join("scripts/run/gpu_check.sh"))
+            .arg(dir.join("scripts/pause/gpu_check.sh")),
     )?;
     let run_sh = dir.join("run.sh");
     fs::write(&run_sh, RUN_SH)?;

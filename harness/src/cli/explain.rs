@@ -65,10 +65,13 @@ pub struct ExplainArgs {
     /// which devices reach which (needs a build with the `cuda` feature).
     #[arg(long, value_parser = parse_device)]
     device: Option<DeviceChoice>,
-    /// Stack limit per thread (CU_LIMIT_STACK_SIZE), e.g. 4KiB; default 1024 B.
+    /// Stack limit per thread (CU_LIMIT_STACK_SIZE), e.g. 4KiB; default 1.00 KiB
+    /// (1024 B). Sizes: K, KiB, M, MiB, G, GiB are binary (16K = 16384 B), KB,
+    /// MB, GB decimal (16KB = 16000 B).
     #[arg(long, value_parser = byte_size::parse)]
     stack_size: Option<u64>,
-    /// In-kernel malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE); default 8 MiB.
+    /// In-kernel malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE); default 8.00 MiB
+    /// (8388608 B).
     #[arg(long, value_parser = byte_size::parse)]
     heap_size: Option<u64>,
     /// A cm_malloc heap (cudamem's in-kernel allocator) of this much, e.g. 256MiB: a line
@@ -76,7 +79,7 @@ pub struct ExplainArgs {
     /// CUDA's malloc heap; default none.
     #[arg(long, value_parser = byte_size::parse)]
     cm_heap: Option<u64>,
-    /// printf FIFO (CU_LIMIT_PRINTF_FIFO_SIZE); default 8,650,752 B.
+    /// printf FIFO (CU_LIMIT_PRINTF_FIFO_SIZE); default 8.25 MiB (8650752 B).
     #[arg(long, value_parser = byte_size::parse)]
     printf_fifo: Option<u64>,
     /// Local memory per thread of a loaded kernel (repeatable): the largest
@@ -107,8 +110,8 @@ pub struct ExplainArgs {
     /// Of a multi-device snapshot, only the device N it recorded (default:
     /// every device at the dump; the first device with a history for the
     /// other moments).
-    #[arg(long, value_name = "N", requires = "snapshot")]
-    snapshot_device: Option<usize>,
+    #[arg(long, value_name = "N", requires = "snapshot", value_parser = parse_snapshot_device)]
+    snapshot_device: Option<u32>,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -138,6 +141,22 @@ fn parse_device(text: &str) -> Result<DeviceChoice, String> {
     })
 }
 
+/// `--snapshot-device`'s value: a CUDA device ordinal as PyTorch records
+/// it (32 bits), never cut to fit.
+fn parse_snapshot_device(text: &str) -> Result<u32, String> {
+    let shown: String = text.chars().take(80).collect();
+    let number: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{shown:?} is not a device ordinal (0, 1, ...)"))?;
+    u32::try_from(number).map_err(|_| {
+        format!(
+            "device {number} is past the largest ordinal a snapshot can name ({})",
+            u32::MAX
+        )
+    })
+}
+
 /// A ledger and where its figures came from.
 pub(crate) struct Explained {
     pub(crate) profile: DeviceProfile,
@@ -152,7 +171,7 @@ pub fn run(args: ExplainArgs, out: &mut dyn Write) -> Result<()> {
         return crate::cli::explain_snapshot::run(
             snapshot,
             args.at.unwrap_or(moments::Moment::Dump),
-            args.snapshot_device,
+            args.snapshot_device.map(|device| device as usize),
             args.json,
             args.report.as_deref(),
             out,

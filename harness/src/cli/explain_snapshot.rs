@@ -52,18 +52,52 @@ pub fn run(
         output::refuse_input("--report", report, &[path])?;
     }
     let (pickle, budget) = trace::file::load_pickle(path)?;
-    let moments = moments::at(path, &pickle, &budget, at, device)?;
     let ooms = moments::oom_entries(path, &pickle, &budget, device)?;
-    let budget = budget.for_decoded(pickle.decoded_bytes());
-    drop(pickle);
+    let limit = budget.for_decoded(pickle.decoded_bytes()).output_bytes;
     let name = display_name(path);
-    let stories: Vec<OomStory> = moments
-        .iter()
-        .map(|moment| snapshot_oom::story(&moment.state, moment.oom.as_ref()))
-        .collect();
-    let shown = if json {
-        let mut value = match moments.first() {
-            Some(first) => serde_json::to_value(&first.state)?,
+    let too_much = |bytes: usize| {
+        anyhow::anyhow!(
+            "{}: the explanation would take more than {limit} bytes ({bytes} so far), the most \
+             cudamem prints for a file of this size",
+            path.display(),
+        )
+    };
+    // Each moment's state is built, told and dropped in turn (latest
+    // first); what is kept is its text, within the output bound, and the
+    // earliest state for the page.
+    let mut told: Vec<String> = Vec::new();
+    let mut bytes = 0usize;
+    let mut first: Option<(AtMoment, OomStory)> = None;
+    let build = if json { usize::MAX } else { LISTED_OOMS };
+    let count = moments::each(path, &pickle, &budget, at, device, build, |moment| {
+        let story = snapshot_oom::story(&moment.state, moment.oom.as_ref());
+        let text = if json {
+            serde_json::to_string(&serde_json::json!({
+                "after_entry": moment.after_entry,
+                "device": moment.device,
+                "oom": moment.oom,
+                "warnings": moment.warnings,
+                "story": story,
+                "state": moment.state,
+            }))?
+        } else {
+            moment_text(&name, &moment, &story)
+        };
+        bytes += text.len();
+        if bytes as u64 > limit {
+            return Err(too_much(bytes));
+        }
+        let mut text = text;
+        text.shrink_to_fit();
+        told.push(text);
+        first = Some((moment, story));
+        Ok::<(), anyhow::Error>(())
+    })?;
+    drop(pickle);
+    told.reverse();
+    if json {
+        let mut value = match &first {
+            Some((moment, _)) => serde_json::to_value(&moment.state)?,
             None => serde_json::json!({}),
         };
         if let Some(object) = value.as_object_mut() {
@@ -72,37 +106,36 @@ pub fn run(
             object.insert("fragmentation_rule".into(), FRAGMENTATION_RULE.into());
             object.insert("oom_rule".into(), OOM_RULE.into());
             object.insert("oom_entries".into(), serde_json::to_value(&ooms)?);
-            let listed: Vec<serde_json::Value> = moments
-                .iter()
-                .zip(&stories)
-                .map(|(moment, story)| {
-                    serde_json::json!({
-                        "after_entry": moment.after_entry,
-                        "device": moment.device,
-                        "oom": moment.oom,
-                        "story": story,
-                        "state": moment.state,
-                    })
-                })
-                .collect();
-            object.insert("moments".into(), listed.into());
+            object.insert("moments".into(), serde_json::json!([]));
         }
-        serde_json::to_string(&value)? + "\n"
+        // The moments, already told (within the bound), go into the list
+        // left empty, written as they are rather than copied again.
+        let head = serde_json::to_string(&value)?;
+        let (before, after) = head
+            .split_once("\"moments\":[]")
+            .context("the JSON object lost its moments")?;
+        if (head.len() + bytes) as u64 > limit {
+            return Err(too_much(head.len() + bytes));
+        }
+        write!(out, "{before}\"moments\":[")?;
+        for (index, moment) in told.iter().enumerate() {
+            if index > 0 {
+                out.write_all(b",")?;
+            }
+            out.write_all(moment.as_bytes())?;
+        }
+        writeln!(out, "]{after}")?;
     } else {
-        text_at(&name, at, &moments, &stories, &ooms)
-    };
-    if shown.len() as u64 > budget.output_bytes {
-        anyhow::bail!(
-            "{}: the explanation would take {} bytes, more than the {} cudamem prints \
-             for a file of this size",
-            path.display(),
-            shown.len(),
-            budget.output_bytes
-        );
+        let shown = text_at(&name, at, &told, count, &ooms);
+        if shown.len() as u64 > limit {
+            return Err(too_much(shown.len()));
+        }
+        out.write_all(shown.as_bytes())?;
     }
-    out.write_all(shown.as_bytes())?;
     if let Some(report) = report {
-        let first = moments.first().map(|moment| (&moment.state, &stories[0]));
+        let first = first
+            .as_ref()
+            .map(|(moment, story)| (&moment.state, story, moment.warnings.as_slice()));
         std::fs::write(report, html(&name, at, first, &ooms))
             .with_context(|| format!("writing the report to {}", report.display()))?;
         if !json {
@@ -144,33 +177,34 @@ fn moment_when(moment: &AtMoment) -> String {
     }
 }
 
-/// Every moment asked for, for people.
-fn text_at(
-    name: &str,
-    at: Moment,
-    moments: &[AtMoment],
-    stories: &[OomStory],
-    ooms: &[OomEntry],
-) -> String {
+/// One moment for people: where it is, any warning, the state.
+fn moment_text(name: &str, moment: &AtMoment, story: &OomStory) -> String {
+    let mut out = format!("{}\n", moment_heading(moment));
+    for warning in &moment.warnings {
+        push_wrapped(&mut out, &format!("warning: {warning}"), "", "  ");
+    }
+    out + &text(name, &moment.state, story)
+}
+
+/// Every moment asked for, for people: the `told` ones of `count`.
+fn text_at(name: &str, at: Moment, told: &[String], count: usize, ooms: &[OomEntry]) -> String {
     let mut out = String::new();
-    if moments.is_empty() {
+    if count == 0 {
         let _ = writeln!(
             out,
             "{name}: the history holds no oom entry (--at {} found nothing)",
             moment_name(at)
         );
     }
-    for (index, (moment, story)) in moments.iter().zip(stories).enumerate() {
-        if index == LISTED_OOMS {
-            let _ = writeln!(
-                out,
-                "and {} more oom entries (all in --json)",
-                moments.len() - LISTED_OOMS
-            );
-            break;
-        }
-        let _ = writeln!(out, "{}", moment_heading(moment));
-        out += &text(name, &moment.state, story);
+    for moment in told {
+        out += moment;
+    }
+    if count > told.len() {
+        let _ = writeln!(
+            out,
+            "and {} more oom entries (all in --json)",
+            count - told.len()
+        );
     }
     if at != Moment::Oom && !ooms.is_empty() {
         let _ = writeln!(
@@ -321,17 +355,20 @@ pub fn text(name: &str, state: &State, story: &OomStory) -> String {
 pub fn html(
     name: &str,
     at: Moment,
-    first: Option<(&State, &OomStory)>,
+    first: Option<(&State, &OomStory, &[String])>,
     ooms: &[OomEntry],
 ) -> String {
     let mut body = format!(
         "<p>the moment shown: {} (another with <code>--at dump|peak|oom|N</code>)</p>\n",
         escape(&moment_name(at))
     );
-    let Some((state, story)) = first else {
+    let Some((state, story, warnings)) = first else {
         body += "<p>The history holds no oom entry.</p>\n";
         return page(&format!("cudamem explain: {name}"), &body);
     };
+    for warning in warnings {
+        let _ = writeln!(body, "<p><b>warning:</b> {}</p>", escape(warning));
+    }
     let _ = writeln!(body, "<p><b>{}</b></p>", escape(&story.conclusion));
     body += &crate::report::snapshot_map::picture(state);
     if !ooms.is_empty() {

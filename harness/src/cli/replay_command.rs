@@ -218,6 +218,19 @@ pub fn run(args: ReplayArgs, out: &mut dyn Write) -> Result<()> {
         .map(|path| ReportFile::open(path, &args.traces))
         .transpose()?;
     let traces = load_traces(&args)?;
+    // A trace with no allocation has nothing to replay: one line says so
+    // rather than a table of zeros.
+    if let Some(empty) = traces
+        .iter()
+        .find(|trace| trace.events.is_empty() && trace.skipped.is_empty())
+    {
+        bail!(
+            "{}: the trace holds no allocation or free (nothing was recorded: a log with its \
+             header only, as `cudamem run --trace` leaves when the program made no CUDA \
+             allocation); nothing to replay",
+            empty.name
+        );
+    }
 
     let record = report_file.is_some();
     let mut replayed: Vec<Replayed> = Vec::new();

@@ -15,6 +15,10 @@ use crate::process::run::{
 };
 use trace::event_log::DEFAULT_MAX_LOG_BYTES;
 
+// `--max-log-bytes`'s default is written in the help as the output writes
+// sizes: it must stay the log's own default.
+const _: () = assert!(DEFAULT_MAX_LOG_BYTES == 1 << 30);
+
 use crate::cli::pause::{self, CONTROL_DIR_VAR, POOL_VAR};
 use crate::cli::{byte_size, output, torch_adoption};
 
@@ -38,8 +42,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE.html")]
     report: Option<PathBuf>,
     /// The most bytes each process's event log may take; records past it
-    /// are counted and dropped.
-    #[arg(long, value_name = "BYTES", value_parser = byte_size::parse, default_value_t = DEFAULT_MAX_LOG_BYTES)]
+    /// are counted and dropped; default 1.00 GiB (1073741824 B).
+    #[arg(
+        long,
+        value_name = "BYTES",
+        value_parser = byte_size::parse,
+        default_value = "1GiB",
+        hide_default_value = true
+    )]
     max_log_bytes: u64,
     /// Run a PyTorch program on cudamem's backend with this pool, unmodified
     /// (installed when it imports torch; see python/adopt/sitecustomize.py).

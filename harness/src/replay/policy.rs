@@ -56,11 +56,18 @@ impl Arena {
     /// others would be measured against a capacity it cannot have).
     pub fn fixed(bytes: u64) -> Result<Arena> {
         if bytes == 0 || bytes % GRANULE != 0 {
+            // The next whole granule, or the last one below where that
+            // passes 64 bits: a multiple of 2 MiB either way.
+            let whole = bytes
+                .div_ceil(GRANULE)
+                .max(1)
+                .checked_mul(GRANULE)
+                .unwrap_or(bytes / GRANULE * GRANULE);
             anyhow::bail!(
                 "--capacity {bytes} bytes is not a whole number of the {} B (2 MiB) granules \
-                 every policy maps in; use a multiple of 2 MiB, e.g. {} B",
+                 every policy maps in; use a multiple of 2 MiB, e.g. {whole} B ({})",
                 GRANULE,
-                bytes.div_ceil(GRANULE).max(1).saturating_mul(GRANULE)
+                memcore::bytes::human(whole)
             );
         }
         Ok(Arena::Fixed(bytes))

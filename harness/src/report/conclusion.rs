@@ -35,6 +35,18 @@ pub fn conclude(summary: &TraceSummary) -> Vec<String> {
     let ours = least(&served, |pick| pick.is_some_and(|pick| pick.cudamem));
     let framework = summary.framework.name();
     let mut sentences = Vec::new();
+    if let Some(recorded) = summary
+        .pytorch_recorded
+        .as_ref()
+        .filter(|recorded| recorded.reserved_before_history_bytes > 0)
+    {
+        sentences.push(format!(
+            "The history begins with {} already reserved (recording started after those \
+             segments were made): {framework}'s reserved figures count them from the \
+             segments the snapshot holds, and are partial.",
+            human(recorded.reserved_before_history_bytes)
+        ));
+    }
 
     let recorded = summary.pytorch_recorded.as_ref().map(|recorded| Reference {
         said: format!(

@@ -1,5 +1,5 @@
 //! The figures of a trace on the page: the grouped table, what its columns
-//! mean, and the peak footprints as bars on an axis near the data.
+//! mean, and the peak footprints as bars on an axis from zero.
 
 use memcore::bytes::human;
 use plotters::style::RGBColor;
@@ -8,9 +8,10 @@ use crate::report::charts::curve_color;
 use crate::report::summary::{COLUMNS, DRIVER_TIME_NOTE, PolicySummary, TraceSummary};
 use crate::report::{FootprintCurve, escape};
 
-/// Each curve's peak as a bar on an axis that starts just below the
-/// smallest, so differences of a percent show; the peak live bytes as a
-/// black line. Hovering a bar gives its figures.
+/// Each curve's peak as a bar on an axis from zero to the largest, so a
+/// bar twice as long is twice the bytes; the peak live bytes as a black
+/// line. Each bar carries its figure and its ratio to the peak live bytes
+/// (small differences are read there), and hovering it gives its figures.
 pub(super) fn peak_bars(curves: &[FootprintCurve<'_>], peak_live: u64) -> String {
     let peaks: Vec<u64> = curves
         .iter()
@@ -23,20 +24,14 @@ pub(super) fn peak_bars(curves: &[FootprintCurve<'_>], peak_live: u64) -> String
                 .unwrap_or(0)
         })
         .collect();
-    let least = peaks.iter().copied().min().unwrap_or(0).min(peak_live) as f64;
-    // The axis ends at the largest figure within a quarter of the smallest:
-    // a bar far past it (a recorded allocator's) is cut at the end and says
-    // so, rather than squeeze the others' differences into a few pixels.
     let high = peaks
         .iter()
         .copied()
         .chain([peak_live])
-        .filter(|&bytes| bytes as f64 <= least * 1.25)
         .max()
         .unwrap_or(1)
         .max(1) as f64;
-    // Start a little under the smallest figure: a twentieth of the range.
-    let low = (least - (high - least).max(high * 0.01) / 20.0).max(0.0);
+    let low = 0.0;
     let (left, width, row) = (190.0, 600.0, 26.0);
     let x = |bytes: f64| left + (bytes.min(high) - low) / (high - low).max(1.0) * width;
     let height = row * curves.len() as f64 + 60.0;
@@ -48,17 +43,14 @@ pub(super) fn peak_bars(curves: &[FootprintCurve<'_>], peak_live: u64) -> String
         let RGBColor(r, g, b) = curve_color(index);
         let y = 10.0 + row * index as f64;
         let ratio = bytes as f64 / peak_live.max(1) as f64;
-        // A bar cut at the axis's end carries its figure inside, in white.
-        let (cut, vx, anchor, fill) = if bytes as f64 > high {
-            (" » past the axis", left + width - 6.0, "end", "white")
-        } else {
-            ("", x(bytes as f64) + 6.0, "start", "black")
-        };
+        // The figure right of the bar (the axis leaves room for it), clear
+        // of the black line of the peak live bytes.
+        let (vx, anchor, fill) = (x(bytes as f64) + 6.0, "start", "black");
         svg += &format!(
             "<g><title>{name}: peak {human} ({bytes} B), {ratio:.3} x the peak live bytes</title>\
              <text x=\"{tx}\" y=\"{ty}\" text-anchor=\"end\">{name}</text>\
              <rect x=\"{left}\" y=\"{y}\" width=\"{w:.1}\" height=\"{h}\" fill=\"rgb({r},{g},{b})\"/>\
-             <text x=\"{vx:.1}\" y=\"{ty}\" text-anchor=\"{anchor}\" fill=\"{fill}\">{human} ({ratio:.3}){cut}</text></g>",
+             <text x=\"{vx:.1}\" y=\"{ty}\" text-anchor=\"{anchor}\" fill=\"{fill}\">{human} ({ratio:.3})</text></g>",
             name = escape(curve.name),
             human = human(bytes),
             tx = left - 8.0,
@@ -86,11 +78,10 @@ pub(super) fn peak_bars(curves: &[FootprintCurve<'_>], peak_live: u64) -> String
         );
     }
     svg += &format!(
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">peak bytes mapped (the axis starts at {}, \
-         not 0; the black line is the peak live bytes)</text></svg>\n",
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">peak bytes mapped (the axis starts at \
+         0; the black line is the peak live bytes)</text></svg>\n",
         left + width / 2.0,
         bottom + 40.0,
-        human(low as u64)
     );
     svg
 }
@@ -145,7 +136,7 @@ pub(super) fn figures_table(summary: &TraceSummary) -> String {
             format!("{:.3}", recorded.footprint_ratio),
         ];
         row.resize(COLUMNS.len() - 1, "-".to_string());
-        row.push(recorded.ran().to_string());
+        row.push(recorded.ran());
         html += &cells(&row);
     }
     for policy in usable {

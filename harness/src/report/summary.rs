@@ -122,15 +122,28 @@ pub struct RecordedSummary {
     pub peak_allocated_bytes: u64,
     /// The program ran with `expandable_segments:True`.
     pub expandable_segments: bool,
+    /// Bytes already reserved when the history begins (recording started
+    /// after segments were reserved), read from the snapshot's segments:
+    /// the figure is partial where this is not zero.
+    pub reserved_before_history_bytes: u64,
 }
 
 impl RecordedSummary {
     /// What the table's "how to use it" column says of the row.
-    pub fn ran(&self) -> &'static str {
-        if self.expandable_segments {
+    pub fn ran(&self) -> String {
+        let ran = if self.expandable_segments {
             "what the program ran: PyTorch's caching allocator with expandable_segments:True"
         } else {
             "what the program ran: PyTorch's caching allocator"
+        };
+        if self.reserved_before_history_bytes > 0 {
+            format!(
+                "{ran}; partial: the history begins with {} already reserved (recording \
+                 started late), counted from the segments the snapshot holds",
+                human(self.reserved_before_history_bytes)
+            )
+        } else {
+            ran.to_string()
         }
     }
 }
@@ -241,6 +254,7 @@ impl TraceSummary {
                 footprint_ratio: ratio(recorded.peak_reserved_bytes, trace.peak_live_bytes),
                 peak_allocated_bytes: recorded.peak_allocated_bytes,
                 expandable_segments: recorded.expandable_segments,
+                reserved_before_history_bytes: recorded.reserved_before_history_bytes,
             }),
             duration_ns: trace.duration_ns,
             capacity_bytes,
@@ -307,7 +321,7 @@ impl TraceSummary {
                 format!("{:.3}", recorded.footprint_ratio),
             ];
             cells.resize(COLUMNS.len() - 1, "-".to_string());
-            lines.push(Line::Row(cells, Some(recorded.ran().to_string())));
+            lines.push(Line::Row(cells, Some(recorded.ran())));
         }
         lines.extend(usable.into_iter().map(policy_row));
         if !models.is_empty() {

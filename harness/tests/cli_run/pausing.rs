@@ -226,6 +226,95 @@ fn bad_input_is_refused_clearly_and_the_program_is_unharmed() {
 }
 
 #[test]
+fn a_program_pauses_and_resumes_itself_through_the_c_abi() {
+    let expected = unpaused_checksum("300");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cudamem"));
+    command.args([
+        "run",
+        "--pool",
+        "--",
+        &program("pause_workload"),
+        "300",
+        "16",
+        "self",
+    ]);
+    fake_env(&mut command, Path::new("/nonexistent"));
+    let output = command.output().unwrap();
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    // Not paused: 3; paused: 0; paused already: 2; resumed: 0.
+    assert!(
+        stdout.contains("self resume-before-pause 3 pause 0 pause-again 2 resume 0"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("residency ledger"), "{stdout}");
+    assert!(stdout.contains("resumed: free device memory"), "{stdout}");
+    assert_eq!(checksum(&stdout), expected);
+}
+
+/// A Python program that allocates through the driver with ctypes and
+/// pauses itself with python/cudamem_pause.py.
+const PYTHON_SELF_PAUSE: &str = r#"
+import ctypes, sys
+sys.path.insert(0, sys.argv[1])
+import cudamem_pause as cp
+assert cp.available()
+cuda = ctypes.CDLL("libcuda.so.1")
+u64, size = ctypes.c_uint64, ctypes.c_size_t
+cuda.cuMemcpyHtoD_v2.argtypes = [u64, ctypes.c_char_p, size]
+cuda.cuMemcpyDtoH_v2.argtypes = [ctypes.c_char_p, u64, size]
+ctx = ctypes.c_void_p()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+ptr = u64()
+data = bytes(range(256)) * (3 << 12)
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), size(len(data))) == 0
+assert cuda.cuMemcpyHtoD_v2(ptr.value, data, len(data)) == 0
+try:
+    cp.resume()
+except cp.PauseError as error:
+    print("resume first:", error.kind)
+print(cp.pause())
+try:
+    cp.pause()
+except cp.PauseError as error:
+    print("pause again:", error.kind)
+print(cp.ledger())
+print(cp.resume())
+back = ctypes.create_string_buffer(len(data))
+assert cuda.cuMemcpyDtoH_v2(back, ptr.value, len(data)) == 0
+print("contents kept:", back.raw == data)
+"#;
+
+#[test]
+fn python_pauses_and_resumes_its_own_process() {
+    let python_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cudamem"));
+    command.args(["run", "--pool", "--", "python3", "-c", PYTHON_SELF_PAUSE]);
+    command.arg(&python_dir);
+    fake_env(&mut command, Path::new("/nonexistent"));
+    let output = command.output().expect("python3 runs (CI has it)");
+    let stdout = text(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        text(&output.stderr)
+    );
+    for said in [
+        "resume first: not-paused",
+        "paused: free device memory",
+        "pause again: already-paused",
+        "residency ledger",
+        "resumed: free device memory",
+        "contents kept: True",
+    ] {
+        assert!(stdout.contains(said), "{said}: {stdout}");
+    }
+}
+
+#[test]
 fn several_programs_pause_and_resume_together() {
     let expected = unpaused_checksum("300");
     let full = full_flag("pause-full-3");

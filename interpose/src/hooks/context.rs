@@ -22,6 +22,10 @@ unsafe fn record_context(how: ContextHow, pctx: *mut *mut c_void, device: c_int,
     recorder::context(how, ctx, device, result);
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn primary_retain(
     real: Option<usize>,
     _caller: usize,
@@ -40,6 +44,10 @@ unsafe fn primary_retain(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn ctx_create_v2(
     real: Option<usize>,
     _caller: usize,
@@ -59,6 +67,10 @@ unsafe fn ctx_create_v2(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn ctx_create_v3(
     real: Option<usize>,
     _caller: usize,
@@ -83,6 +95,10 @@ unsafe fn ctx_create_v3(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn ctx_create_v4(
     real: Option<usize>,
     _caller: usize,
@@ -103,6 +119,10 @@ unsafe fn ctx_create_v4(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn ctx_set_limit(
     real: Option<usize>,
     _caller: usize,

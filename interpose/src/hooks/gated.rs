@@ -37,6 +37,10 @@ pub const NOT_RECORDED: [&str; 16] = [
 
 use ctx::driver::pointer_attribute::{RANGE_SIZE, RANGE_START_ADDR};
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn address_range(
     real: Option<usize>,
     _caller: usize,
@@ -61,6 +65,10 @@ unsafe fn address_range(
     unsafe { real(base, size, ptr) }
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn pointer_attribute(
     real: Option<usize>,
     _caller: usize,
@@ -91,7 +99,12 @@ unsafe fn pointer_attribute(
 /// A wrapper that only passes the gate: `passed!(name(args) as fn(types))`.
 macro_rules! passed {
     ($body:ident ($($arg:ident: $ty:ty),*)) => {
+        /// # Safety
+        ///
+        /// A hook's body: `real` is the driver's function of this ABI (or `None`),
+        /// and the arguments are the program's, valid as the driver requires them.
         unsafe fn $body(real: Option<usize>, _caller: usize, $($arg: $ty),*) -> CuResult {
+            crate::pool::work_queued();
             let real = real!(real, fn($($ty),*));
             // SAFETY: the program's arguments.
             unsafe { real($($arg),*) }

@@ -28,6 +28,10 @@ unsafe fn written<T: Copy + Default>(result: CuResult, out: *const T) -> T {
     }
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_alloc(
     real: Option<usize>,
     caller: usize,
@@ -60,6 +64,10 @@ unsafe fn mem_alloc(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_alloc_pitch(
     real: Option<usize>,
     caller: usize,
@@ -83,6 +91,10 @@ unsafe fn mem_alloc_pitch(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_alloc_managed(
     real: Option<usize>,
     caller: usize,
@@ -103,6 +115,10 @@ unsafe fn mem_alloc_managed(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_alloc_async(
     real: Option<usize>,
     caller: usize,
@@ -130,6 +146,10 @@ unsafe fn mem_alloc_async(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_alloc_from_pool_async(
     real: Option<usize>,
     caller: usize,
@@ -182,6 +202,10 @@ fn free_with(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_free(real: Option<usize>, caller: usize, dptr: DevicePtr) -> CuResult {
     let real = real!(real, fn(DevicePtr));
     free_with(Call::MemFree, dptr, 0, caller, || {
@@ -190,6 +214,10 @@ unsafe fn mem_free(real: Option<usize>, caller: usize, dptr: DevicePtr) -> CuRes
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_free_async(
     real: Option<usize>,
     caller: usize,
@@ -203,6 +231,10 @@ unsafe fn mem_free_async(
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_host_alloc(
     real: Option<usize>,
     caller: usize,
@@ -223,6 +255,10 @@ unsafe fn mem_host_alloc(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_alloc_host(
     real: Option<usize>,
     caller: usize,
@@ -242,6 +278,10 @@ unsafe fn mem_alloc_host(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_free_host(real: Option<usize>, caller: usize, p: *mut c_void) -> CuResult {
     let real = real!(real, fn(*mut c_void));
     // SAFETY: the program's argument.
@@ -250,6 +290,10 @@ unsafe fn mem_free_host(real: Option<usize>, caller: usize, p: *mut c_void) -> C
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_get_info(
     real: Option<usize>,
     _caller: usize,
@@ -271,6 +315,10 @@ unsafe fn mem_get_info(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_create(
     real: Option<usize>,
     caller: usize,
@@ -312,6 +360,10 @@ unsafe fn mem_create(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_release(real: Option<usize>, _caller: usize, handle: u64) -> CuResult {
     let real = real!(real, fn(u64));
     let inside = enter();
@@ -322,6 +374,10 @@ unsafe fn mem_release(real: Option<usize>, _caller: usize, handle: u64) -> CuRes
     unsafe { real(handle) }
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_map(
     real: Option<usize>,
     _caller: usize,
@@ -351,6 +407,10 @@ unsafe fn mem_map(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_unmap(real: Option<usize>, _caller: usize, ptr: DevicePtr, size: usize) -> CuResult {
     let real = real!(real, fn(DevicePtr, usize));
     let inside = enter();
@@ -364,6 +424,10 @@ unsafe fn mem_unmap(real: Option<usize>, _caller: usize, ptr: DevicePtr, size: u
     unsafe { real(ptr, size) }
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_address_reserve(
     real: Option<usize>,
     _caller: usize,
@@ -392,6 +456,10 @@ unsafe fn mem_address_reserve(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_address_free(
     real: Option<usize>,
     _caller: usize,

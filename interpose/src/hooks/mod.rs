@@ -5,7 +5,9 @@
 //! against the driver, or `dlsym`, reaches it), which calls the driver's
 //! export of the same name; a second wrapper for a pointer
 //! `cuGetProcAddress` handed out that is no export (see [`crate::interpose`]),
-//! which calls that pointer; and its [`Entry`] in [`ENTRIES`]. Both
+//! which calls that pointer; and its [`Entry`], which it adds to
+//! [`ENTRIES`] itself. A new driver call is its `Call` row in the event
+//! format and its `hook!` here. Both
 //! wrappers run the same body: call the driver, record, return the driver's
 //! answer unchanged.
 
@@ -119,18 +121,29 @@ macro_rules! hook {
                     resolved: &RESOLVED,
                 }),
             };
+
+            #[linkme::distributed_slice($crate::hooks::ENTRIES)]
+            static REGISTERED: &Entry = &ENTRY;
         }
     };
     (@stubs caller $name:ident [$reg:ident] ($($arg:ident: $ty:ty),*) => $body:path) => {
         $crate::caller::with_caller!(export $name [$reg] ($($arg: $ty),*) => export_inner);
         $crate::caller::with_caller!(local resolved [$reg] ($($arg: $ty),*) => resolved_inner);
 
+        /// # Safety
+        ///
+        /// Entered from the stub only: the program's arguments to this ABI, valid
+        /// as the driver requires them, and the caller's stack pointer at entry (or 0).
         unsafe extern "C" fn export_inner($($arg: $ty,)* caller: usize) -> CuResult {
             let _pass = $crate::gate::pass();
             // SAFETY: the program's arguments, passed on as it gave them.
             unsafe { $body(EXPORT.addr(true), caller, $($arg),*) }
         }
 
+        /// # Safety
+        ///
+        /// Entered from the stub only: the program's arguments to this ABI, valid
+        /// as the driver requires them, and the caller's stack pointer at entry (or 0).
         unsafe extern "C" fn resolved_inner($($arg: $ty,)* caller: usize) -> CuResult {
             let _pass = $crate::gate::pass();
             // SAFETY: as above.
@@ -138,6 +151,10 @@ macro_rules! hook {
         }
     };
     (@stubs plain $name:ident ($($arg:ident: $ty:ty),*) => $body:path) => {
+        /// # Safety
+        ///
+        /// The driver's contract for this ABI: the arguments are valid as the
+        /// driver requires them.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
             let _pass = $crate::gate::pass();
@@ -145,6 +162,10 @@ macro_rules! hook {
             unsafe { $body(EXPORT.addr(true), 0, $($arg),*) }
         }
 
+        /// # Safety
+        ///
+        /// The driver's contract for this ABI: the arguments are valid as the
+        /// driver requires them.
         pub unsafe extern "C" fn resolved($($arg: $ty),*) -> CuResult {
             let _pass = $crate::gate::pass();
             // SAFETY: as above.
@@ -165,6 +186,11 @@ macro_rules! unrecorded {
             ptsz: false,
             export: &$crate::hooks::unrecorded_syms::$static,
             wrap: None,
+        };
+
+        const _: () = {
+            #[linkme::distributed_slice($crate::hooks::ENTRIES)]
+            static REGISTERED: &Entry = &$static;
         };
     };
 }
@@ -188,90 +214,11 @@ unrecorded!(MEM_ALLOC_HOST_V1 = "cuMemAllocHost", "cuMemAllocHost" since 2000);
 unrecorded!(MEM_GET_INFO_V1 = "cuMemGetInfo", "cuMemGetInfo" since 2000);
 unrecorded!(CTX_CREATE_V1 = "cuCtxCreate", "cuCtxCreate" since 2000);
 
-/// Every ABI the interposer knows.
-pub static ENTRIES: &[&Entry] = &[
-    &memory::cuMemAlloc_v2::ENTRY,
-    &memory::cuMemAllocPitch_v2::ENTRY,
-    &memory::cuMemAllocManaged::ENTRY,
-    &memory::cuMemAllocAsync::ENTRY,
-    &memory::cuMemAllocAsync_ptsz::ENTRY,
-    &memory::cuMemAllocFromPoolAsync::ENTRY,
-    &memory::cuMemAllocFromPoolAsync_ptsz::ENTRY,
-    &memory::cuMemFree_v2::ENTRY,
-    &memory::cuMemFreeAsync::ENTRY,
-    &memory::cuMemFreeAsync_ptsz::ENTRY,
-    &memory::cuMemHostAlloc::ENTRY,
-    &memory::cuMemAllocHost_v2::ENTRY,
-    &memory::cuMemFreeHost::ENTRY,
-    &memory::cuMemGetInfo_v2::ENTRY,
-    &memory::cuMemCreate::ENTRY,
-    &memory::cuMemRelease::ENTRY,
-    &memory::cuMemMap::ENTRY,
-    &memory::cuMemUnmap::ENTRY,
-    &memory::cuMemAddressReserve::ENTRY,
-    &memory::cuMemAddressFree::ENTRY,
-    &context::cuDevicePrimaryCtxRetain::ENTRY,
-    &context::cuCtxCreate_v2::ENTRY,
-    &context::cuCtxCreate_v3::ENTRY,
-    &context::cuCtxCreate_v4::ENTRY,
-    &context::cuCtxSetLimit::ENTRY,
-    &module::cuModuleLoad::ENTRY,
-    &module::cuModuleLoadData::ENTRY,
-    &module::cuModuleLoadDataEx::ENTRY,
-    &module::cuModuleLoadFatBinary::ENTRY,
-    &module::cuLibraryLoadData::ENTRY,
-    &module::cuLibraryLoadFromFile::ENTRY,
-    &module::cuModuleGetFunction::ENTRY,
-    &module::cuLibraryGetKernel::ENTRY,
-    &module::cuKernelGetFunction::ENTRY,
-    &module::cuLaunchKernel::ENTRY,
-    &module::cuLaunchKernel_ptsz::ENTRY,
-    &module::cuLaunchKernelEx::ENTRY,
-    &module::cuLaunchKernelEx_ptsz::ENTRY,
-    &module::cuLaunchCooperativeKernel::ENTRY,
-    &module::cuLaunchCooperativeKernel_ptsz::ENTRY,
-    &module::cuFuncGetAttribute::ENTRY,
-    &module::cuFuncSetAttribute::ENTRY,
-    &module::cuKernelGetAttribute::ENTRY,
-    &module::cuKernelSetAttribute::ENTRY,
-    &module::cuFuncLoad::ENTRY,
-    &module::cuOccupancyMaxActiveBlocksPerMultiprocessor::ENTRY,
-    &module::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags::ENTRY,
-    &objects::cuStreamCreate::ENTRY,
-    &objects::cuStreamCreateWithPriority::ENTRY,
-    &objects::cuEventCreate::ENTRY,
-    &objects::cuGraphInstantiateWithFlags::ENTRY,
-    &objects::cuGraphInstantiateWithParams::ENTRY,
-    &objects::cuGraphUpload::ENTRY,
-    &objects::cuGraphUpload_ptsz::ENTRY,
-    &objects::cuGraphLaunch::ENTRY,
-    &objects::cuGraphLaunch_ptsz::ENTRY,
-    &objects::cuMemPoolCreate::ENTRY,
-    &gated::cuMemGetAddressRange_v2::ENTRY,
-    &gated::cuPointerGetAttribute::ENTRY,
-    &gated::cuMemcpy::ENTRY,
-    &gated::cuMemcpyAsync::ENTRY,
-    &gated::cuMemcpyHtoD_v2::ENTRY,
-    &gated::cuMemcpyDtoH_v2::ENTRY,
-    &gated::cuMemcpyDtoD_v2::ENTRY,
-    &gated::cuMemcpyHtoDAsync_v2::ENTRY,
-    &gated::cuMemcpyDtoHAsync_v2::ENTRY,
-    &gated::cuMemcpyDtoDAsync_v2::ENTRY,
-    &gated::cuMemsetD8_v2::ENTRY,
-    &gated::cuMemsetD32_v2::ENTRY,
-    &gated::cuMemsetD8Async::ENTRY,
-    &gated::cuMemsetD32Async::ENTRY,
-    &gated::cuStreamSynchronize::ENTRY,
-    &gated::cuCtxSynchronize::ENTRY,
-    &crate::interpose::cuGetProcAddress::ENTRY,
-    &crate::interpose::cuGetProcAddress_v2::ENTRY,
-    &MEM_ALLOC_V1,
-    &MEM_ALLOC_PITCH_V1,
-    &MEM_FREE_V1,
-    &MEM_ALLOC_HOST_V1,
-    &MEM_GET_INFO_V1,
-    &CTX_CREATE_V1,
-];
+/// Every ABI the interposer knows: each [`hook!`] and [`unrecorded!`]
+/// adds its entry where it is written, so a new hook is in the table by
+/// being declared.
+#[linkme::distributed_slice]
+pub static ENTRIES: [&'static Entry];
 
 thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };

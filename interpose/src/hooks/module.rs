@@ -39,6 +39,10 @@ pub(super) fn measured(call: Call, run: impl FnOnce() -> CuResult) -> CuResult {
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn module_load(
     real: Option<usize>,
     _caller: usize,
@@ -52,6 +56,10 @@ unsafe fn module_load(
     measured(Call::ModuleLoad, || unsafe { real(module, path) })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn module_load_data(
     real: Option<usize>,
     _caller: usize,
@@ -65,6 +73,10 @@ unsafe fn module_load_data(
     measured(Call::ModuleLoadData, || unsafe { real(module, image) })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn module_load_data_ex(
     real: Option<usize>,
     _caller: usize,
@@ -86,6 +98,10 @@ unsafe fn module_load_data_ex(
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn module_load_fat_binary(
     real: Option<usize>,
     _caller: usize,
@@ -110,6 +126,10 @@ type LibraryLoad = unsafe extern "C" fn(
     c_uint,
 ) -> CuResult;
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 #[allow(clippy::too_many_arguments)]
 unsafe fn library_load(
     call: Call,
@@ -153,6 +173,10 @@ unsafe fn library_load(
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 #[allow(clippy::too_many_arguments)]
 unsafe fn library_load_data(
     real: Option<usize>,
@@ -183,6 +207,10 @@ unsafe fn library_load_data(
     }
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 #[allow(clippy::too_many_arguments)]
 unsafe fn library_load_from_file(
     real: Option<usize>,
@@ -244,6 +272,10 @@ unsafe fn remember(result: CuResult, out: *mut *mut c_void, name: *const c_char,
     recorder::name_function(handle, name.to_string_lossy().into_owned(), kernel);
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn module_get_function(
     real: Option<usize>,
     _caller: usize,
@@ -266,6 +298,10 @@ unsafe fn module_get_function(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn library_get_kernel(
     real: Option<usize>,
     _caller: usize,
@@ -288,6 +324,10 @@ unsafe fn library_get_kernel(
     result
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn kernel_get_function(
     real: Option<usize>,
     _caller: usize,
@@ -327,6 +367,10 @@ fn used(call: Call, key: u64, run: impl FnOnce() -> CuResult) -> CuResult {
     measured(call, run)
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn func_get_attribute(
     real: Option<usize>,
     _caller: usize,
@@ -341,6 +385,10 @@ unsafe fn func_get_attribute(
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn func_set_attribute(
     real: Option<usize>,
     _caller: usize,
@@ -355,6 +403,10 @@ unsafe fn func_set_attribute(
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn kernel_get_attribute(
     real: Option<usize>,
     _caller: usize,
@@ -371,6 +423,10 @@ unsafe fn kernel_get_attribute(
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn kernel_set_attribute(
     real: Option<usize>,
     _caller: usize,
@@ -387,6 +443,10 @@ unsafe fn kernel_set_attribute(
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn func_load(real: Option<usize>, _caller: usize, function: *mut c_void) -> CuResult {
     let real = real!(real, fn(*mut c_void));
     used(Call::FuncLoad, function as u64, || {
@@ -395,6 +455,10 @@ unsafe fn func_load(real: Option<usize>, _caller: usize, function: *mut c_void) 
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn occupancy(
     real: Option<usize>,
     _caller: usize,
@@ -414,6 +478,10 @@ unsafe fn occupancy(
     )
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn occupancy_with_flags(
     real: Option<usize>,
     _caller: usize,
@@ -444,6 +512,7 @@ fn launch_with(
     stream: *mut c_void,
     launch: impl FnOnce() -> CuResult,
 ) -> CuResult {
+    crate::pool::work_queued();
     // Every launch after a function's first: one lock-free check.
     if !first_launch(function as u64) {
         return launch();
@@ -501,6 +570,10 @@ unsafe fn config_stream(config: *const c_void) -> *mut c_void {
     unsafe { *config.cast::<u8>().add(32).cast::<*mut c_void>() }
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 #[allow(clippy::too_many_arguments)]
 unsafe fn launch_kernel(
     real: Option<usize>,
@@ -544,6 +617,10 @@ unsafe fn launch_kernel(
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn launch_kernel_ex(
     real: Option<usize>,
     _caller: usize,
@@ -564,6 +641,10 @@ unsafe fn launch_kernel_ex(
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 #[allow(clippy::too_many_arguments)]
 unsafe fn launch_cooperative(
     real: Option<usize>,

@@ -51,6 +51,10 @@ fn object_call(call: Call, measure: bool, run: impl FnOnce() -> CuResult) -> CuR
     if measure { measured(call, run) } else { run() }
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn stream_create(
     real: Option<usize>,
     _caller: usize,
@@ -64,6 +68,10 @@ unsafe fn stream_create(
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn stream_create_with_priority(
     real: Option<usize>,
     _caller: usize,
@@ -80,6 +88,10 @@ unsafe fn stream_create_with_priority(
     )
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn event_create(
     real: Option<usize>,
     _caller: usize,
@@ -93,6 +105,10 @@ unsafe fn event_create(
     })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn graph_instantiate_with_flags(
     real: Option<usize>,
     _caller: usize,
@@ -109,6 +125,10 @@ unsafe fn graph_instantiate_with_flags(
     )
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn graph_instantiate_with_params(
     real: Option<usize>,
     _caller: usize,
@@ -125,18 +145,27 @@ unsafe fn graph_instantiate_with_params(
     )
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn graph_upload(
     real: Option<usize>,
     _caller: usize,
     exec: *mut c_void,
     stream: *mut c_void,
 ) -> CuResult {
+    crate::pool::work_queued();
     let real = real!(real, fn(*mut c_void, *mut c_void));
     let first = !exec.is_null() && UPLOADED.first(exec as u64);
     // SAFETY: the program's arguments.
     object_call(Call::GraphUpload, first, || unsafe { real(exec, stream) })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn graph_launch(
     real: Option<usize>,
     _caller: usize,
@@ -149,6 +178,10 @@ unsafe fn graph_launch(
     object_call(Call::GraphLaunch, first, || unsafe { real(exec, stream) })
 }
 
+/// # Safety
+///
+/// A hook's body: `real` is the driver's function of this ABI (or `None`),
+/// and the arguments are the program's, valid as the driver requires them.
 unsafe fn mem_pool_create(
     real: Option<usize>,
     _caller: usize,

@@ -18,11 +18,12 @@ pub mod pause;
 
 use std::collections::BTreeMap;
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use ctx::{Error, StitchedConfig, StitchedPool};
 
-use crate::driver::{CuResult, read};
+use crate::driver::{CuResult, call_driver, read};
 use device::DriverDevice;
 
 /// The environment variable that turns serving on (`stitch`, the one
@@ -178,9 +179,32 @@ pub fn allocate(size: usize) -> Option<Result<u64, CuResult>> {
     Some(served.allocate(size as u64))
 }
 
+/// Device work may have been queued since the pool last waited for it.
+static QUEUED: AtomicBool = AtomicBool::new(true);
+
+/// A launch, copy or memset was queued (by a wrapped call).
+pub fn work_queued() {
+    if !QUEUED.load(Ordering::Relaxed) {
+        QUEUED.store(true, Ordering::Relaxed);
+    }
+}
+
 /// `cuMemFree` through the pool: `None` when the pointer is not the pool's.
+/// As the driver's free, it waits for the device's queued work first (a
+/// kernel may still use the block, which the pool hands out again at
+/// once), where any was queued since the last wait.
 pub fn free(ptr: u64) -> Option<CuResult> {
-    get()?.free(ptr)
+    let served = get()?;
+    if served.block_of(ptr).is_none_or(|(start, _)| start != ptr) {
+        return None;
+    }
+    if QUEUED.swap(false, Ordering::AcqRel) {
+        let synced = call_driver!(device::sym::SYNCHRONIZE, fn());
+        if synced != Some(crate::driver::SUCCESS) {
+            QUEUED.store(true, Ordering::Relaxed);
+        }
+    }
+    served.free(ptr)
 }
 
 /// The pooled block holding `ptr`, if any.

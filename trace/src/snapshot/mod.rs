@@ -36,8 +36,13 @@ const BOOKKEEPING: [&str; 3] = ["snapshot", "oom", "user_defined"];
 /// type) as tables show it: control characters escaped, at most 80
 /// characters. (Values quoted in errors go through [`crate::quote`].)
 fn cut(text: &str) -> String {
-    let shown = crate::printable(text);
-    if shown.chars().count() <= 80 {
+    // Only the first characters are shown: escape and copy no more.
+    let head = text
+        .char_indices()
+        .nth(81)
+        .map_or(text, |(at, _)| &text[..at]);
+    let shown = crate::printable(head);
+    if head.len() == text.len() && shown.chars().count() <= 80 {
         shown
     } else {
         let mut short: String = shown.chars().take(77).collect();
@@ -68,6 +73,17 @@ pub fn read_pickle(
         problem: match err {
             pickle::PickleError::TooLarge { limit_bytes } => Problem::TooLarge { limit_bytes },
             pickle::PickleError::Protocol { protocol } => Problem::PickleProtocol { protocol },
+            pickle::PickleError::Limit {
+                offset,
+                what,
+                limit,
+                memory,
+            } => Problem::PickleLimit {
+                offset,
+                what,
+                limit,
+                memory,
+            },
             err => Problem::NotSnapshot(format!("unreadable pickle: {err}")),
         },
     })
@@ -123,7 +139,9 @@ pub fn traces(
         location: Location::File,
         problem,
     };
-    let budget = budget.for_decoded(pickle.decoded_bytes());
+    let budget = budget
+        .for_decoded(pickle.decoded_bytes())
+        .after_holding(pickle.held_bytes());
     let root = root(path, pickle)?;
     let Some(devices) = pickle
         .get(root, "device_traces")
@@ -131,13 +149,14 @@ pub fn traces(
     else {
         return Err(whole(Problem::NotSnapshot(
             "the dict has no \"device_traces\" list (record with \
-             torch.cuda.memory._record_memory_history before dumping)"
+             torch.cuda.memory._record_memory_history before dumping); \
+             `cudamem explain --snapshot FILE` reads the segments it holds"
                 .into(),
         )));
     };
 
     let mut lists = Vec::with_capacity(devices.len());
-    for (device, &entries) in devices.iter().enumerate() {
+    for (device, entries) in devices.iter().enumerate() {
         let Some(entries) = pickle.items(entries) else {
             return Err(whole(Problem::NotSnapshot(format!(
                 "device_traces[{device}] is a {}, not a list",
@@ -161,7 +180,7 @@ pub fn traces(
         }
         for (index, entries) in (0u32..).zip(lists.iter_mut()) {
             if index != wanted {
-                *entries = &[];
+                *entries = pickle::Items::none(pickle);
             }
         }
     }
@@ -184,18 +203,28 @@ pub fn traces(
         } else {
             name.to_string()
         };
-        let trace = parse_device(pickle, &mut stacks, device, entries, trace_name).map_err(
-            |(index, problem)| TraceError {
-                path: path.to_path_buf(),
-                location: Location::Entry { device, index },
-                problem,
-            },
-        )?;
+        let reserved_at_dump = dump_reserved(pickle, root, device);
+        let trace = parse_device(
+            pickle,
+            &mut stacks,
+            device,
+            entries,
+            trace_name,
+            reserved_at_dump,
+        )
+        .map_err(|(index, problem)| TraceError {
+            path: path.to_path_buf(),
+            location: Location::Entry { device, index },
+            problem,
+        })?;
         traces.push(trace);
     }
     if traces.is_empty() {
         return Err(whole(Problem::NotSnapshot(
-            "device_traces holds no events (was _record_memory_history enabled?)".into(),
+            "device_traces holds no events (was _record_memory_history enabled?); \
+             `cudamem explain --snapshot FILE` reads the segments it holds at the dump: what is \
+             stranded, what is cached, and the stacks that hold them"
+                .into(),
         )));
     }
     Ok(traces)
@@ -205,11 +234,12 @@ fn parse_device(
     pickle: &Pickle,
     stacks: &mut Stacks<'_>,
     device: u32,
-    entries: &[Value],
+    entries: pickle::Items<'_>,
     name: String,
+    reserved_at_dump: Option<u64>,
 ) -> Result<Trace, (u64, Problem)> {
     let mut has_completed = false;
-    for (index, &entry) in entries.iter().enumerate() {
+    for (index, entry) in entries.iter().enumerate() {
         if action(pickle, entry).map_err(|problem| (index as u64, problem))? == "free_completed" {
             has_completed = true;
             break;
@@ -223,16 +253,21 @@ fn parse_device(
 
     let mut trace = TraceBuilder::new(name);
     let mut pushed = 0usize;
-    let mut reserved = 0u64;
     let mut expandable_segments = false;
-    let mut peak_reserved = 0u64;
-    let mut curve = vec![(0usize, 0u64)];
+    // The lowest the history's own count goes (below zero: segments freed
+    // that it never saw reserved) and where it ends, to find what was
+    // reserved before it began.
+    let mut history_reserved = 0i128;
+    let mut history_low = 0i128;
+    let mut curve = vec![(0usize, 0i128)];
+    let mut history_high = 0i128;
     let mut model = BlockModel::default();
     // Each distinct stack's text once, by its index in `stack_texts`.
     let mut stack_texts: Vec<String> = Vec::new();
     let mut stack_ids: HashMap<String, u32> = HashMap::new();
+    let mut text_of_items: HashMap<u32, Option<u32>> = HashMap::new();
     let mut alloc_stacks: Vec<(u64, u32)> = Vec::new();
-    for (index, &entry) in entries.iter().enumerate() {
+    for (index, entry) in entries.iter().enumerate() {
         let fail = |problem| (index as u64, problem);
         let at = Location::Entry {
             device,
@@ -258,16 +293,31 @@ fn parse_device(
                 model.alloc(addr, size);
                 pushed += 1;
                 if let Some(frames) = pickle.get(entry, "frames") {
-                    let (user, top) = &*stacks.stack(frames).map_err(fail)?;
-                    if user.is_some() || !top.is_empty() {
-                        let mut shown = vec![user.as_ref().map_or_else(String::new, short_frame)];
-                        shown.extend(top.iter().take(HOVER_FRAMES).map(short_frame));
-                        let text = shown.join("\n");
-                        let next = stack_texts.len() as u32;
-                        let id = *stack_ids.entry(text).or_insert_with_key(|text| {
-                            stack_texts.push(text.clone());
-                            next
-                        });
+                    let (stack, items) = stacks.stack_of(frames).map_err(fail)?;
+                    // Each frames list's text is built once.
+                    let cached = items.and_then(|items| text_of_items.get(&items).copied());
+                    let id = match cached {
+                        Some(id) => id,
+                        None => {
+                            let (user, top) = &*stack;
+                            let id = (user.is_some() || !top.is_empty()).then(|| {
+                                let mut shown =
+                                    vec![user.as_ref().map_or_else(String::new, short_frame)];
+                                shown.extend(top.iter().take(HOVER_FRAMES).map(short_frame));
+                                let text = shown.join("\n");
+                                let next = stack_texts.len() as u32;
+                                *stack_ids.entry(text).or_insert_with_key(|text| {
+                                    stack_texts.push(text.clone());
+                                    next
+                                })
+                            });
+                            if let Some(items) = items {
+                                text_of_items.insert(items, id);
+                            }
+                            id
+                        }
+                    };
+                    if let Some(id) = id {
                         alloc_stacks.push((index as u64, id));
                     }
                 }
@@ -293,14 +343,15 @@ fn parse_device(
                     model.expandable();
                     expandable_segments = true;
                 }
-                reserved = reserved.checked_add(size).ok_or_else(|| {
-                    fail(Problem::BadSize {
+                history_reserved += i128::from(size);
+                if history_reserved > i128::from(u64::MAX) {
+                    return Err(fail(Problem::BadSize {
                         text: size.to_string(),
                         why: "makes the reserved bytes overflow 64 bits",
-                    })
-                })?;
-                peak_reserved = peak_reserved.max(reserved);
-                curve.push((pushed, reserved));
+                    }));
+                }
+                history_high = history_high.max(history_reserved);
+                curve.push((pushed, history_reserved));
             }
             "segment_free" | "segment_unmap" => {
                 let addr = integer(pickle, entry, "addr").map_err(fail)?;
@@ -313,18 +364,28 @@ fn parse_device(
                 }
                 // A segment reserved before recording began: the curve counts
                 // only what the history shows.
-                reserved = reserved.saturating_sub(size);
-                curve.push((pushed, reserved));
+                history_reserved -= i128::from(size);
+                history_low = history_low.min(history_reserved);
+                curve.push((pushed, history_reserved));
             }
             other if BOOKKEEPING.contains(&other) => {}
             other => return Err(fail(Problem::UnknownAction(other.to_string()))),
         }
     }
     let mut trace = trace.finish();
+    // What was reserved before the history began: the dump's segments less
+    // what the history added, and at least what it freed unseen.
+    let before = reserved_at_dump
+        .map_or(0, |dump| i128::from(dump) - history_reserved)
+        .max(-history_low)
+        .clamp(0, i128::from(u64::MAX)) as u64;
     // Assumed blocks were put before the first event: the curve moves with them.
     let shift = trace.events.len() - pushed;
+    let reserved =
+        |history: i128| (i128::from(before) + history).clamp(0, i128::from(u64::MAX)) as u64;
     let mut reserved_curve: Vec<(usize, u64)> = Vec::with_capacity(curve.len());
-    for (event, bytes) in curve {
+    for (event, history) in curve {
+        let bytes = reserved(history);
         let event = if event == 0 { 0 } else { event + shift };
         match reserved_curve.last_mut() {
             Some(last) if last.0 == event => last.1 = bytes,
@@ -336,11 +397,30 @@ fn parse_device(
     trace.alloc_stacks = alloc_stacks;
     trace.recorded = Some(Recorded {
         reserved: reserved_curve,
-        peak_reserved_bytes: peak_reserved,
+        peak_reserved_bytes: reserved(history_high),
         peak_allocated_bytes: model.peak_allocated_bytes(),
         expandable_segments,
+        reserved_before_history_bytes: before,
     });
     Ok(trace)
+}
+
+/// Bytes the snapshot's segments of `device` hold at the dump, where its
+/// segments can be read (`None` where not: a history alone is read as it
+/// counts).
+fn dump_reserved(pickle: &Pickle, root: Value, device: u32) -> Option<u64> {
+    let segments = pickle.items(pickle.get(root, "segments")?)?;
+    let mut total = 0u64;
+    for segment in segments.iter() {
+        let on = match pickle.get(segment, "device") {
+            Some(Value::Int(on)) => on,
+            _ => 0,
+        };
+        if on == i64::from(device) {
+            total = total.checked_add(integer(pickle, segment, "total_size").ok()?)?;
+        }
+    }
+    Some(total)
 }
 
 /// A trace entry's action.

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::rc::Rc;
 
+use memcore::pytorch::TraceAction;
+
 use super::pickle::{Pickle, Value};
 use super::state::{self, BlockState, LiveBlock, Segment, Stack, Stacks, State};
 use super::{action, integer, root};
@@ -55,6 +57,11 @@ pub struct AtMoment {
     /// The `oom` entry at this moment, if it is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oom: Option<OomEntry>,
+    /// Where the history walked back does not fit the dump's segments (a
+    /// block past its segment's end, blocks that overlap, a block in no
+    /// segment): the state's figures are not to be trusted there.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// The state.
     pub state: State,
 }
@@ -62,7 +69,9 @@ pub struct AtMoment {
 /// One history entry as the walk needs it.
 #[derive(Debug, Clone)]
 struct Entry {
-    action: Action,
+    /// What the entry did; `None` for one the walk passes over (a
+    /// snapshot, an out-of-memory, an action it does not know).
+    action: Option<TraceAction>,
     addr: u64,
     size: u64,
     /// For an alloc: its stack. For a free: the stack of the alloc it
@@ -71,18 +80,6 @@ struct Entry {
     /// where PyTorch handed out a larger block unsplit, the rest shows as
     /// free.)
     frames: Option<Rc<Stack>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Action {
-    Alloc,
-    FreeRequested,
-    FreeCompleted,
-    SegmentAlloc,
-    SegmentFree,
-    SegmentMap,
-    SegmentUnmap,
-    Other,
 }
 
 /// What the walk keeps: segments by start (device, bytes, pool, stream,
@@ -109,18 +106,60 @@ struct History {
     ooms: Vec<OomEntry>,
 }
 
-/// The states of `moment`: one, or one per `oom` entry (none when the
-/// history has none). `device` picks the snapshot's device (its segments
-/// and history); `None`: every device at the dump, else the first device
-/// with a history.
-pub fn at(
+/// The devices a snapshot holds anything of: those of its segments and
+/// those whose history holds events.
+pub fn devices(path: &Path, pickle: &Pickle, dump: &State) -> Result<Vec<u64>, TraceError> {
+    let root = root(path, pickle)?;
+    let mut devices: Vec<u64> = dump.segments.iter().map(|segment| segment.device).collect();
+    if let Some(lists) = pickle
+        .get(root, "device_traces")
+        .and_then(|value| pickle.items(value))
+    {
+        devices.extend(
+            (0u64..)
+                .zip(lists.iter())
+                .filter(|(_, list)| pickle.items(*list).is_some_and(|items| !items.is_empty()))
+                .map(|(device, _)| device),
+        );
+    }
+    devices.sort_unstable();
+    devices.dedup();
+    Ok(devices)
+}
+
+/// Visit the states of `moment`: one, or one per `oom` entry (none when
+/// the history has none), each built when visited and dropped after, so
+/// memory follows one state however many moments there are. The history
+/// is walked back once from the dump, so the moments come from the latest
+/// to the earliest; only the `build` earliest are built and visited.
+/// Returns how many moments there are in all. `device` picks the
+/// snapshot's device (its segments and history; a device the snapshot
+/// holds nothing of is an error); `None`: every device at the dump, else
+/// the first device with a history.
+pub fn each<E: From<TraceError>>(
     path: &Path,
     pickle: &Pickle,
     budget: &ReadBudget,
     moment: Moment,
     device: Option<usize>,
-) -> Result<Vec<AtMoment>, TraceError> {
+    build: usize,
+    mut visit: impl FnMut(AtMoment) -> Result<(), E>,
+) -> Result<usize, E> {
     let mut dump = state::read(path, pickle, budget)?;
+    if let Some(wanted) = device {
+        let present = devices(path, pickle, &dump)?;
+        if !present.contains(&(wanted as u64)) {
+            return Err(TraceError {
+                path: path.to_path_buf(),
+                location: Location::File,
+                problem: Problem::NoSuchDevice {
+                    device: wanted as u64,
+                    present,
+                },
+            }
+            .into());
+        }
+    }
     if moment == Moment::Dump {
         if let Some(device) = device {
             let segments = std::mem::take(&mut dump.segments)
@@ -129,15 +168,20 @@ pub fn at(
                 .collect();
             dump = State::from_segments(segments);
         }
-        return Ok(vec![AtMoment {
-            after_entry: None,
-            device: device.map(|device| device as u64),
-            oom: None,
-            state: dump,
-        }]);
+        if build > 0 {
+            visit(AtMoment {
+                after_entry: None,
+                device: device.map(|device| device as u64),
+                oom: None,
+                warnings: Vec::new(),
+                state: dump,
+            })?;
+        }
+        return Ok(1);
     }
     let history = history(path, pickle, budget, device)?;
-    let layout = Layout::of(&dump, history.device);
+    let mut layout = Layout::of(&dump, history.device);
+    drop(dump);
     let last = history.entries.len();
     let wanted: Vec<(usize, Option<OomEntry>)> = match moment {
         Moment::Dump => Vec::new(),
@@ -151,7 +195,8 @@ pub fn at(
                     history.device,
                     last.saturating_sub(1)
                 )),
-            });
+            }
+            .into());
         }
         Moment::Peak => vec![(peak(&layout, &history.entries), None)],
         Moment::Oom => history
@@ -160,21 +205,42 @@ pub fn at(
             .map(|oom| (oom.index, Some(*oom)))
             .collect(),
     };
-    Ok(wanted
-        .into_iter()
-        .map(|(index, oom)| {
-            let mut layout = layout.clone();
-            for entry in history.entries[index + 1..].iter().rev() {
-                layout.undo(entry);
-            }
-            AtMoment {
-                after_entry: Some(index),
-                device: Some(history.device),
-                oom,
-                state: layout.state(),
-            }
-        })
-        .collect())
+    // Entries `undone..` are undone: the layout is the state after
+    // entry `undone - 1`.
+    let mut undone = last;
+    for &(index, oom) in wanted[..build.min(wanted.len())].iter().rev() {
+        while undone > index + 1 {
+            undone -= 1;
+            layout.undo(&history.entries[undone]);
+        }
+        let (state, warnings) = layout.state();
+        visit(AtMoment {
+            after_entry: Some(index),
+            device: Some(history.device),
+            oom,
+            warnings,
+            state,
+        })?;
+    }
+    Ok(wanted.len())
+}
+
+/// Every state of `moment`, earliest first ([`each`], all of them built
+/// and kept: for a few moments).
+pub fn at(
+    path: &Path,
+    pickle: &Pickle,
+    budget: &ReadBudget,
+    moment: Moment,
+    device: Option<usize>,
+) -> Result<Vec<AtMoment>, TraceError> {
+    let mut moments = Vec::new();
+    each(path, pickle, budget, moment, device, usize::MAX, |at| {
+        moments.push(at);
+        Ok::<(), TraceError>(())
+    })?;
+    moments.reverse();
+    Ok(moments)
 }
 
 /// The `oom` entries of `device`'s history (`None`: the first device with
@@ -211,11 +277,11 @@ fn peak(layout: &Layout, entries: &[Entry]) -> usize {
         // The history holds requests; PyTorch counts the rounded block.
         let size = i128::from(memcore::pytorch::round_size(entry.size));
         match entry.action {
-            Action::Alloc => allocated -= size,
-            Action::FreeRequested => allocated += size,
-            Action::SegmentAlloc | Action::SegmentMap => reserved -= size,
-            Action::SegmentFree | Action::SegmentUnmap => reserved += size,
-            Action::FreeCompleted | Action::Other => {}
+            Some(TraceAction::Alloc) => allocated -= size,
+            Some(TraceAction::FreeRequested) => allocated += size,
+            Some(TraceAction::SegmentAlloc | TraceAction::SegmentMap) => reserved -= size,
+            Some(TraceAction::SegmentFree | TraceAction::SegmentUnmap) => reserved += size,
+            _ => {}
         }
     }
     best.2
@@ -227,7 +293,9 @@ fn history(
     budget: &ReadBudget,
     device: Option<usize>,
 ) -> Result<History, TraceError> {
-    let budget = budget.for_decoded(pickle.decoded_bytes());
+    let budget = budget
+        .for_decoded(pickle.decoded_bytes())
+        .after_holding(pickle.held_bytes());
     let mut stacks = Stacks::new(pickle, budget.frames);
     let whole = |problem| TraceError {
         path: path.to_path_buf(),
@@ -245,7 +313,7 @@ fn history(
                     .into(),
             ))
         })?;
-    let with_events = |(device, &list): (usize, &Value)| {
+    let with_events = |(device, list): (usize, Value)| {
         pickle
             .items(list)
             .filter(|l| !l.is_empty())
@@ -276,7 +344,7 @@ fn history(
     let mut entries = Vec::with_capacity(items.len());
     let mut ooms = Vec::new();
     let mut last_alloc: BTreeMap<u64, usize> = BTreeMap::new();
-    for (index, &value) in items.iter().enumerate() {
+    for (index, value) in items.iter().enumerate() {
         let fail = |problem| TraceError {
             path: path.to_path_buf(),
             location: Location::Entry {
@@ -286,17 +354,9 @@ fn history(
             problem,
         };
         let name = action(pickle, value).map_err(fail)?;
-        let action = match name {
-            "alloc" => Action::Alloc,
-            "free_requested" => Action::FreeRequested,
-            "free_completed" => Action::FreeCompleted,
-            "segment_alloc" => Action::SegmentAlloc,
-            "segment_free" => Action::SegmentFree,
-            "segment_map" => Action::SegmentMap,
-            "segment_unmap" => Action::SegmentUnmap,
-            _ => Action::Other,
-        };
-        if name == "oom" {
+        let named = TraceAction::from_name(name);
+        let action = named.filter(|a| !matches!(a, TraceAction::Snapshot | TraceAction::Oom));
+        if named == Some(TraceAction::Oom) {
             ooms.push(OomEntry {
                 index,
                 requested_bytes: integer(pickle, value, "size").unwrap_or(0),
@@ -304,7 +364,7 @@ fn history(
                 time_us: integer(pickle, value, "time_us").ok(),
             });
         }
-        let (addr, size) = if action == Action::Other {
+        let (addr, size) = if action.is_none() {
             (0, 0)
         } else {
             (
@@ -313,12 +373,12 @@ fn history(
             )
         };
         let frames = match action {
-            Action::Alloc => {
+            Some(TraceAction::Alloc) => {
                 last_alloc.insert(addr, index);
                 let frames = pickle.get(value, "frames").unwrap_or(Value::None);
                 Some(stacks.stack(frames).map_err(fail)?)
             }
-            Action::FreeRequested | Action::FreeCompleted => last_alloc
+            Some(TraceAction::FreeRequested | TraceAction::FreeCompleted) => last_alloc
                 .get(&addr)
                 .and_then(|&alloc: &usize| entries.get(alloc))
                 .and_then(|alloc: &Entry| alloc.frames.clone()),
@@ -376,11 +436,11 @@ impl Layout {
     fn undo(&mut self, entry: &Entry) {
         let (addr, size) = (entry.addr, entry.size);
         match entry.action {
-            Action::Alloc => {
+            Some(TraceAction::Alloc) => {
                 self.blocks.remove(&addr);
             }
-            Action::FreeRequested | Action::FreeCompleted => {
-                let state = if entry.action == Action::FreeRequested {
+            Some(TraceAction::FreeRequested | TraceAction::FreeCompleted) => {
+                let state = if entry.action == Some(TraceAction::FreeRequested) {
                     BlockState::Allocated
                 } else {
                     BlockState::PendingFree
@@ -400,16 +460,16 @@ impl Layout {
                 });
                 block.state = state;
             }
-            Action::SegmentAlloc => {
+            Some(TraceAction::SegmentAlloc) => {
                 self.segments.remove(&addr);
             }
-            Action::SegmentFree => {
+            Some(TraceAction::SegmentFree) => {
                 let segment = self.segment_of(size, false);
                 self.segments.insert(addr, segment);
             }
-            Action::SegmentMap => self.carve(addr, size),
-            Action::SegmentUnmap => self.map_back(addr, size),
-            Action::Other => {}
+            Some(TraceAction::SegmentMap) => self.carve(addr, size),
+            Some(TraceAction::SegmentUnmap) => self.map_back(addr, size),
+            _ => {}
         }
     }
 
@@ -460,11 +520,22 @@ impl Layout {
     }
 
     /// The layout as a [`State`]: each segment's live blocks, and its free
-    /// bytes as the gaps between them.
-    fn state(&self) -> State {
+    /// bytes as the gaps between them; and where the layout does not fit
+    /// (blocks past their segment, overlapping, or in no segment).
+    fn state(&self) -> (State, Vec<String>) {
         let mut segments = Vec::with_capacity(self.segments.len());
+        let mut misfits = Misfits::default();
+        let mut placed = 0usize;
+        let mut reached = 0u64;
         for (&start, info) in &self.segments {
+            if start < reached {
+                misfits.note(format!(
+                    "segment {start:#x} ({} bytes) overlaps the segment before it",
+                    info.bytes
+                ));
+            }
             let stop = start.saturating_add(info.bytes);
+            reached = reached.max(stop);
             let mut segment = Segment {
                 device: info.device,
                 address: start,
@@ -480,6 +551,22 @@ impl Layout {
             };
             let mut at = start;
             for block in self.blocks.range(start..stop).map(|(_, b)| b) {
+                placed += 1;
+                let end = block.address.saturating_add(block.size_bytes);
+                if block.address < at {
+                    misfits.note(format!(
+                        "live block {:#x} ({} bytes) overlaps the block before it in segment \
+                         {start:#x}",
+                        block.address, block.size_bytes
+                    ));
+                }
+                if end > stop {
+                    misfits.note(format!(
+                        "live block {:#x} ({} bytes) runs past the end of segment {start:#x} \
+                         ({} bytes)",
+                        block.address, block.size_bytes, info.bytes
+                    ));
+                }
                 let gap = block.address.saturating_sub(at);
                 segment.free_bytes = segment.free_bytes.saturating_add(gap);
                 segment.largest_free_bytes = segment.largest_free_bytes.max(gap);
@@ -488,7 +575,7 @@ impl Layout {
                     segment.allocated_bytes =
                         segment.allocated_bytes.saturating_add(block.size_bytes);
                 }
-                at = at.max(block.address.saturating_add(block.size_bytes));
+                at = at.max(end);
                 segment.live_blocks.push(block.clone());
             }
             let gap = stop.saturating_sub(at);
@@ -501,7 +588,47 @@ impl Layout {
             });
             segments.push(segment);
         }
-        State::from_segments(segments)
+        let outside = self.blocks.len().saturating_sub(placed);
+        if outside > 0 {
+            misfits.note(format!(
+                "{outside} live block(s) lie in no segment (not counted)"
+            ));
+        }
+        (State::from_segments(segments), misfits.finish())
+    }
+}
+
+/// Where a walked-back layout does not fit, a few said and the rest
+/// counted.
+#[derive(Default)]
+struct Misfits {
+    said: Vec<String>,
+    more: usize,
+}
+
+impl Misfits {
+    const SAID: usize = 5;
+
+    fn note(&mut self, text: String) {
+        if self.said.len() < Self::SAID {
+            self.said.push(text);
+        } else {
+            self.more += 1;
+        }
+    }
+
+    fn finish(mut self) -> Vec<String> {
+        if self.more > 0 {
+            self.said.push(format!("and {} more such", self.more));
+        }
+        if !self.said.is_empty() {
+            self.said.push(
+                "the history walked back does not fit the dump's segments (a history cut \
+                 short, or a damaged file): this moment's figures are not to be trusted"
+                    .into(),
+            );
+        }
+        self.said
     }
 }
 

@@ -135,60 +135,33 @@ impl State {
     }
 }
 
-/// The innermost frame of the user's own code: the first Python frame
-/// outside installed packages, else the first Python frame outside torch,
-/// else the first frame with a file.
-pub fn top_user_frame(pickle: &Pickle, frames: Value) -> Option<Frame> {
-    let files = frame_files(pickle, frames)?;
-    let python = |file: &str| file.ends_with(".py");
-    let installed = |file: &str| file.contains("site-packages") || file.contains("dist-packages");
-    let (frame, _) = files
-        .iter()
-        .find(|&&(_, file)| python(file) && !installed(file) && !file.starts_with('<'))
-        .or_else(|| {
-            files
-                .iter()
-                .find(|&&(_, file)| python(file) && !file.contains("/torch/"))
-        })
-        .or_else(|| {
-            files
-                .iter()
-                .find(|&&(_, file)| !file.is_empty() && file != "??")
-        })?;
-    read_frame(pickle, *frame)
+/// What the rules below need to know of a frame's file, found once per
+/// string however many frames share it (a long file name shared by a
+/// million frames is searched once).
+#[derive(Debug, Clone, Copy)]
+struct FileKind {
+    /// A Python source file (`.py`).
+    python: bool,
+    /// Inside an installed package (`site-packages`, `dist-packages`).
+    installed: bool,
+    /// A pseudo-file such as `<string>`.
+    pseudo: bool,
+    /// Inside torch.
+    torch: bool,
+    /// A file at all (not empty, not `??`).
+    known: bool,
 }
 
-/// The top of a recorded stack, innermost first: its Python frames where it
-/// has any, else every frame with a file; at most [`STACK_FRAMES`].
-pub fn top_frames(pickle: &Pickle, frames: Value) -> Vec<Frame> {
-    let Some(files) = frame_files(pickle, frames) else {
-        return Vec::new();
-    };
-    let python = files.iter().any(|(_, file)| file.ends_with(".py"));
-    files
-        .iter()
-        .filter(|(_, file)| {
-            if python {
-                file.ends_with(".py")
-            } else {
-                !file.is_empty() && *file != "??"
-            }
-        })
-        .take(STACK_FRAMES)
-        .filter_map(|&(frame, _)| read_frame(pickle, frame))
-        .collect()
-}
-
-/// Each frame of a recorded stack with its file, innermost first, read
-/// without copying; `None` where `frames` is not a list.
-fn frame_files(pickle: &Pickle, frames: Value) -> Option<Vec<(Value, &str)>> {
-    let items = pickle.items(frames)?;
-    Some(
-        items
-            .iter()
-            .filter_map(|&frame| Some((frame, pickle.text(pickle.get(frame, "filename")?)?)))
-            .collect(),
-    )
+impl FileKind {
+    fn of(file: &str) -> FileKind {
+        FileKind {
+            python: file.ends_with(".py"),
+            installed: file.contains("site-packages") || file.contains("dist-packages"),
+            pseudo: file.starts_with('<'),
+            torch: file.contains("/torch/"),
+            known: !file.is_empty() && file != "??",
+        }
+    }
 }
 
 /// One frame, built for people.
@@ -210,13 +183,16 @@ fn read_frame(pickle: &Pickle, frame: Value) -> Option<Frame> {
 }
 
 /// The stacks of a snapshot's frames lists, each list read once however
-/// many blocks or entries share it, its frames counted against a budget.
+/// many blocks or entries share it (lists of equal frames are one), its
+/// frames counted against a budget.
 pub struct Stacks<'a> {
     pickle: &'a Pickle,
     frames: Counter,
     /// The top user frame and the top of the stack of each frames list
-    /// already read, by its index.
+    /// already read, by its items.
     read: HashMap<u32, Rc<Stack>>,
+    /// Each file name string's kind, by its index.
+    files: HashMap<u32, FileKind>,
 }
 
 /// A recorded stack as people see it: the user's own innermost frame and
@@ -230,30 +206,84 @@ impl<'a> Stacks<'a> {
             pickle,
             frames: Counter::new(frames),
             read: HashMap::new(),
+            files: HashMap::new(),
         }
     }
 
-    /// The stack of `frames` (empty where it is not a list).
-    pub fn stack(&mut self, frames: Value) -> Result<Rc<Stack>, Problem> {
-        let (Value::List(index) | Value::Tuple(index)) = frames else {
-            return Ok(Rc::new((None, Vec::new())));
+    /// The stack of `frames` (empty where it is not a list), and which
+    /// items it was read from (`None`: no list).
+    pub fn stack_of(&mut self, frames: Value) -> Result<(Rc<Stack>, Option<u32>), Problem> {
+        let (Value::List(_) | Value::Tuple(_)) = frames else {
+            return Ok((Rc::new((None, Vec::new())), None));
         };
-        if let Some(stack) = self.read.get(&index) {
-            return Ok(Rc::clone(stack));
+        let Some(id) = self.pickle.items_id(frames) else {
+            return Ok((Rc::new((None, Vec::new())), None));
+        };
+        if let Some(stack) = self.read.get(&id) {
+            return Ok((Rc::clone(stack), Some(id)));
         }
-        let count = self.pickle.items(frames).map_or(0, <[Value]>::len);
+        let count = self.pickle.items(frames).map_or(0, |items| items.len());
         if !self.frames.take(count as u64) {
             return Err(Problem::OverBudget {
                 what: "frames",
                 limit: self.frames.limit(),
             });
         }
-        let stack = Rc::new((
-            top_user_frame(self.pickle, frames),
-            top_frames(self.pickle, frames),
-        ));
-        self.read.insert(index, Rc::clone(&stack));
-        Ok(stack)
+        let files = self.frame_files(frames);
+        let stack = Rc::new((self.top_user_frame(&files), self.top_frames(&files)));
+        self.read.insert(id, Rc::clone(&stack));
+        Ok((stack, Some(id)))
+    }
+
+    /// The stack of `frames` (empty where it is not a list).
+    pub fn stack(&mut self, frames: Value) -> Result<Rc<Stack>, Problem> {
+        self.stack_of(frames).map(|(stack, _)| stack)
+    }
+
+    /// Each frame of a recorded stack with its file's kind, innermost
+    /// first, read without copying.
+    fn frame_files(&mut self, frames: Value) -> Vec<(Value, FileKind)> {
+        let pickle = self.pickle;
+        let Some(items) = pickle.items(frames) else {
+            return Vec::new();
+        };
+        let mut files = Vec::with_capacity(items.len());
+        for frame in items.iter() {
+            let Some(Value::Str(file)) = pickle.get(frame, "filename") else {
+                continue;
+            };
+            let kind = *self
+                .files
+                .entry(file)
+                .or_insert_with(|| FileKind::of(pickle.text(Value::Str(file)).unwrap_or_default()));
+            files.push((frame, kind));
+        }
+        files
+    }
+
+    /// The innermost frame of the user's own code: the first Python frame
+    /// outside installed packages, else the first Python frame outside
+    /// torch, else the first frame with a file.
+    fn top_user_frame(&self, files: &[(Value, FileKind)]) -> Option<Frame> {
+        let (frame, _) = files
+            .iter()
+            .find(|(_, kind)| kind.python && !kind.installed && !kind.pseudo)
+            .or_else(|| files.iter().find(|(_, kind)| kind.python && !kind.torch))
+            .or_else(|| files.iter().find(|(_, kind)| kind.known))?;
+        read_frame(self.pickle, *frame)
+    }
+
+    /// The top of a recorded stack, innermost first: its Python frames
+    /// where it has any, else every frame with a file; at most
+    /// [`STACK_FRAMES`].
+    fn top_frames(&self, files: &[(Value, FileKind)]) -> Vec<Frame> {
+        let python = files.iter().any(|(_, kind)| kind.python);
+        files
+            .iter()
+            .filter(|(_, kind)| if python { kind.python } else { kind.known })
+            .take(STACK_FRAMES)
+            .filter_map(|&(frame, _)| read_frame(self.pickle, frame))
+            .collect()
     }
 }
 
@@ -304,7 +334,7 @@ pub fn read(path: &Path, pickle: &Pickle, budget: &ReadBudget) -> Result<State, 
         stacks: Stacks::new(pickle, budget.frames),
     };
     let mut segments = Vec::with_capacity(items.len());
-    for (index, &value) in items.iter().enumerate() {
+    for (index, value) in items.iter().enumerate() {
         if !walk.blocks.take(1) {
             return Err(at(
                 index,
@@ -315,6 +345,29 @@ pub fn read(path: &Path, pickle: &Pickle, budget: &ReadBudget) -> Result<State, 
             ));
         }
         segments.push(segment(&mut walk, value).map_err(|problem| at(index, problem))?);
+    }
+    // Segments of one device hold distinct bytes: one listed twice, or two
+    // that overlap, would count their bytes twice.
+    let mut order: Vec<usize> = (0..segments.len()).collect();
+    order.sort_by_key(|&index| (segments[index].device, segments[index].address));
+    for pair in order.windows(2) {
+        let (before, after) = (&segments[pair[0]], &segments[pair[1]]);
+        if before.device == after.device
+            && after.address < before.address.saturating_add(before.total_bytes)
+        {
+            return Err(at(
+                pair[1].max(pair[0]),
+                Problem::Malformed(format!(
+                    "segment {:#x} ({} bytes) overlaps segment {:#x} ({} bytes) on device {}: \
+                     a segment listed twice would count its bytes twice",
+                    after.address,
+                    after.total_bytes,
+                    before.address,
+                    before.total_bytes,
+                    after.device
+                )),
+            ));
+        }
     }
     // Refuse sums past 64 bits before deriving the state from them.
     let whole = |problem| TraceError {
@@ -420,7 +473,7 @@ fn segment(walk: &mut Walk<'_>, value: Value) -> Result<Segment, Problem> {
             limit: walk.blocks.limit(),
         });
     }
-    for (index, &block) in blocks.iter().enumerate() {
+    for (index, block) in blocks.iter().enumerate() {
         let in_block = |problem: Problem| Problem::Malformed(format!("block {index}: {problem}"));
         if pickle.pairs(block).is_none() {
             return Err(in_block(Problem::Malformed(format!(

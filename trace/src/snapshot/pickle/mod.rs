@@ -11,8 +11,12 @@
 
 mod reader;
 mod source;
+mod store;
 
+use std::collections::HashMap;
 use std::io::BufRead;
+
+use store::{Slot, Store};
 
 use crate::budget::ReadBudget;
 
@@ -83,6 +87,8 @@ pub enum PickleError {
         what: &'static str,
         /// The bound.
         limit: u64,
+        /// The bound is the memory ceiling (the budget's held bytes).
+        memory: bool,
     },
 }
 
@@ -118,18 +124,18 @@ pub enum Value {
     Dict(u32),
 }
 
-/// A whole pickle: its root value and the arena its values point into.
+/// A whole pickle: its root value and the store its values point into.
 #[derive(Debug, Default)]
 pub struct Pickle {
-    root: Option<Value>,
-    strings: Vec<Box<str>>,
-    sequences: Vec<Vec<Value>>,
-    dicts: Vec<Vec<(Value, Value)>>,
+    root: Option<Slot>,
+    store: Store,
     /// Per dict of more than [`INDEXED_PAIRS`] pairs, the positions of its
-    /// str-keyed pairs sorted by key (the last of repeated keys first), so
-    /// a look-up costs a binary search however many pairs a hostile dict
-    /// holds and however often it is referenced. Empty for small dicts.
-    key_order: Vec<Box<[u32]>>,
+    /// str-keyed pairs sorted by the hash of the key (among equal hashes
+    /// the last pair first), so a look-up costs a binary search and a
+    /// comparison of candidates of the key's length, however many pairs a
+    /// hostile dict holds, however long its keys and however often it is
+    /// referenced.
+    key_order: HashMap<u32, Box<[(u64, u32)]>>,
     /// Bytes of pickle read, up to its STOP.
     decoded_bytes: u64,
 }
@@ -137,87 +143,163 @@ pub struct Pickle {
 /// Dicts up to this many pairs are searched pair by pair.
 const INDEXED_PAIRS: usize = 16;
 
+/// The items of a list, tuple or set.
+#[derive(Debug, Clone, Copy)]
+pub struct Items<'a> {
+    store: &'a Store,
+    slots: &'a [Slot],
+}
+
+impl<'a> Items<'a> {
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// None at all.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The item at `index`.
+    pub fn get(&self, index: usize) -> Option<Value> {
+        self.slots.get(index).map(|&slot| self.store.value(slot))
+    }
+
+    /// Each item in order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = Value> + ExactSizeIterator + 'a {
+        let store = self.store;
+        self.slots.iter().map(move |&slot| store.value(slot))
+    }
+
+    /// No items (for a sequence left out).
+    pub fn none(pickle: &'a Pickle) -> Items<'a> {
+        Items {
+            store: &pickle.store,
+            slots: &[],
+        }
+    }
+}
+
 impl Pickle {
     /// Bytes of pickle read (after decompression), up to its STOP.
     pub fn decoded_bytes(&self) -> u64 {
         self.decoded_bytes
     }
 
+    /// Bytes the read pickle holds in memory, as the reader counted them.
+    pub fn held_bytes(&self) -> u64 {
+        self.store.held_bytes()
+    }
+
     /// The object the pickle holds.
     pub fn root(&self) -> Value {
-        self.root.unwrap_or(Value::None)
+        self.root.map_or(Value::None, |slot| self.store.value(slot))
     }
 
     /// The items of a list, tuple or set.
-    pub fn items(&self, value: Value) -> Option<&[Value]> {
+    pub fn items(&self, value: Value) -> Option<Items<'_>> {
         match value {
             Value::List(index) | Value::Tuple(index) | Value::Set(index) => {
-                self.sequences.get(index as usize).map(Vec::as_slice)
+                self.store.items(index).map(|slots| Items {
+                    store: &self.store,
+                    slots,
+                })
             }
+            _ => None,
+        }
+    }
+
+    /// Which stored items a list, tuple or set has: lists of equal items
+    /// may have the same (read a shared stack once by it).
+    pub fn items_id(&self, value: Value) -> Option<u32> {
+        match value {
+            Value::List(index) | Value::Tuple(index) | Value::Set(index) => self.store.chunk(index),
             _ => None,
         }
     }
 
     /// The (key, value) pairs of a dict, in pickled order.
-    pub fn pairs(&self, value: Value) -> Option<&[(Value, Value)]> {
+    pub fn pairs(
+        &self,
+        value: Value,
+    ) -> Option<impl ExactSizeIterator<Item = (Value, Value)> + '_> {
         match value {
-            Value::Dict(index) => self.dicts.get(index as usize).map(Vec::as_slice),
+            Value::Dict(index) => self.store.dicts.get(index as usize).map(|pairs| {
+                pairs
+                    .iter()
+                    .map(|&(key, value)| (self.store.value(key), self.store.value(value)))
+            }),
             _ => None,
         }
+    }
+
+    /// Whether a value is a dict.
+    pub fn is_dict(&self, value: Value) -> bool {
+        matches!(value, Value::Dict(index) if (index as usize) < self.store.dicts.len())
     }
 
     /// The text of a str.
     pub fn text(&self, value: Value) -> Option<&str> {
         match value {
-            Value::Str(index) => self.strings.get(index as usize).map(|text| &**text),
+            Value::Str(index) => self.store.strings.get(index as usize).map(|text| &**text),
             _ => None,
         }
+    }
+
+    fn slot_text(&self, slot: Slot) -> Option<&str> {
+        let index = slot.string_index()?;
+        self.store.strings.get(index as usize).map(|text| &**text)
     }
 
     /// The value under the str key `key` of a dict (the last one, as Python
     /// keeps the last of repeated keys).
     pub fn get(&self, dict: Value, key: &str) -> Option<Value> {
-        let pairs = self.pairs(dict)?;
         let Value::Dict(index) = dict else {
             return None;
         };
-        match self.key_order.get(index as usize) {
-            Some(order) if !order.is_empty() => {
-                let found = order.partition_point(|&at| self.key_text(pairs, at) < Some(key));
-                let &at = order.get(found)?;
-                (self.key_text(pairs, at) == Some(key)).then(|| pairs[at as usize].1)
+        let pairs = self.store.dicts.get(index as usize)?;
+        let found = match self.key_order.get(&index) {
+            Some(order) => {
+                let hash = store::text_hash(key);
+                let first = order.partition_point(|&(at_hash, _)| at_hash < hash);
+                order[first..]
+                    .iter()
+                    .take_while(|&&(at_hash, _)| at_hash == hash)
+                    .find(|&&(_, at)| self.slot_text(pairs[at as usize].0) == Some(key))
+                    .map(|&(_, at)| pairs[at as usize].1)
             }
-            _ => pairs
+            None => pairs
                 .iter()
                 .rev()
-                .find(|(name, _)| self.text(*name) == Some(key))
+                .find(|(name, _)| self.slot_text(*name) == Some(key))
                 .map(|&(_, value)| value),
-        }
-    }
-
-    fn key_text<'a>(&'a self, pairs: &[(Value, Value)], at: u32) -> Option<&'a str> {
-        self.text(pairs[at as usize].0)
+        };
+        found.map(|slot| self.store.value(slot))
     }
 
     /// Index every large dict once the whole pickle is read (dicts may be
-    /// filled after they were first shared, so not before).
+    /// filled after they were first shared, so not before). Each key's
+    /// text is hashed once however many dicts use it.
     fn index_dicts(&mut self) {
-        let mut key_order = Vec::with_capacity(self.dicts.len());
-        for pairs in &self.dicts {
+        let mut hashes: HashMap<u32, u64> = HashMap::new();
+        let mut key_order = HashMap::new();
+        for (index, pairs) in self.store.dicts.iter().enumerate() {
             if pairs.len() <= INDEXED_PAIRS {
-                key_order.push(Box::default());
                 continue;
             }
-            let mut order: Vec<u32> = (0..pairs.len() as u32)
-                .filter(|&at| self.text(pairs[at as usize].0).is_some())
+            let mut order: Vec<(u64, u32)> = (0..pairs.len() as u32)
+                .filter_map(|at| {
+                    let string = pairs[at as usize].0.string_index()?;
+                    let hash = *hashes
+                        .entry(string)
+                        .or_insert_with(|| store::text_hash(&self.store.strings[string as usize]));
+                    Some((hash, at))
+                })
                 .collect();
-            // By key, and among equal keys the last pair first.
-            order.sort_unstable_by(|&a, &b| {
-                self.key_text(pairs, a)
-                    .cmp(&self.key_text(pairs, b))
-                    .then(b.cmp(&a))
-            });
-            key_order.push(order.into_boxed_slice());
+            // By hash, and among equal hashes the last pair first.
+            order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            key_order.insert(index as u32, order.into_boxed_slice());
         }
         self.key_order = key_order;
     }
@@ -269,7 +351,10 @@ mod tests {
         let root = pickle.root();
         let a = pickle.get(root, "a").unwrap();
         assert_eq!(a, pickle.get(root, "b").unwrap());
-        assert_eq!(pickle.items(a), Some(&[Value::Int(7)][..]));
+        assert_eq!(
+            pickle.items(a).unwrap().iter().collect::<Vec<_>>(),
+            [Value::Int(7)]
+        );
     }
 
     #[test]

@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use std::io::BufRead;
 
 use super::source::Source;
+use super::store::Slot;
 use super::{Pickle, PickleError, Value};
-use crate::budget::{ReadBudget, held_bytes};
+use crate::budget::ReadBudget;
 
 /// A pickle being read.
 pub(super) struct Reader<R> {
@@ -15,13 +16,13 @@ pub(super) struct Reader<R> {
     /// Items put in containers so far.
     items: u64,
     pickle: Pickle,
-    stack: Vec<Value>,
+    stack: Vec<Slot>,
     marks: Vec<usize>,
     /// Memo slots written in order (MEMOIZE, or BINPUT at the next index).
-    memo: Vec<Value>,
+    memo: Vec<Slot>,
     /// Memo slots written out of order, so a hostile index costs no more
     /// than one entry.
-    sparse_memo: HashMap<u32, Value>,
+    sparse_memo: HashMap<u32, Slot>,
 }
 
 /// Python's `pickletools` name of an opcode this reader refuses.
@@ -66,50 +67,57 @@ impl<R: BufRead> Reader<R> {
         }
     }
 
-    fn push(&mut self, value: Value) -> Result<(), PickleError> {
+    fn push(&mut self, value: Slot) -> Result<(), PickleError> {
         if self.stack.len() as u64 >= self.budget.stack_values {
             return Err(PickleError::Limit {
                 offset: self.input.offset,
                 what: "too many values open at once (nesting too deep)",
                 limit: self.budget.stack_values,
+                memory: false,
             });
         }
         self.stack.push(value);
         Ok(())
     }
 
-    fn pop(&mut self, at: u64, opcode: &'static str) -> Result<Value, PickleError> {
+    fn pop(&mut self, at: u64, opcode: &'static str) -> Result<Slot, PickleError> {
         self.stack
             .pop()
             .ok_or_else(|| self.malformed(at, opcode, "the stack is empty"))
     }
 
-    /// Refuse once objects, memo entries and items together hold more than
-    /// the budget's held bytes.
-    fn check_held(&self) -> Result<(), PickleError> {
-        let objects =
-            self.pickle.strings.len() + self.pickle.sequences.len() + self.pickle.dicts.len();
-        let memo = self.memo.len() + self.sparse_memo.len();
-        let held = held_bytes(objects as u64, memo as u64, self.items);
-        if held > self.budget.held_bytes {
+    /// Bytes held: the store, the memo, the stack, and `more` about to be.
+    fn held(&self, more: u64) -> u64 {
+        let vec_bytes = |capacity: usize| (capacity * size_of::<Slot>()) as u64;
+        self.pickle.store.held_bytes()
+            + vec_bytes(self.memo.capacity())
+            + vec_bytes(self.stack.capacity())
+            + (self.sparse_memo.capacity() * 24) as u64
+            + more
+    }
+
+    /// Refuse once the store, the memo and the stack, with `more` bytes
+    /// about to be taken, hold more than the budget's held bytes.
+    fn check_held(&self, more: u64) -> Result<(), PickleError> {
+        if self.held(more) > self.budget.held_bytes {
             return Err(PickleError::Limit {
                 offset: self.input.offset,
-                what: "objects, memo entries and items together hold too many bytes",
+                what: "its objects, strings, memo entries and items would hold too many bytes",
                 limit: self.budget.held_bytes,
+                memory: true,
             });
         }
         Ok(())
     }
 
     fn check_objects(&self) -> Result<(), PickleError> {
-        self.check_held()?;
-        let count =
-            self.pickle.strings.len() + self.pickle.sequences.len() + self.pickle.dicts.len();
-        if count as u64 >= self.budget.objects {
+        self.check_held(0)?;
+        if self.pickle.store.objects() >= self.budget.objects {
             return Err(PickleError::Limit {
                 offset: self.input.offset,
                 what: "too many objects",
                 limit: self.budget.objects,
+                memory: false,
             });
         }
         Ok(())
@@ -123,37 +131,42 @@ impl<R: BufRead> Reader<R> {
                 offset: self.input.offset,
                 what: "too many container items",
                 limit: self.budget.container_items,
+                memory: false,
             });
         }
-        self.check_held()
+        self.check_held(0)
     }
 
-    fn new_sequence(&mut self, items: Vec<Value>) -> Result<u32, PickleError> {
+    fn new_sequence(&mut self, items: Vec<Slot>) -> Result<u32, PickleError> {
         self.check_objects()?;
         self.take_items(items.len())?;
-        self.pickle.sequences.push(items);
-        Ok((self.pickle.sequences.len() - 1) as u32)
+        Ok(self.pickle.store.new_sequence(items))
     }
 
-    fn new_dict(&mut self, pairs: Vec<(Value, Value)>) -> Result<u32, PickleError> {
+    fn new_dict(&mut self) -> Result<Slot, PickleError> {
         self.check_objects()?;
-        self.pickle.dicts.push(pairs);
-        Ok((self.pickle.dicts.len() - 1) as u32)
+        Ok(self.pickle.store.new_dict())
     }
 
-    fn string(&mut self, length: u64) -> Result<Value, PickleError> {
+    fn string(&mut self, length: u64) -> Result<Slot, PickleError> {
         self.check_objects()?;
+        // The string's bytes count before they are read: one past the
+        // bound is skipped (a claim longer than the data is truncation)
+        // and refused without being held.
+        if let Err(err) = self.check_held(length) {
+            self.input.skip(length)?;
+            return Err(err);
+        }
         let bytes = self.input.bytes(length)?;
         let text = match String::from_utf8(bytes) {
             Ok(text) => text,
             Err(err) => String::from_utf8_lossy(err.as_bytes()).into_owned(),
         };
-        self.pickle.strings.push(text.into_boxed_str());
-        Ok(Value::Str((self.pickle.strings.len() - 1) as u32))
+        Ok(self.pickle.store.string(text.into_boxed_str()))
     }
 
     /// The values above the last MARK, removing the mark.
-    fn pop_mark(&mut self, at: u64, opcode: &'static str) -> Result<Vec<Value>, PickleError> {
+    fn pop_mark(&mut self, at: u64, opcode: &'static str) -> Result<Vec<Slot>, PickleError> {
         let mark = self
             .marks
             .pop()
@@ -177,9 +190,10 @@ impl<R: BufRead> Reader<R> {
                     offset: at,
                     what: "too many memo entries",
                     limit: self.budget.memo_entries,
+                    memory: false,
                 });
             }
-            self.check_held()?;
+            self.check_held(0)?;
         }
         if slot < self.memo.len() {
             self.memo[slot] = value;
@@ -203,15 +217,15 @@ impl<R: BufRead> Reader<R> {
 
     fn append(
         &mut self,
-        target: Value,
-        items: Vec<Value>,
+        target: Slot,
+        items: Vec<Slot>,
         at: u64,
         opcode: &'static str,
     ) -> Result<(), PickleError> {
-        match target {
-            Value::List(index) => {
+        match target.list_or_set() {
+            Some(index) if target.is_set() == (opcode == "ADDITEMS") => {
                 self.take_items(items.len())?;
-                self.pickle.sequences[index as usize].extend(items);
+                self.pickle.store.extend(index, items);
                 Ok(())
             }
             _ => Err(self.malformed(at, opcode, "the target is not a list")),
@@ -220,43 +234,40 @@ impl<R: BufRead> Reader<R> {
 
     fn set_items(
         &mut self,
-        target: Value,
-        items: Vec<Value>,
+        target: Slot,
+        items: Vec<Slot>,
         at: u64,
         opcode: &'static str,
     ) -> Result<(), PickleError> {
-        let Value::Dict(index) = target else {
+        let Some(index) = target.dict_index() else {
             return Err(self.malformed(at, opcode, "the target is not a dict"));
         };
         if items.len() % 2 != 0 {
             return Err(self.malformed(at, opcode, "an odd number of keys and values"));
         }
         self.take_items(items.len())?;
-        let pairs = &mut self.pickle.dicts[index as usize];
-        pairs.reserve_exact(items.len() / 2);
-        let mut items = items.into_iter();
-        while let (Some(key), Some(value)) = (items.next(), items.next()) {
-            pairs.push((key, value));
-        }
+        let pairs = items.chunks_exact(2).map(|pair| (pair[0], pair[1]));
+        self.pickle.store.extend_dict(index, pairs);
         Ok(())
     }
 
-    fn long(&mut self, length: u64) -> Result<Value, PickleError> {
+    fn long(&mut self, length: u64) -> Result<Slot, PickleError> {
         if length > 9 {
             self.input.skip(length)?;
-            return Ok(Value::BigInt { bytes: length });
+            return Ok(self.pickle.store.wide(Value::BigInt { bytes: length }));
         }
         let bytes = self.input.bytes(length)?;
         let negative = bytes.last().is_some_and(|&top| top & 0x80 != 0);
         let mut wide = [if negative { 0xff } else { 0 }; 16];
         wide[..bytes.len()].copy_from_slice(&bytes);
         let value = i128::from_le_bytes(wide);
+        let store = &mut self.pickle.store;
         Ok(if let Ok(small) = i64::try_from(value) {
-            Value::Int(small)
+            store.int(small)
         } else if let Ok(unsigned) = u64::try_from(value) {
-            Value::UInt(unsigned)
+            store.wide(Value::UInt(unsigned))
         } else {
-            Value::BigInt { bytes: length }
+            store.wide(Value::BigInt { bytes: length })
         })
     }
 
@@ -287,6 +298,7 @@ impl<R: BufRead> Reader<R> {
                             offset: at,
                             what: "too many MARKs open at once (nesting too deep)",
                             limit: self.budget.marks,
+                            memory: false,
                         });
                     }
                     self.marks.push(self.stack.len());
@@ -304,20 +316,23 @@ impl<R: BufRead> Reader<R> {
                         .ok_or_else(|| self.malformed(at, "DUP", "the stack is empty"))?;
                     self.push(top)?;
                 }
-                b'N' => self.push(Value::None)?,
-                0x88 => self.push(Value::Bool(true))?,
-                0x89 => self.push(Value::Bool(false))?,
+                b'N' => self.push(Slot::NONE)?,
+                0x88 => self.push(Slot::bool(true))?,
+                0x89 => self.push(Slot::bool(false))?,
                 b'J' => {
                     let value = i32::from_le_bytes(self.input.array()?);
-                    self.push(Value::Int(i64::from(value)))?;
+                    let slot = self.pickle.store.int(i64::from(value));
+                    self.push(slot)?;
                 }
                 b'K' => {
                     let value = self.input.byte()?;
-                    self.push(Value::Int(i64::from(value)))?;
+                    let slot = self.pickle.store.int(i64::from(value));
+                    self.push(slot)?;
                 }
                 b'M' => {
                     let value = u16::from_le_bytes(self.input.array()?);
-                    self.push(Value::Int(i64::from(value)))?;
+                    let slot = self.pickle.store.int(i64::from(value));
+                    self.push(slot)?;
                 }
                 0x8a => {
                     let length = u64::from(self.input.byte()?);
@@ -334,7 +349,8 @@ impl<R: BufRead> Reader<R> {
                 }
                 b'G' => {
                     let value = f64::from_be_bytes(self.input.array()?);
-                    self.push(Value::Float(value))?;
+                    let slot = self.pickle.store.wide(Value::Float(value));
+                    self.push(slot)?;
                 }
                 0x8c => {
                     let length = u64::from(self.input.byte()?);
@@ -354,33 +370,33 @@ impl<R: BufRead> Reader<R> {
                 b'C' | b'U' => {
                     let length = u64::from(self.input.byte()?);
                     self.input.skip(length)?;
-                    self.push(Value::Bytes(length))?;
+                    self.push(Slot::bytes(length))?;
                 }
                 b'B' | b'T' => {
                     let length = u64::from(u32::from_le_bytes(self.input.array()?));
                     self.input.skip(length)?;
-                    self.push(Value::Bytes(length))?;
+                    self.push(Slot::bytes(length))?;
                 }
                 0x8e | 0x96 => {
                     let length = u64::from_le_bytes(self.input.array()?);
                     self.input.skip(length)?;
-                    self.push(Value::Bytes(length))?;
+                    self.push(Slot::bytes(length))?;
                 }
                 b']' => {
                     let index = self.new_sequence(Vec::new())?;
-                    self.push(Value::List(index))?;
+                    self.push(Slot::list(index))?;
                 }
                 b')' => {
                     let index = self.new_sequence(Vec::new())?;
-                    self.push(Value::Tuple(index))?;
+                    self.push(Slot::tuple(index))?;
                 }
                 b'}' => {
-                    let index = self.new_dict(Vec::new())?;
-                    self.push(Value::Dict(index))?;
+                    let dict = self.new_dict()?;
+                    self.push(dict)?;
                 }
                 0x8f => {
                     let index = self.new_sequence(Vec::new())?;
-                    self.push(Value::Set(index))?;
+                    self.push(Slot::set(index))?;
                 }
                 b'l' | b't' | 0x91 => {
                     let name = match opcode {
@@ -391,9 +407,9 @@ impl<R: BufRead> Reader<R> {
                     let items = self.pop_mark(at, name)?;
                     let index = self.new_sequence(items)?;
                     self.push(match opcode {
-                        b'l' => Value::List(index),
-                        b't' => Value::Tuple(index),
-                        _ => Value::Set(index),
+                        b'l' => Slot::list(index),
+                        b't' => Slot::tuple(index),
+                        _ => Slot::set(index),
                     })?;
                 }
                 0x85..=0x87 => {
@@ -403,13 +419,13 @@ impl<R: BufRead> Reader<R> {
                     }
                     let items = self.stack.split_off(self.stack.len() - count);
                     let index = self.new_sequence(items)?;
-                    self.push(Value::Tuple(index))?;
+                    self.push(Slot::tuple(index))?;
                 }
                 b'd' => {
                     let items = self.pop_mark(at, "DICT")?;
-                    let index = self.new_dict(Vec::new())?;
-                    self.set_items(Value::Dict(index), items, at, "DICT")?;
-                    self.push(Value::Dict(index))?;
+                    let dict = self.new_dict()?;
+                    self.set_items(dict, items, at, "DICT")?;
+                    self.push(dict)?;
                 }
                 b'a' => {
                     let item = self.pop(at, "APPEND")?;
@@ -430,14 +446,9 @@ impl<R: BufRead> Reader<R> {
                         .stack
                         .last()
                         .ok_or_else(|| self.malformed(at, name, "no container below the MARK"))?;
-                    let target = match target {
-                        Value::Set(index) if opcode == 0x90 => Value::List(index),
-                        other if opcode == 0x90 => {
-                            let _ = other;
-                            return Err(self.malformed(at, name, "the target is not a set"));
-                        }
-                        other => other,
-                    };
+                    if opcode == 0x90 && !target.is_set() {
+                        return Err(self.malformed(at, name, "the target is not a set"));
+                    }
                     self.append(target, items, at, name)?;
                 }
                 b's' => {
