@@ -44,7 +44,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE.html")]
     report: Option<PathBuf>,
     /// The most bytes each process's event log may take; records past it
-    /// are counted and dropped; default 1.00 GiB (1073741824 B).
+    /// are counted and dropped; default 1.00 GiB (1073741824 B). Sizes: K,
+    /// KiB, M, MiB, G, GiB are binary (16K = 16384 B), KB, MB, GB decimal
+    /// (16KB = 16000 B).
     #[arg(
         long,
         value_name = "BYTES",
