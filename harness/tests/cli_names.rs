@@ -89,3 +89,26 @@ fn explains_help_names_every_column_it_prints() {
         assert!(!help.contains(internal), "{internal}: {help}");
     }
 }
+
+/// Every command that reads a size says how its units read, and they read
+/// so.
+#[test]
+fn every_command_taking_a_size_says_which_units_are_binary_and_which_decimal() {
+    let said = "K, KiB, M, MiB, G, GiB are binary (16K = 16384 B), KB, MB, GB decimal (16KB = \
+                16000 B)";
+    let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    for command in ["replay", "explain", "heap", "run"] {
+        let text = help(&[command]);
+        assert!(
+            words(&text).contains(said),
+            "cudamem {command} --help:\n{text}"
+        );
+    }
+    use cudamem::cli::byte_size::parse;
+    assert_eq!((parse("16K"), parse("16KiB")), (Ok(16384), Ok(16384)));
+    assert_eq!(parse("16KB"), Ok(16000));
+    assert_eq!(
+        (parse("1G"), parse("1GB")),
+        (Ok(1 << 30), Ok(1_000_000_000))
+    );
+}

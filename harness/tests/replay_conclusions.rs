@@ -107,9 +107,27 @@ fn a_pytorch_trace_ends_with_what_expandable_segments_and_cudamem_save() {
     }
 }
 
+/// The repository's RMM log without PyTorch's segment rows: a log RMM's
+/// own `logging_resource_adaptor` writes (its allocations and frees only).
+fn rmm_only_log() -> PathBuf {
+    use std::io::Read as _;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(trace("rmm/resnet50_train.csv.gz")).unwrap())
+        .read_to_string(&mut text)
+        .unwrap();
+    let kept: String = text
+        .lines()
+        .filter(|line| !line.contains(",segment_"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    support::write_file("rmm-only.csv", kept.as_bytes())
+}
+
 #[test]
 fn an_rmm_trace_names_the_rmm_resource_and_the_most_gaps_can_cost() {
-    let json = replay_json(&trace("rmm/resnet50_train.csv.gz"));
+    let path = rmm_only_log();
+    let json = replay_json(&path);
+    std::fs::remove_file(&path).unwrap();
     assert_eq!(json["framework"], "rmm");
     let best_fit = row(&json, "best-fit");
     assert_eq!(best_fit["pick"]["how"], "rmm::mr::pool_memory_resource");
@@ -242,7 +260,7 @@ fn rows_but_time(table: &str) -> Vec<String> {
 /// The bare command (as `cli::run` runs it: `ReplayArgs::defaults()`, its
 /// report sent elsewhere) and `cudamem replay` of the built-in traces'
 /// files print the same tables, groups, rows and conclusions; the PyTorch
-/// trace and its conclusion come first, and the last line says how to ask
+/// snapshot and its conclusion come first, and the last line says how to ask
 /// about one's own program.
 #[test]
 fn the_bare_command_prints_what_replay_of_its_trace_prints() {
@@ -275,10 +293,14 @@ fn the_bare_command_prints_what_replay_of_its_trace_prints() {
         first_conclusion.starts_with("=> PyTorch reserved "),
         "{bare}"
     );
-    assert!(
-        bare.find("what a PyTorch program can use") < bare.find("what an RMM program can use"),
+    // The built-in CSV was written from PyTorch's allocator (its segment
+    // rows): it gets PyTorch's recorded row and conclusion too.
+    assert_eq!(
+        bare.matches("what a PyTorch program can use").count(),
+        2,
         "{bare}"
     );
+    assert_eq!(bare.matches("  pytorch (recorded) ").count(), 2, "{bare}");
     assert_eq!(bare.lines().last(), Some(ASK_ABOUT_YOURS), "{bare}");
     assert!(!replayed.contains(ASK_ABOUT_YOURS), "{replayed}");
 }
@@ -348,4 +370,53 @@ fn a_trace_recorded_with_expandable_segments_is_not_told_to_set_them() {
     );
     let json = replay_json(&trace("pytorch/bert_train.full.default.pickle.gz"));
     assert_eq!(json["pytorch_recorded"]["expandable_segments"], false);
+}
+
+#[test]
+fn a_csv_recorded_from_pytorch_gets_the_recorded_row_and_pytorchs_advice() {
+    // An RMM-style log PyTorch's allocator wrote: its segment rows add up
+    // to 24 MiB at their peak (20, then 22, back to 20, then 24).
+    let mib = 1u64 << 20;
+    let rows = [
+        ("segment_alloc", 0x1000_0000u64, 20 * mib),
+        ("allocate", 0x1000_0000, 8 * mib),
+        ("allocate", 0x1080_0000, 6 * mib),
+        ("segment_alloc", 0x2000_0000, 2 * mib),
+        ("allocate", 0x2000_0000, 1000),
+        ("free", 0x2000_0000, 1000),
+        ("segment_free", 0x2000_0000, 2 * mib),
+        ("segment_alloc", 0x3000_0000, 4 * mib),
+        ("allocate", 0x3000_0000, 3 * mib),
+        ("free", 0x1000_0000, 8 * mib),
+        ("free", 0x1080_0000, 6 * mib),
+        ("free", 0x3000_0000, 3 * mib),
+    ];
+    let mut csv = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    for (index, (action, pointer, size)) in rows.iter().enumerate() {
+        csv.push_str(&format!(
+            "0,00:00:0{index}.0,{action},{pointer:#x},{size},0\n"
+        ));
+    }
+    let path = support::write_file("from-pytorch.csv", csv.as_bytes());
+    let json = replay_json(&path);
+    assert_eq!(json["framework"], "pytorch");
+    assert_eq!(json["pytorch_recorded"]["peak_reserved_bytes"], 24 * mib);
+    let expandable = bytes(row(&json, "pytorch-expandable"));
+    let said = sentences(&json);
+    assert!(
+        said[0].contains("PyTorch reserved 24.0 MiB at its peak")
+            && said[0].contains(&format!(
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True would reserve {}",
+                human(expandable)
+            )),
+        "{said:?}"
+    );
+    let table = support::output(&["replay", path.to_str().unwrap()]);
+    let recorded = table
+        .lines()
+        .find(|line| line.trim_start().starts_with("pytorch (recorded)"))
+        .unwrap_or_else(|| panic!("no recorded row:\n{table}"));
+    assert!(recorded.contains("24.0 MiB"), "{recorded}");
+    assert!(table.contains("what a PyTorch program can use"), "{table}");
+    std::fs::remove_file(&path).unwrap();
 }

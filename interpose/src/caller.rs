@@ -77,6 +77,17 @@ pub fn library_of(addr: usize) -> u32 {
     id
 }
 
+/// Forget every library id handed out (a process copy that starts a log
+/// of its own without its parent's list of libraries).
+pub fn forget_libraries() {
+    for slot in &ADDRESSES {
+        slot.store(0, Ordering::Relaxed);
+    }
+    for class in &CLASSES {
+        class.store(0, Ordering::Relaxed);
+    }
+}
+
 /// Name `addr` with `dladdr` and register its library.
 fn name(addr: usize) -> u32 {
     let mut info = libc::Dl_info {

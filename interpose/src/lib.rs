@@ -1,7 +1,7 @@
 //! `libcudamem_interpose.so`: the driver interposer `cudamem run` preloads into
 //! an unmodified CUDA program.
 //!
-//! It defines `dlsym`, `cuGetProcAddress`, `cuGetProcAddress_v2` and the
+//! It defines `dlsym`, `dlopen` (which notes a load of the driver, [`loading`]), `cuGetProcAddress`, `cuGetProcAddress_v2` and the
 //! driver's exported allocation, VMM, context, limit, module and launch
 //! functions, and those that make streams, events, graphs and pools
 //! ([`hooks`]). Every wrapper calls the real driver, records the
@@ -42,6 +42,7 @@ mod gate;
 mod hooks;
 mod interpose;
 mod lifecycle;
+mod loading;
 mod lock;
 mod logfile;
 mod pool;

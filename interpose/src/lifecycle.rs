@@ -110,6 +110,8 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    // A child these handlers saw is not taken for a raw copy.
+    crate::thread::arm_copy_page();
     recorder::after_fork_child();
 }
 
@@ -127,6 +129,7 @@ extern "C" fn at_load() {
     // SAFETY: registering functions of this library, which is never
     // unloaded (it is preloaded).
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    crate::thread::arm_copy_page();
     std::panic::set_hook(Box::new(|_| {}));
 }
 

@@ -6,7 +6,7 @@
 //! thread), and never waiting for it on the thread that holds it (a signal
 //! handler, or an `exit` called from one, that interrupted a record).
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
@@ -14,8 +14,16 @@ use std::time::{Duration, Instant};
 
 /// A value behind the interposer's lock.
 pub struct Lock<T: 'static> {
-    inner: Mutex<T>,
+    /// In a cell so that a process copy whose holder is gone (a raw
+    /// `clone`, which runs no `fork` handler) can put a fresh one in its
+    /// place ([`Lock::replace_abandoned`]).
+    inner: UnsafeCell<Mutex<T>>,
 }
+
+// SAFETY: the mutex is shared as a `Mutex<T>` is; the cell is written only
+// by `replace_abandoned`, whose caller is the process's one thread with no
+// reference to the mutex alive.
+unsafe impl<T: Send> Sync for Lock<T> {}
 
 thread_local! {
     /// The lock this thread is taking or holds (its address; 0: none), set
@@ -55,8 +63,31 @@ impl<T: 'static> Lock<T> {
     /// An unlocked lock holding `value`.
     pub const fn new(value: T) -> Self {
         Self {
-            inner: Mutex::new(value),
+            inner: UnsafeCell::new(Mutex::new(value)),
         }
+    }
+
+    fn mutex(&self) -> &Mutex<T> {
+        // SAFETY: the cell is only written by `replace_abandoned`, while no
+        // reference from here is alive (its contract).
+        unsafe { &*self.inner.get() }
+    }
+
+    /// Put a fresh, unlocked lock holding `value` in place of this one,
+    /// never dropping what was there (its holder may have been changing
+    /// it, and its memory may belong to an allocator arena whose lock that
+    /// holder had).
+    ///
+    /// # Safety
+    ///
+    /// Only in a process copy made without `fork`'s handlers, by its one
+    /// thread, while that thread holds no guard of this lock and no other
+    /// reference to it is alive: the lock's holder, if any, is a thread
+    /// the copy does not have.
+    pub unsafe fn replace_abandoned(&self, value: T) {
+        // SAFETY: the caller's contract: nothing else reads or writes the
+        // cell meanwhile; the old value is forgotten, not dropped.
+        unsafe { std::ptr::write(self.inner.get(), Mutex::new(value)) };
     }
 
     fn key(&self) -> usize {
@@ -84,7 +115,7 @@ impl<T: 'static> Lock<T> {
             return None;
         }
         MINE.with(|mine| mine.set(self.key()));
-        let guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let guard = self.mutex().lock().unwrap_or_else(PoisonError::into_inner);
         Some(self.guard(guard))
     }
 
@@ -94,7 +125,7 @@ impl<T: 'static> Lock<T> {
             return None;
         }
         MINE.with(|mine| mine.set(self.key()));
-        match self.inner.try_lock() {
+        match self.mutex().try_lock() {
             Ok(guard) => Some(self.guard(guard)),
             Err(TryLockError::Poisoned(poisoned)) => Some(self.guard(poisoned.into_inner())),
             Err(TryLockError::WouldBlock) => {
@@ -199,5 +230,18 @@ mod tests {
         drop(guard);
         assert!(!OWN.held_here());
         assert!(OWN.lock().is_some());
+    }
+
+    #[test]
+    fn a_lock_held_by_a_thread_that_is_gone_can_be_replaced() {
+        static ABANDONED: Lock<u8> = Lock::new(1);
+        std::thread::spawn(|| std::mem::forget(ABANDONED.lock().unwrap()))
+            .join()
+            .unwrap();
+        assert!(ABANDONED.try_lock().is_none());
+        // SAFETY: the holder is gone and this thread holds no guard (as in
+        // a process copy whose other threads are gone).
+        unsafe { ABANDONED.replace_abandoned(2) };
+        assert_eq!(*ABANDONED.try_lock().unwrap(), 2);
     }
 }

@@ -409,7 +409,8 @@ pub struct Trace {
 pub const HOVER_FRAMES: usize = 3;
 
 /// The recording allocator's own figures over a trace (PyTorch's caching
-/// allocator, from a snapshot's segment events).
+/// allocator, from a snapshot's segment events or an RMM log's
+/// `segment_alloc`/`segment_free` rows).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recorded {
     /// Bytes reserved from the device, as (event index from which it holds,
@@ -425,7 +426,8 @@ pub struct Recorded {
     pub expandable_segments: bool,
     /// Bytes already reserved when the history begins (recording started
     /// after segments were reserved, or the ring buffer wrapped), read
-    /// from the segments the snapshot holds at its dump: the figures are
+    /// from the segments the snapshot holds at its dump (an RMM log from
+    /// PyTorch: the segments it frees unseen): the figures are
     /// partial, what the history shows on top of those.
     pub reserved_before_history_bytes: u64,
 }

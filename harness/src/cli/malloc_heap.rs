@@ -31,6 +31,8 @@ pub const HEADROOM_PERCENT: u64 = 50;
 #[derive(Debug, clap::Args)]
 pub struct HeapArgs {
     /// Bytes each thread mallocs and holds (repeatable: one block of each size), e.g. 256 or 4KiB.
+    /// Sizes: K, KiB, M, MiB, G, GiB are binary (16K = 16384 B), KB, MB, GB decimal (16KB = 16000
+    /// B).
     #[arg(long = "size", required = true, value_parser = byte_size::parse)]
     sizes: Vec<u64>,
     /// Threads that allocate at once; default: all an H200 holds resident (132 SMs x 2048).

@@ -61,7 +61,8 @@ pub struct ReplayArgs {
     #[arg(long = "policy", value_parser = PolicyParser)]
     pub policies: Vec<&'static PolicySpec>,
     /// A fixed arena of this many bytes (e.g. 8GiB) instead of a growing one:
-    /// report where each policy first fails.
+    /// report where each policy first fails. Sizes: K, KiB, M, MiB, G, GiB
+    /// are binary (16K = 16384 B), KB, MB, GB decimal (16KB = 16000 B).
     #[arg(long, value_parser = byte_size::parse)]
     pub capacity: Option<u64>,
     /// One JSON object per trace per line, instead of tables.

@@ -9,11 +9,13 @@ use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::process::report::html;
+use crate::process::driver_search::{self, DRIVER_NAME};
+use crate::process::report::{ProcessReport, html};
 use crate::process::run::{
     HOOK_LIB_VAR, RunError, RunPlan, exit_code, find_hook, not_entered, prepare,
 };
 use trace::event_log::DEFAULT_MAX_LOG_BYTES;
+use trace::process::libraries::file_name;
 
 // `--max-log-bytes`'s default is written in the help as the output writes
 // sizes: it must stay the log's own default.
@@ -42,7 +44,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE.html")]
     report: Option<PathBuf>,
     /// The most bytes each process's event log may take; records past it
-    /// are counted and dropped; default 1.00 GiB (1073741824 B).
+    /// are counted and dropped; default 1.00 GiB (1073741824 B). Sizes: K,
+    /// KiB, M, MiB, G, GiB are binary (16K = 16384 B), KB, MB, GB decimal
+    /// (16KB = 16000 B).
     #[arg(
         long,
         value_name = "BYTES",
@@ -179,32 +183,31 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
             return Ok(code);
         }
     };
-    let _ = writeln!(
-        err,
-        "\ncudamem run: {shown}: exit status {code}; {} process{} recorded",
-        reports.len(),
-        if reports.len() == 1 { "" } else { "es" }
-    );
-    if reports.is_empty()
-        && let Some(why) = not_entered(&program_path)
-    {
-        let _ = writeln!(
-            err,
-            "cudamem run: cudamem could not enter {}: {why}; what it did on the GPU is not known",
-            program_path.display()
-        );
-    } else if reports.is_empty() {
-        let _ = writeln!(
-            err,
-            "cudamem run: the program made no CUDA driver call that cudamem saw (no CUDA \
-             context was created), so there is no GPU memory to explain"
-        );
+    let (recorded, asked): (Vec<ProcessReport>, Vec<ProcessReport>) = reports
+        .into_iter()
+        .partition(ProcessReport::made_driver_calls);
+    let mut notes = vec![format!(
+        "{shown}: exit status {code}; {} process{} recorded",
+        recorded.len(),
+        if recorded.len() == 1 { "" } else { "es" }
+    )];
+    notes.extend(unseen(&recorded, &asked, &program_path));
+    if let Some(trace) = &finished.trace_removed {
+        notes.push(format!(
+            "no trace written: {} would hold no allocation, so it and {}.events/ are not kept",
+            trace.display(),
+            trace.display()
+        ));
     }
-    for report in &reports {
+    let _ = writeln!(err);
+    for note in &notes {
+        let _ = writeln!(err, "cudamem run: {note}");
+    }
+    for report in &recorded {
         let _ = write!(err, "{}", report.render());
     }
     if let Some(path) = &args.report {
-        match std::fs::write(path, html(&shown, &reports)) {
+        match std::fs::write(path, html(&shown, &notes, &recorded)) {
             Ok(()) => {
                 let _ = writeln!(err, "cudamem run: report written to {}", path.display());
             }
@@ -214,4 +217,47 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
         }
     }
     Ok(code)
+}
+
+/// What cudamem could not see, said when it matters: each process that
+/// asked the loader for the driver and got none, and, when no process made
+/// a driver call, why (the program could not be entered; no driver library
+/// where the loader looks; or the program made no call).
+fn unseen(recorded: &[ProcessReport], asked: &[ProcessReport], program: &Path) -> Vec<String> {
+    let mut notes: Vec<String> = asked
+        .iter()
+        .filter_map(|report| {
+            let name = report.counts.driver_missing.as_ref()?;
+            Some(format!(
+                "process {} ({}) asked the loader for {name} (dlopen), and no driver library was \
+                 loaded by its exit",
+                report.pid,
+                file_name(&report.exe)
+            ))
+        })
+        .collect();
+    if !recorded.is_empty() {
+        return notes;
+    }
+    if let Some(why) = not_entered(program) {
+        notes.push(format!(
+            "cudamem could not enter {}: {why}; what it did on the GPU is not known",
+            program.display()
+        ));
+        return notes;
+    }
+    let search = driver_search::search(std::env::var_os("LD_LIBRARY_PATH").as_deref());
+    notes.push(match &search.found {
+        None => format!(
+            "no {DRIVER_NAME} could be loaded: the loader looked in {search}, and found none; \
+             the program made no CUDA driver call, so there is no GPU memory to explain (install \
+             the NVIDIA driver, or add the folder that holds {DRIVER_NAME} to LD_LIBRARY_PATH)"
+        ),
+        Some(found) => format!(
+            "the program made no CUDA driver call that cudamem saw (no CUDA context was created), \
+             so there is no GPU memory to explain; the loader finds {DRIVER_NAME} at {}",
+            found.display()
+        ),
+    });
+    notes
 }

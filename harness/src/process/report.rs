@@ -246,6 +246,12 @@ pub fn summarize(
 }
 
 impl ProcessReport {
+    /// Whether the log holds a driver call (a process that only asked the
+    /// loader for a driver, and got none, made none).
+    pub fn made_driver_calls(&self) -> bool {
+        self.counts.driver_records > 0
+    }
+
     /// How the process ended, as its log tells.
     pub fn ending(&self) -> String {
         if self.outlived {
@@ -376,8 +382,9 @@ impl ProcessReport {
 }
 
 /// A minimal HTML page of the reports: each device's ledger at its peak,
-/// its holders and the advice.
-pub fn html(command: &str, reports: &[ProcessReport]) -> String {
+/// its holders and the advice. `notes` are what `cudamem run` said before
+/// the reports (the program's status, what it could not see), a paragraph each.
+pub fn html(command: &str, notes: &[String], reports: &[ProcessReport]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -388,6 +395,9 @@ pub fn html(command: &str, reports: &[ProcessReport]) -> String {
          </head><body>\n<h1>cudamem run</h1>\n<p><code>{}</code></p>",
         escape(command)
     );
+    for note in notes {
+        let _ = writeln!(out, "<p>{}</p>", escape(note));
+    }
     for report in reports {
         let _ = writeln!(
             out,
@@ -529,7 +539,8 @@ mod tests {
         assert_eq!(stats.rows, 3);
         let text = report.render();
         assert!(text.contains("at its peak (440 MiB in use"), "{text}");
-        let page = html("app", std::slice::from_ref(&report));
+        let page = html("app", &["said first".into()], std::slice::from_ref(&report));
+        assert!(page.contains("<p>said first</p>"), "{page}");
         assert!(page.contains("<td>local memory</td>"), "{page}");
         std::fs::remove_file(&path).unwrap();
         std::fs::remove_file(&rmm).unwrap();

@@ -79,6 +79,10 @@ const FORWARDED: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
 /// `#!`).
 const ENOEXEC: i32 = 8;
 
+/// `E2BIG`: the arguments and environment are more than the kernel starts
+/// a program with.
+const E2BIG: i32 = 7;
+
 /// The shell a file without `#!` runs under.
 const SHELL: &str = "/bin/sh";
 
@@ -163,6 +167,27 @@ pub enum RunError {
         path: PathBuf,
         /// Why.
         source: io::Error,
+    },
+    /// The program's arguments and environment, with the settings the
+    /// interposer needs added, are more than the kernel starts a program
+    /// with.
+    #[error(
+        "starting {}: its arguments and environment, with the {added} bytes of settings cudamem \
+         run adds (LD_PRELOAD and {LOG_DIR_VAR}, {MAX_LOG_BYTES_VAR}), pass the kernel's limit on \
+         what a program is started with (128 KiB a variable, a quarter of the stack limit in \
+         all); the longest variable is {longest} ({longest_bytes} bytes): shorten the \
+         environment to run it under cudamem",
+        path.display()
+    )]
+    TooBig {
+        /// The program.
+        path: PathBuf,
+        /// Bytes the settings add to the environment.
+        added: usize,
+        /// The longest variable of the environment the program was given.
+        longest: String,
+        /// Its length, `NAME=value`.
+        longest_bytes: usize,
     },
     /// Waiting for the program failed.
     #[error("waiting for the program: {0}")]
@@ -283,8 +308,9 @@ pub fn prepare(plan: RunPlan, path_var: Option<&OsStr>) -> Result<Prepared, RunE
                 source,
             };
             let mut file = File::create(path).map_err(unwritable)?;
-            // A program that never reaches the driver still leaves a log
-            // `cudamem replay` reads: the header and no rows.
+            // The header, so a program that records later still leaves a
+            // log `cudamem replay` reads; one that makes no driver call
+            // leaves none ([`Prepared::run`] removes it).
             if what == "--trace" {
                 writeln!(file, "{}", trace::rmm_csv::write::HEADER).map_err(unwritable)?;
             }
@@ -424,6 +450,9 @@ pub struct Finished {
     /// Each process that recorded anything, the started one first; or why
     /// their logs could not be read (the program's status stands either way).
     pub reports: Result<Vec<ProcessReport>, RunError>,
+    /// The `--trace` file and `FILE.events/`, removed because no process
+    /// made a driver call (they would hold no row).
+    pub trace_removed: Option<PathBuf>,
 }
 
 impl Prepared {
@@ -476,9 +505,15 @@ impl Prepared {
             Err(err) if err.raw_os_error() == Some(ENOEXEC) => self.shell_command().spawn(),
             spawned => spawned,
         };
-        let mut child = spawned.map_err(|source| RunError::Spawn {
-            path: self.program.clone(),
-            source,
+        let mut child = spawned.map_err(|source| {
+            if source.raw_os_error() == Some(E2BIG) {
+                self.too_big()
+            } else {
+                RunError::Spawn {
+                    path: self.program.clone(),
+                    source,
+                }
+            }
         })?;
         let pid = rustix::process::Pid::from_child(&child);
         let forwarder = std::thread::spawn(move || {
@@ -499,8 +534,68 @@ impl Prepared {
         let _ = forwarder.join();
         let status = waited.map_err(RunError::Wait)?;
         let reports = self.collect(root, status);
+        let trace_removed = match &reports {
+            Ok(reports) if !reports.iter().any(ProcessReport::made_driver_calls) => {
+                self.remove_trace(reports)
+            }
+            _ => None,
+        };
         drop(self.temporary);
-        Ok(Finished { status, reports })
+        Ok(Finished {
+            status,
+            reports,
+            trace_removed,
+        })
+    }
+
+    /// Remove what `--trace` made when no process made a driver call: the
+    /// file (a header and no row), the RMM logs and event logs of processes
+    /// that only asked for a driver, and `FILE.events/` when that leaves it
+    /// empty. The trace, when there was one to remove.
+    fn remove_trace(&self, reports: &[ProcessReport]) -> Option<PathBuf> {
+        let trace = self.plan.trace.as_ref()?;
+        let _ = fs::remove_file(trace);
+        for report in reports {
+            if let Some((rmm, _)) = &report.rmm {
+                let _ = fs::remove_file(rmm);
+            }
+            let _ = fs::remove_file(&report.log);
+        }
+        let _ = fs::remove_dir(&self.log_dir);
+        Some(trace.clone())
+    }
+
+    /// What [`RunError::TooBig`] says of this run.
+    fn too_big(&self) -> RunError {
+        let command = self.command();
+        let given = std::env::var_os("LD_PRELOAD").map_or(0, |value| value.len());
+        let added = command
+            .get_envs()
+            .filter_map(|(key, value)| Some((key, value?)))
+            .map(|(key, value)| {
+                let before = if key == "LD_PRELOAD" && given > 0 {
+                    key.len() + given + 2
+                } else {
+                    0
+                };
+                (key.len() + value.len() + 2).saturating_sub(before)
+            })
+            .sum();
+        let (longest, longest_bytes) = std::env::vars_os()
+            .map(|(key, value)| {
+                (
+                    key.to_string_lossy().into_owned(),
+                    key.len() + value.len() + 1,
+                )
+            })
+            .max_by_key(|&(_, len)| len)
+            .unwrap_or_default();
+        RunError::TooBig {
+            path: self.program.clone(),
+            added,
+            longest,
+            longest_bytes,
+        }
     }
 
     fn collect(&self, root: u32, status: ExitStatus) -> Result<Vec<ProcessReport>, RunError> {

@@ -43,7 +43,7 @@ pub fn conclude(summary: &TraceSummary) -> Vec<String> {
         sentences.push(format!(
             "The history begins with {} already reserved (recording started after those \
              segments were made): {framework}'s reserved figures count them from the \
-             segments the snapshot holds, and are partial.",
+             segments the recording holds or frees, and are partial.",
             human(recorded.reserved_before_history_bytes)
         ));
     }

@@ -139,7 +139,7 @@ impl RecordedSummary {
         if self.reserved_before_history_bytes > 0 {
             format!(
                 "{ran}; partial: the history begins with {} already reserved (recording \
-                 started late), counted from the segments the snapshot holds",
+                 started late), counted from the segments the recording holds or frees",
                 human(self.reserved_before_history_bytes)
             )
         } else {

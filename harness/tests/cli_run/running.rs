@@ -153,13 +153,15 @@ fn a_trace_that_is_no_regular_file_exists_or_is_the_programs_is_refused() {
     );
     assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
     // --force overwrites a trace that is nobody's input.
+    let linked = program("cuda_linked");
     let output = run(
         &[
             "--force",
             "--trace",
             existing.to_str().unwrap(),
             "--",
-            "true",
+            &linked,
+            "linked",
         ],
         &[],
     );

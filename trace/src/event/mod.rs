@@ -192,6 +192,11 @@ records! {
         flags: u64 = Dec,
         how: ResolveHow = Named,
     }
+    DriverMissing = "driver-missing" ("the program asked the loader for the driver library \
+        (`dlopen` of `name`, a file named `libcuda.so…`), and by its exit no driver library was \
+        loaded: written at exit, by the process that asked") {
+        name: Cow<'a, str> = Text,
+    }
     Signal = "signal" ("a fatal signal reached the process") {
         number: i32 = Signed,
     }

@@ -125,6 +125,9 @@ fn every_kind() -> Vec<Event<'static>> {
             flags: 0,
             how: ResolveHow::Export,
         },
+        Event::DriverMissing {
+            name: "libcuda.so.1".into(),
+        },
         Event::Signal { number: 11 },
         Event::Exit { dropped: 0 },
     ]
@@ -298,9 +301,10 @@ fn lines_of_the_previous_encoder_read_unchanged() {
             format!("{text}\n")
         );
     }
-    // Every kind of that format (all but the image record, added since).
+    // Every kind of that format (all but the image and driver-missing
+    // records, added since).
     assert_eq!(kinds.len(), 19);
-    assert_eq!(kinds.len() + 1, KINDS.len());
+    assert_eq!(kinds.len() + 2, KINDS.len());
 }
 
 mod properties {

@@ -1,5 +1,8 @@
 //! RMM `logging_resource_adaptor` CSV logs:
 //! `Thread,Time,Action,Pointer,Size,Stream`, one allocator call per line.
+//! A log written from PyTorch's allocator also holds `segment_alloc` and
+//! `segment_free` rows (what it reserved from the device): such a log's
+//! trace carries [`Recorded`], as a snapshot's does.
 
 pub mod write;
 
@@ -9,8 +12,8 @@ use std::path::Path;
 use crate::budget::{Counter, ReadBudget};
 use crate::file::read_problem;
 use crate::{
-    Location, Problem, SkipReason, Trace, TraceBuilder, TraceError, parse_pointer, parse_size,
-    parse_time, quote,
+    Location, Problem, Recorded, SkipReason, Trace, TraceBuilder, TraceError, parse_pointer,
+    parse_size, parse_time, quote,
 };
 
 /// Columns a log must have; the others (thread, time, stream) do not change
@@ -76,6 +79,7 @@ pub fn parse(
 
     let time_col = column("Time");
     let mut trace = TraceBuilder::new(name.to_string());
+    let mut segments = Segments::default();
     let mut record = csv::ByteRecord::new();
     let mut next = csv::ByteRecord::new();
     // Where a read error is: the record's line when csv knows it, else the
@@ -121,7 +125,7 @@ pub fn parse(
                 if let Some(ns) = time {
                     trace.observe_time(ns);
                 }
-                match row {
+                let pushed = match row {
                     Row::Allocate { pointer, size } => trace.allocate(pointer, size, at),
                     Row::Free {
                         pointer,
@@ -133,10 +137,12 @@ pub fn parse(
                     } => trace.free(pointer, at),
                     Row::Skip(reason) => {
                         trace.skip(reason, at);
-                        Ok(())
+                        return Ok(());
                     }
-                    Row::Bookkeeping => Ok(()),
-                }
+                    Row::Segment { size, alloc } => return segments.add(size, alloc),
+                };
+                segments.pushed += usize::from(pushed.is_ok());
+                pushed
             })
         };
         match result {
@@ -147,7 +153,89 @@ pub fn parse(
         have = more.map_err(|err| read_error(err, line))?;
         std::mem::swap(&mut record, &mut next);
     }
-    Ok(trace.finish())
+    let trace = trace.finish();
+    Ok(segments.recorded(trace))
+}
+
+/// PyTorch's `segment_alloc`/`segment_free` rows: what the recording
+/// allocator reserved from the device, as a snapshot's segment events say.
+#[derive(Default)]
+struct Segments {
+    /// Whether any segment row was read.
+    seen: bool,
+    /// Allocator rows pushed so far: the event index a change holds from
+    /// (each pushes one event; a log's frees assume no block).
+    pushed: usize,
+    /// Reserved bytes the rows add up to so far (below zero: segments
+    /// freed that were reserved before the log began).
+    reserved: i128,
+    high: i128,
+    low: i128,
+    /// (rows pushed, reserved) at each change.
+    curve: Vec<(usize, i128)>,
+}
+
+impl Segments {
+    fn add(&mut self, size: u64, alloc: bool) -> Result<(), Problem> {
+        self.seen = true;
+        if alloc {
+            self.reserved += i128::from(size);
+            if self.reserved > i128::from(u64::MAX) {
+                return Err(Problem::BadSize {
+                    text: size.to_string(),
+                    why: "makes the reserved bytes overflow 64 bits",
+                });
+            }
+        } else {
+            self.reserved -= i128::from(size);
+        }
+        self.high = self.high.max(self.reserved);
+        self.low = self.low.min(self.reserved);
+        match self.curve.last_mut() {
+            Some(last) if last.0 == self.pushed => last.1 = self.reserved,
+            _ => self.curve.push((self.pushed, self.reserved)),
+        }
+        Ok(())
+    }
+
+    /// `trace` with [`Recorded`] from the segment rows, where it has any:
+    /// a log PyTorch's allocator wrote gets its reserved bytes (what was
+    /// reserved before the log began is read from the frees of segments it
+    /// never saw reserved), and its requests counted as PyTorch rounds them.
+    fn recorded(self, mut trace: Trace) -> Trace {
+        if !self.seen {
+            return trace;
+        }
+        let before = (-self.low).clamp(0, i128::from(u64::MAX));
+        let bytes = |history: i128| (before + history).clamp(0, i128::from(u64::MAX)) as u64;
+        let mut reserved: Vec<(usize, u64)> = vec![(0, bytes(0))];
+        for (event, history) in self.curve {
+            match reserved.last_mut() {
+                Some(last) if last.0 == event => last.1 = bytes(history),
+                _ => reserved.push((event, bytes(history))),
+            }
+        }
+        let mut sizes = vec![0u64; trace.allocations as usize];
+        let (mut live, mut peak) = (0u64, 0u64);
+        for event in &trace.events {
+            match *event {
+                crate::Event::Alloc { id, size } => {
+                    sizes[id as usize] = memcore::pytorch::round_size(size);
+                    live = live.saturating_add(sizes[id as usize]);
+                    peak = peak.max(live);
+                }
+                crate::Event::Free { id } => live = live.saturating_sub(sizes[id as usize]),
+            }
+        }
+        trace.recorded = Some(Recorded {
+            reserved,
+            peak_reserved_bytes: bytes(self.high),
+            peak_allocated_bytes: peak,
+            expandable_segments: false,
+            reserved_before_history_bytes: before as u64,
+        });
+        trace
+    }
 }
 
 /// What one row asks for.
@@ -162,8 +250,12 @@ enum Row {
     },
     /// A row counted and passed over.
     Skip(SkipReason),
-    /// PyTorch asking the driver for memory: not an allocator call.
-    Bookkeeping,
+    /// PyTorch asking the driver for memory (`alloc`) or giving it back:
+    /// not an allocator call, but what the allocator reserved.
+    Segment {
+        size: u64,
+        alloc: bool,
+    },
 }
 
 /// Read one row's action and the fields it needs, and its time (nanoseconds)
@@ -202,7 +294,10 @@ fn row(
         },
         "allocate failure" => Row::Skip(SkipReason::AllocateFailure),
         "Action" => Row::Skip(SkipReason::RepeatedHeader),
-        "segment_alloc" | "segment_free" => Row::Bookkeeping,
+        action @ ("segment_alloc" | "segment_free") => Row::Segment {
+            size: parse_size(field(size_col)?)?,
+            alloc: action == "segment_alloc",
+        },
         other => return Err(Problem::UnknownAction(other.to_string())),
     };
     let time = match (&row, time_col) {
@@ -346,6 +441,57 @@ mod tests {
         assert_eq!(trace.peak_live_bytes, 612);
         assert_eq!(trace.locations[2], Location::Line(5));
         assert_eq!(trace.duration_ns, Some(300_000_000));
+    }
+
+    #[test]
+    fn pytorchs_segment_rows_give_what_it_reserved() {
+        let mib = 1u64 << 20;
+        let trace = parse_text(&format!(
+            "Thread,Time,Action,Pointer,Size,Stream\n\
+             0,00:00:00.0,segment_alloc,0x10000000,{},0\n\
+             0,00:00:00.1,allocate,0x10000000,{},0\n\
+             0,00:00:00.2,segment_alloc,0x20000000,{},0\n\
+             0,00:00:00.3,allocate,0x20000000,1000,0\n\
+             0,00:00:00.4,segment_free,0x20000000,{},0\n\
+             0,00:00:00.5,segment_alloc,0x30000000,{},0\n\
+             0,00:00:00.6,free,0x10000000,{},0\n",
+            20 * mib,
+            8 * mib,
+            2 * mib,
+            2 * mib,
+            4 * mib,
+            8 * mib
+        ))
+        .unwrap();
+        let recorded = trace
+            .recorded
+            .expect("segment rows give what PyTorch reserved");
+        assert_eq!(recorded.peak_reserved_bytes, 24 * mib);
+        // 8 MiB and 1000 B rounded to PyTorch's 512-byte blocks.
+        assert_eq!(recorded.peak_allocated_bytes, 8 * mib + 1024);
+        assert_eq!(
+            recorded.reserved,
+            [(0, 20 * mib), (1, 22 * mib), (2, 24 * mib)]
+        );
+        assert_eq!(recorded.reserved_before_history_bytes, 0);
+        assert!(!recorded.expandable_segments);
+        // A log that frees a segment it never saw reserved began late.
+        let late = parse_text(
+            "Thread,Time,Action,Pointer,Size,Stream\n\
+             0,00:00:00.0,allocate,0x1000,512,0\n\
+             0,00:00:00.1,segment_free,0x9000000,4194304,0\n",
+        )
+        .unwrap();
+        let recorded = late.recorded.unwrap();
+        assert_eq!(recorded.reserved_before_history_bytes, 4 << 20);
+        assert_eq!(recorded.peak_reserved_bytes, 4 << 20);
+        assert_eq!(recorded.reserved, [(0, 4 << 20), (1, 0)]);
+        // An RMM log has none.
+        let rmm = parse_text("Action,Pointer,Size\nallocate,0x1000,512\n").unwrap();
+        assert_eq!(rmm.recorded, None);
+        // A segment row's size is read as any other.
+        let err = parse_text("Action,Pointer,Size\nsegment_alloc,0x1000,lots\n").unwrap_err();
+        assert_eq!(err.location, Location::Line(2));
     }
 
     #[test]

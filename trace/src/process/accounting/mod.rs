@@ -224,6 +224,13 @@ pub struct Counts {
     pub exited: bool,
     /// The last fatal signal the process saw.
     pub signal: Option<i32>,
+    /// The driver library the process asked the loader for, when none was
+    /// loaded by its exit.
+    pub driver_missing: Option<String>,
+    /// Records of driver calls (every kind but the process's own:
+    /// `process`, `library`, `driver-missing`, `signal`, `exit`); 0 for a
+    /// process that made no driver call the interposer saw.
+    pub driver_records: u64,
 }
 
 /// The state of one process's device memory, record by record.
@@ -276,6 +283,16 @@ pub struct Accounting {
 impl Accounting {
     /// Apply one record.
     pub fn apply(&mut self, record: &Record<'_>) {
+        if !matches!(
+            record.event,
+            Event::Process { .. }
+                | Event::Library { .. }
+                | Event::DriverMissing { .. }
+                | Event::Signal { .. }
+                | Event::Exit { .. }
+        ) {
+            self.counts.driver_records += 1;
+        }
         match &record.event {
             Event::Process { pid, exe, .. } => {
                 self.pid = *pid;
@@ -329,6 +346,7 @@ impl Accounting {
                     }
                 }
             },
+            Event::DriverMissing { name } => self.counts.driver_missing = Some(name.to_string()),
             &Event::Signal { number } => self.counts.signal = Some(number),
             &Event::Exit { dropped } => {
                 self.counts.exited = true;

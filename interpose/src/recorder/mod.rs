@@ -31,9 +31,14 @@ use crate::driver::{self, read};
 use crate::lifecycle;
 use crate::lock::{Guard, Lock};
 use crate::logfile::LogFile;
-use crate::stop::{TEST_PANIC_VAR, guarded, print, stop_quietly, stopped};
+use crate::stop::{TEST_PANIC_VAR, guarded, print, stopped};
 use crate::thread::monotonic_ns;
-use crate::thread::{forget_thread_id, thread_id};
+use crate::thread::thread_id;
+
+mod copies;
+
+use copies::copy_check;
+pub use copies::{after_fork_child, after_fork_parent, before_fork};
 
 /// At most one reading of free memory at a new peak of live bytes per this
 /// many nanoseconds; a peak inside the interval is read before the next
@@ -324,6 +329,7 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> Option<R> {
         return None;
     }
     guarded(|| {
+        copy_check();
         let guard = STATE.lock()?;
         Some(with_guard(guard, f))
     })
@@ -368,6 +374,7 @@ fn record_fast_unguarded<R>(
     before: impl FnOnce(&mut State),
     after: impl FnOnce(&mut State) -> R,
 ) -> Option<R> {
+    copy_check();
     let start = START_NS.load(Ordering::Acquire);
     let formatted = start != 0 && LOGGING.load(Ordering::Acquire);
     let record = Record {
@@ -718,13 +725,26 @@ pub fn function_name(handle: u64) -> Option<(String, bool)> {
 
 /// The process exits: read free memory one last time, and write the exit
 /// record (left out, never waited for, when this thread holds the lock).
+///
+/// A process that asked the loader for the driver and has none loaded
+/// writes a `driver-missing` record first (its log made now, when it made
+/// no driver call); a process that made no driver call and asked for no
+/// driver writes nothing.
 pub fn exiting() {
     guarded(|| {
+        copy_check();
+        let missing = crate::loading::driver_missing();
         let Some(guard) = STATE.lock_within(EXIT_WAIT) else {
             return;
         };
+        if guard.is_none() && missing.is_none() {
+            return;
+        }
         with_guard(guard, |state| {
             let thread = thread_id();
+            if let Some(name) = &missing {
+                state.emit(thread, Event::DriverMissing { name: name.into() });
+            }
             // Not from a signal handler that interrupted a driver call: the
             // driver may hold a lock of its own on this thread.
             if !state.accounting.devices().is_empty() && !crate::hooks::inside() {
@@ -750,6 +770,7 @@ pub fn with_accounting<R>(f: impl FnOnce(&Accounting) -> R) -> Option<R> {
 /// own teardown did after [`exiting`] is in it).
 pub fn finished() {
     guarded(|| {
+        copy_check();
         if let Some(mut guard) = STATE.lock_within(EXIT_WAIT)
             && let Some(log) = guard.as_mut().and_then(|state| state.log.as_mut())
         {
@@ -764,34 +785,11 @@ pub fn finished() {
 /// process's wait status.
 pub fn signaled(number: c_int) {
     guarded(|| {
+        copy_check();
         if let Some(mut guard) = STATE.lock_within(SIGNAL_WAIT)
             && let Some(state) = guard.as_mut()
         {
             state.emit(thread_id(), Event::Signal { number });
         }
     });
-}
-
-/// `pthread_atfork` prepare: hold the lock across `fork`, so the child's
-/// copy of the state is whole.
-pub fn before_fork() {
-    STATE.hold();
-}
-
-/// `pthread_atfork` parent: release it.
-pub fn after_fork_parent() {
-    STATE.release_held();
-}
-
-/// `pthread_atfork` child: release it, and start over on the first record
-/// (a child forked by a handler that interrupted a record records nothing).
-pub fn after_fork_child() {
-    forget_thread_id();
-    for last in &LAST_PROGRAM_READ {
-        last.store(u64::MAX, Ordering::Relaxed);
-    }
-    FORKED.store(true, Ordering::Release);
-    if !STATE.release_held() {
-        stop_quietly();
-    }
 }
