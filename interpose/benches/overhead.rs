@@ -3,12 +3,20 @@
 //! program (interpose/fixtures), bare, preloaded without a log, and preloaded
 //! with a log; called directly (the caller named from the return address)
 //! and through a shared runtime (named past the runtime's frames), on one,
-//! eight and sixteen threads (each thread's own time per pair: on a machine
-//! with fewer cores than threads it counts the time others ran). Then the cheap calls one at a time (a launch after
-//! the function's first, `cuMemGetInfo_v2`, a `cuMemAllocAsync` +
+//! eight and sixteen threads. Each thread's own time per pair is shown
+//! twice: wall time (on a machine with fewer cores than threads it counts
+//! the time the others ran) and the thread's CPU time (what the thread
+//! itself spent, contention included: waiting for a lock, cache lines
+//! moving between cores). Then the cheap calls one at a time (a launch
+//! after the function's first, `cuMemGetInfo_v2`, a `cuMemAllocAsync` +
 //! `cuMemFreeAsync` pair, a `cuModuleGetFunction` lookup seen before), the
 //! same three ways. Each configuration runs several times, interleaved;
 //! the fastest run counts (the others met a busy machine).
+//!
+//! With `CUDAMEM_BENCH_AGAINST` naming another build of
+//! `libcudamem_interpose.so` (an older one, copied aside), the pairs are
+//! also run under it, interleaved with this build's runs, and both are
+//! shown side by side.
 //!
 //! `cargo bench -p cudamem-interpose --bench overhead`
 
@@ -72,19 +80,61 @@ fn run(dir: &Path, hook: &Path, logs: &Path, mode: Mode, program: &str, args: &[
         .collect()
 }
 
+/// Fastest wall and CPU time per pair: bare, then preloaded and logged for
+/// each library.
+struct Pairs {
+    bare: [f64; 2],
+    /// Per library: preloaded, logged; each [wall, cpu].
+    hooked: Vec<[[f64; 2]; 2]>,
+}
+
+fn pairs(dir: &Path, libraries: &[PathBuf], logs: &Path, program: &str, args: &[&str]) -> Pairs {
+    let mut best = Pairs {
+        bare: [f64::MAX; 2],
+        hooked: vec![[[f64::MAX; 2]; 2]; libraries.len()],
+    };
+    let keep = |slot: &mut [f64; 2], figures: Vec<f64>| {
+        for (kept, figure) in slot.iter_mut().zip(figures) {
+            *kept = kept.min(figure);
+        }
+    };
+    for _ in 0..RUNS {
+        let bare = run(dir, &libraries[0], logs, Mode::Bare, program, args);
+        keep(&mut best.bare, bare);
+        for (library, slots) in libraries.iter().zip(best.hooked.iter_mut()) {
+            for (slot, mode) in slots.iter_mut().zip([Mode::Hook, Mode::Logged]) {
+                keep(slot, run(dir, library, logs, mode, program, args));
+            }
+        }
+    }
+    best
+}
+
 fn main() {
     let base = std::env::temp_dir().join(format!("cudamem-hook-bench-{}", std::process::id()));
     let dir = base.join("fixtures");
     let logs = base.join("logs");
     fixtures(&dir);
-    let hook = hook_library();
+    let mut libraries = vec![hook_library()];
+    let mut names = vec!["this build".to_string()];
+    if let Some(other) = std::env::var_os("CUDAMEM_BENCH_AGAINST") {
+        let other = PathBuf::from(other);
+        assert!(other.is_file(), "{} is not a file", other.display());
+        names.push(other.display().to_string());
+        libraries.push(other);
+    }
     println!(
-        "pairs of cuMemAlloc_v2 + cuMemFree_v2 (256 B) on the fake driver, fastest of {RUNS} runs"
+        "pairs of cuMemAlloc_v2 + cuMemFree_v2 (256 B) on the fake driver, fastest of {RUNS} runs; \
+         each thread's wall time / CPU time per pair"
     );
+    for (index, name) in names.iter().enumerate() {
+        println!("library {}: {name}", index + 1);
+    }
     println!(
-        "{:<34} {:>10} {:>10} {:>10} {:>14} {:>14}",
-        "path", "bare ns", "hook ns", "logged ns", "+ns/call hook", "+ns/call log"
+        "{:<34} {:>3} {:>15} {:>15} {:>15} {:>15} {:>15}",
+        "path", "lib", "bare ns", "hook ns", "logged ns", "+ns/call hook", "+ns/call log"
     );
+    let both = |[wall, cpu]: [f64; 2]| format!("{wall:.1} / {cpu:.1}");
     for (name, program, args) in [
         ("linked, 1 thread", "cuda_linked", &["bench", PAIRS][..]),
         (
@@ -103,21 +153,20 @@ fn main() {
             &["bench", PAIRS, "16"],
         ),
     ] {
-        let mut best = [f64::MAX; 3];
-        for _ in 0..RUNS {
-            for (slot, mode) in [Mode::Bare, Mode::Hook, Mode::Logged]
-                .into_iter()
-                .enumerate()
-            {
-                best[slot] = best[slot].min(run(&dir, &hook, &logs, mode, program, args)[0]);
-            }
+        let best = pairs(&dir, &libraries, &logs, program, args);
+        for (index, [hooked, logged]) in best.hooked.iter().enumerate() {
+            // A pair is two calls.
+            let added = |with: [f64; 2]| [0, 1].map(|at| (with[at] - best.bare[at]) / 2.0);
+            println!(
+                "{name:<34} {:>3} {:>15} {:>15} {:>15} {:>15} {:>15}",
+                index + 1,
+                both(best.bare),
+                both(*hooked),
+                both(*logged),
+                both(added(*hooked)),
+                both(added(*logged)),
+            );
         }
-        let [bare, hooked, logged] = best;
-        println!(
-            "{name:<34} {bare:>10.1} {hooked:>10.1} {logged:>10.1} {:>14.1} {:>14.1}",
-            (hooked - bare) / 2.0,
-            (logged - bare) / 2.0
-        );
     }
     println!("\ncheap calls on the fake driver, linked, 1 thread, fastest of {RUNS} runs");
     println!(
@@ -136,7 +185,14 @@ fn main() {
             .into_iter()
             .enumerate()
         {
-            let figures = run(&dir, &hook, &logs, mode, "cuda_linked", &["calls", CALLS]);
+            let figures = run(
+                &dir,
+                &libraries[0],
+                &logs,
+                mode,
+                "cuda_linked",
+                &["calls", CALLS],
+            );
             for (call, figure) in figures.into_iter().enumerate() {
                 best[call][slot] = best[call][slot].min(figure);
             }

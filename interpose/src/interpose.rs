@@ -6,7 +6,9 @@
 //!   `RTLD_NEXT` lookup, so the real one sees the program's own return
 //!   address (which `RTLD_NEXT` depends on) and nothing else pays. A `cu`
 //!   name the driver exports and the interposer wraps is answered with the
-//!   wrapper; a wrapped name the driver lacks stays missing.
+//!   wrapper; a wrapped name the driver lacks, or that the scope searched
+//!   would not reach without this library (a driver loaded `RTLD_LOCAL`
+//!   and `RTLD_DEFAULT`), stays missing.
 //! - `cuGetProcAddress` (and `_v2`) asks the driver first, and for a name
 //!   whose ABI is wrapped hands back the wrapper of the ABI the driver's
 //!   pointer is: the wrapper of the export with that very address, or, for
@@ -135,12 +137,26 @@ unsafe fn answer_dlsym(real: DlsymFn, symbol: *const c_char, found: *mut c_void)
         return found;
     };
     if found.cast_const() == wrap.export_fn {
-        // The lookup found this library's own export: the driver must have
-        // the function too, or it stays missing (and dlerror says so).
-        if entry.export.addr(false).is_some() {
+        // The lookup found this library's own export (it searched a scope
+        // this library is in: `RTLD_DEFAULT`, or the program's handle).
+        // Alone, it would have found the next definition there, the one
+        // after this library: the driver's (then the wrapper stands for
+        // it), another library's (handed on as it is), or none (missing,
+        // and dlerror says so: a driver loaded `RTLD_LOCAL`, or one that
+        // lacks the function).
+        let next = driver::real_dlsym(libc::RTLD_NEXT, name);
+        if next.is_null() {
+            return if entry.export.addr(false).is_some() {
+                // Out of the scope searched: dlerror says so already.
+                next
+            } else {
+                missing(real, symbol)
+            };
+        }
+        if entry.export.addr(false) == Some(next as usize) {
             return found;
         }
-        return missing(real, symbol);
+        return next;
     }
     match entry.export.addr(false) {
         Some(export) if export == found as usize => wrap.export_fn.cast_mut(),

@@ -60,6 +60,7 @@ pub fn take_copy() -> bool {
     COPIED.load(Ordering::Relaxed) && COPIED.swap(false, Ordering::AcqRel)
 }
 
+#[inline(always)]
 fn notice_copy() {
     let page = COPY_PAGE.load(Ordering::Relaxed);
     if page.is_null() {
@@ -68,10 +69,16 @@ fn notice_copy() {
     // SAFETY: as in `arm_copy_page`.
     let armed = unsafe { &*page };
     if armed.load(Ordering::Relaxed) == 0 {
-        armed.store(1, Ordering::Relaxed);
-        forget_thread_id();
-        COPIED.store(true, Ordering::Release);
+        noticed(armed);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn noticed(armed: &AtomicU8) {
+    armed.store(1, Ordering::Relaxed);
+    forget_thread_id();
+    COPIED.store(true, Ordering::Release);
 }
 
 thread_local! {

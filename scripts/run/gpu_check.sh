@@ -189,6 +189,7 @@ fake_log="$out/fake-calls.log"
 {
   echo "clock source: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null || echo unknown)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "cores: $(nproc)"
   echo "temporary folder: $(df -T "${TMPDIR:-/tmp}" 2>/dev/null | awk 'NR==2 {print $2}')"
   echo "columns: launch (not the first), cuMemGetInfo_v2, cuMemAllocAsync+cuMemFreeAsync pair, cuModuleGetFunction (seen before); ns per call"
 } > "$fake_log"
@@ -198,6 +199,18 @@ if sh "$bundle/fixtures/build.sh" "$out/fixtures" > "$out/build/fixtures.log" 2>
     echo "hook   $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
     rm -rf "$out/fixtures/logs"; mkdir -p "$out/fixtures/logs"
     echo "logged $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" CUDAMEM_HOOK_DIR="$out/fixtures/logs" "$out/fixtures/cuda_linked" calls 1000000)" >> "$fake_log"
+  done
+  # Allocation pairs through the shared runtime on 1 and 16 threads: each
+  # thread's wall time and CPU time per pair (on a machine with 16 cores
+  # or more, the wall time at 16 threads is what contention costs).
+  echo "threads: cudaMalloc+cudaFree pairs of 256 B; columns: threads, wall ns, CPU ns per pair per thread" >> "$fake_log"
+  for round in 1 2 3; do
+    for threads in 1 16; do
+      echo "bare   $threads $(LD_LIBRARY_PATH="$out/fixtures" "$out/fixtures/cuda_runtime" bench 300000 "$threads")" >> "$fake_log"
+      echo "hook   $threads $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" "$out/fixtures/cuda_runtime" bench 300000 "$threads")" >> "$fake_log"
+      rm -rf "$out/fixtures/logs"; mkdir -p "$out/fixtures/logs"
+      echo "logged $threads $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" CUDAMEM_HOOK_DIR="$out/fixtures/logs" "$out/fixtures/cuda_runtime" bench 300000 "$threads")" >> "$fake_log"
+    done
   done
   rm -rf "$out/fixtures/logs"
 else

@@ -79,6 +79,10 @@ const FORWARDED: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
 /// `#!`).
 const ENOEXEC: i32 = 8;
 
+/// `E2BIG`: the arguments and environment are more than the kernel starts
+/// a program with.
+const E2BIG: i32 = 7;
+
 /// The shell a file without `#!` runs under.
 const SHELL: &str = "/bin/sh";
 
@@ -163,6 +167,27 @@ pub enum RunError {
         path: PathBuf,
         /// Why.
         source: io::Error,
+    },
+    /// The program's arguments and environment, with the settings the
+    /// interposer needs added, are more than the kernel starts a program
+    /// with.
+    #[error(
+        "starting {}: its arguments and environment, with the {added} bytes of settings cudamem \
+         run adds (LD_PRELOAD and {LOG_DIR_VAR}, {MAX_LOG_BYTES_VAR}), pass the kernel's limit on \
+         what a program is started with (128 KiB a variable, a quarter of the stack limit in \
+         all); the longest variable is {longest} ({longest_bytes} bytes): shorten the \
+         environment to run it under cudamem",
+        path.display()
+    )]
+    TooBig {
+        /// The program.
+        path: PathBuf,
+        /// Bytes the settings add to the environment.
+        added: usize,
+        /// The longest variable of the environment the program was given.
+        longest: String,
+        /// Its length, `NAME=value`.
+        longest_bytes: usize,
     },
     /// Waiting for the program failed.
     #[error("waiting for the program: {0}")]
@@ -480,9 +505,15 @@ impl Prepared {
             Err(err) if err.raw_os_error() == Some(ENOEXEC) => self.shell_command().spawn(),
             spawned => spawned,
         };
-        let mut child = spawned.map_err(|source| RunError::Spawn {
-            path: self.program.clone(),
-            source,
+        let mut child = spawned.map_err(|source| {
+            if source.raw_os_error() == Some(E2BIG) {
+                self.too_big()
+            } else {
+                RunError::Spawn {
+                    path: self.program.clone(),
+                    source,
+                }
+            }
         })?;
         let pid = rustix::process::Pid::from_child(&child);
         let forwarder = std::thread::spawn(move || {
@@ -532,6 +563,39 @@ impl Prepared {
         }
         let _ = fs::remove_dir(&self.log_dir);
         Some(trace.clone())
+    }
+
+    /// What [`RunError::TooBig`] says of this run.
+    fn too_big(&self) -> RunError {
+        let command = self.command();
+        let given = std::env::var_os("LD_PRELOAD").map_or(0, |value| value.len());
+        let added = command
+            .get_envs()
+            .filter_map(|(key, value)| Some((key, value?)))
+            .map(|(key, value)| {
+                let before = if key == "LD_PRELOAD" && given > 0 {
+                    key.len() + given + 2
+                } else {
+                    0
+                };
+                (key.len() + value.len() + 2).saturating_sub(before)
+            })
+            .sum();
+        let (longest, longest_bytes) = std::env::vars_os()
+            .map(|(key, value)| {
+                (
+                    key.to_string_lossy().into_owned(),
+                    key.len() + value.len() + 1,
+                )
+            })
+            .max_by_key(|&(_, len)| len)
+            .unwrap_or_default();
+        RunError::TooBig {
+            path: self.program.clone(),
+            added,
+            longest,
+            longest_bytes,
+        }
     }
 
     fn collect(&self, root: u32, status: ExitStatus) -> Result<Vec<ProcessReport>, RunError> {

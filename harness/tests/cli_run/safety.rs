@@ -309,3 +309,81 @@ fn a_function_the_driver_lacks_bound_by_the_loader_answers_not_found() {
         assert!(records(&log, "alloc").is_empty(), "{log}");
     }
 }
+
+#[test]
+fn threads_that_exit_mid_run_lose_no_record_even_from_their_exit_destructors() {
+    let hostile = program("hostile");
+    let by_itself = alone(&[&hostile, "threadexit"]);
+    assert_eq!(text(&by_itself.stdout), "threadexit: done\n");
+    let trace = temp_path("threadexit.csv");
+    let output = under_cudamem(
+        &[
+            "--trace",
+            trace.to_str().unwrap(),
+            "--",
+            &hostile,
+            "threadexit",
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(output.stdout, by_itself.stdout);
+    let stderr = text(&output.stderr);
+    assert!(!stderr.contains("stopped recording"), "{stderr}");
+    let logs = event_logs(&trace);
+    assert_eq!(logs.len(), 1);
+    let log = text(&std::fs::read(&logs[0]).unwrap());
+    // Thread i makes 100 + i pairs, then one block its exit frees.
+    let expected = (0..32).map(|i| 100 + i + 1).sum::<usize>();
+    assert_eq!(records(&log, "alloc").len(), expected);
+    assert_eq!(records(&log, "free").len(), expected);
+    // Each thread's last block is freed on the thread that made it, by the
+    // key's destructor as it exits.
+    let threads: std::collections::HashSet<&str> =
+        records(&log, "free").iter().map(|r| r[2]).collect();
+    assert_eq!(threads.len(), 32, "{threads:?}");
+}
+
+#[test]
+fn an_exec_with_an_environment_at_the_kernels_limit_runs_as_alone() {
+    let hostile = program("hostile");
+    let by_itself = alone(&[&hostile, "bigenv"]);
+    assert_eq!(text(&by_itself.stdout), "bigenv: done\n");
+    let trace = temp_path("bigenv.csv");
+    let output = under_cudamem(
+        &["--trace", trace.to_str().unwrap(), "--", &hostile, "bigenv"],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(output.stdout, by_itself.stdout);
+    let logs = event_logs(&trace);
+    assert_eq!(logs.len(), 1);
+    let log = text(&std::fs::read(&logs[0]).unwrap());
+    assert_eq!(records(&log, "alloc").len(), 10, "{log}");
+    assert_eq!(records(&log, "exit").len(), 1, "{log}");
+}
+
+#[test]
+fn an_environment_too_big_for_the_interposers_settings_is_refused_saying_why() {
+    // One variable at the kernel's limit for a variable: alone the program
+    // starts; with the interposer added to LD_PRELOAD it cannot.
+    let limit = 128 << 10;
+    let preload = ":".repeat(limit - 1 - "LD_PRELOAD=".len());
+    let hostile = program("hostile");
+    let mut command = Command::new(&hostile);
+    command
+        .arg("weak")
+        .env("LD_LIBRARY_PATH", &fixtures().dir)
+        .env("LD_PRELOAD", &preload);
+    let by_itself = bounded(command, "hostile weak alone");
+    assert_eq!(by_itself.status.code(), Some(0));
+    let output = under_cudamem(&["--", &hostile, "weak"], &[("LD_PRELOAD", &preload)]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty());
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("pass the kernel's limit")
+            && stderr.contains("the longest variable is LD_PRELOAD (131071 bytes)"),
+        "{stderr}"
+    );
+}
