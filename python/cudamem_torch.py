@@ -24,10 +24,15 @@ one step more memory held) and CUDAMEM_GROWTH_DIVISOR.
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import sys
 
 __all__ = [
+    "InterfaceMismatch",
+    "header_virtuals",
+    "source_overrides",
+    "interface_defines",
     "build",
     "install",
     "installed",
@@ -150,6 +155,119 @@ def _load(path):
     return lib
 
 
+# --- The allocator interface: PyTorch's virtuals against the backend's overrides ------
+#
+# Pure text work (no torch import), so CPU CI tests it (python/test_cudamem_torch.py).
+
+
+class InterfaceMismatch(RuntimeError):
+    """The installed PyTorch's CUDAAllocator declares virtuals the backend does not
+    override: building it would leave PyTorch's defaults, which throw, in place."""
+
+    def __init__(self, missing, header):
+        self.missing = sorted(missing)
+        self.header = header
+        super().__init__(
+            "cudamem_torch: this PyTorch's allocator interface (%s) declares %s, which "
+            "cudamem's backend (torch-alloc/cpp/cudamem_allocator.cpp) does not override; "
+            "refusing to install it (the program keeps PyTorch's allocator). Use a PyTorch "
+            "whose interface the backend covers, or add the overrides."
+            % (header, ", ".join(self.missing))
+        )
+
+
+def _strip_comments(text):
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    return re.sub(r"//[^\n]*", " ", text)
+
+
+def _class_body(text, class_name):
+    """The text between the braces of `class NAME ... {`, or None."""
+    match = re.search(r"\b(?:class|struct)\s+(?:\w+\s+)?%s\b[^;{]*\{" % re.escape(class_name), text)
+    if match is None:
+        return None
+    depth, start = 1, match.end()
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i]
+    return None
+
+
+def _parameters(text, open_at):
+    """The parameter count of the call whose '(' is at `open_at` (commas at depth 1,
+    templates counted as nesting)."""
+    depth, angle, count, seen = 0, 0, 0, False
+    for ch in text[open_at:]:
+        if ch == "(":
+            depth += 1
+            if depth == 1:
+                continue
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                break
+        elif ch == "<":
+            angle += 1
+        elif ch == ">":
+            angle = max(0, angle - 1)
+        elif ch == "," and depth == 1 and angle == 0:
+            count += 1
+        if depth >= 1 and not ch.isspace():
+            seen = True
+    return count + 1 if seen else 0
+
+
+def header_virtuals(header_text, class_name="CUDAAllocator"):
+    """The virtual member functions `class_name` declares in `header_text`: a dict from
+    each name to its parameter count (the largest, for an overloaded name). Destructors
+    are left out; so are functions the class itself implements with `override`."""
+    body = _class_body(_strip_comments(header_text), class_name)
+    if body is None:
+        raise ValueError("no class %s in the header" % class_name)
+    found = {}
+    for match in re.finditer(r"\bvirtual\b([^;{(]*?)\b(~?\w+)\s*\(", body):
+        name = match.group(2)
+        if name.startswith("~") or body[match.start(2) - 1] == "~":
+            continue
+        found[name] = max(found.get(name, 0), _parameters(body, match.end() - 1))
+    return found
+
+
+def source_overrides(source_text):
+    """The member functions the C++ source marks `override` (or `final`)."""
+    text = _strip_comments(source_text)
+    names = set()
+    for match in re.finditer(r"\b(\w+)\s*\(", text):
+        depth, i = 0, match.end() - 1
+        while i < len(text):
+            if text[i] == "(":
+                depth += 1
+            elif text[i] == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            i += 1
+        tail = re.match(r"\s*(?:const\s*)?(?:noexcept\s*)?(override|final)\b", text[i + 1:])
+        if tail:
+            names.add(match.group(1))
+    return names
+
+
+def interface_defines(header_text, source_text, header="CUDACachingAllocator.h"):
+    """The compiler flags that tell the backend which virtuals the header declares
+    (`-DCUDAMEM_HAS_<name>=<parameter count>`); raises InterfaceMismatch naming every
+    virtual the source does not override."""
+    virtuals = header_virtuals(header_text)
+    missing = set(virtuals) - source_overrides(source_text)
+    if missing:
+        raise InterfaceMismatch(missing, header)
+    return ["-DCUDAMEM_HAS_%s=%d" % (name, count) for name, count in sorted(virtuals.items())]
+
+
 def _missing_build_tools(cpp_extension):
     """What the extension's build lacks, as sentences (empty when nothing is missing)."""
     import torch
@@ -184,6 +302,16 @@ def _build(lib_path, sources, verbose):
             "cudamem_torch: cannot build the PyTorch backend; missing: " + "; ".join(missing)
         )
     cpp = [os.path.join(sources, name) for name in SOURCES]
+    import torch
+
+    header = os.path.join(
+        os.path.dirname(torch.__file__), "include", "c10", "cuda", "CUDACachingAllocator.h"
+    )
+    with open(header) as f:
+        header_text = f.read()
+    with open(os.path.join(sources, SOURCES[0])) as f:
+        source_text = f.read()
+    defines = interface_defines(header_text, source_text, header)
     digest = hashlib.sha256()
     for name in HEADERS:
         with open(os.path.join(sources, name), "rb") as header:
@@ -195,7 +323,7 @@ def _build(lib_path, sources, verbose):
         sources=cpp,
         extra_include_paths=[sources],
         # The headers' hash: a changed C ABI rebuilds the cached extension.
-        extra_cflags=["-O2", "-DCUDAMEM_ABI=0x%s" % abi],
+        extra_cflags=["-O2", "-DCUDAMEM_ABI=0x%s" % abi] + defines,
         extra_ldflags=["-L" + lib_dir, "-lcudamem_torch", "-Wl,-rpath," + lib_dir],
         with_cuda=True,
         verbose=verbose,

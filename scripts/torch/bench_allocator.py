@@ -68,7 +68,19 @@ def child(name, mode, lib, out, explain, repeat):
     sampler.start()
     start = time.perf_counter()
     checksums, means, steps = [], [], 0
-    for _ in range(max(1, repeat)):
+
+    def driver_calls():
+        # cudamem: the pool's driver calls that took or gave memory; PyTorch's own
+        # allocators: its device allocations and frees (cudaMalloc/cudaFree, or maps).
+        if mode in CUDAMEM_MODES:
+            return cudamem_torch.stats(0)["memory_driver_calls"]
+        s = torch.cuda.memory_stats()
+        return s.get("num_device_alloc", 0) + s.get("num_device_free", 0)
+
+    warm_calls = None
+    for index in range(max(1, repeat)):
+        if index == 1:
+            warm_calls = driver_calls()  # steady state: every repeat after the first
         times = []
         checksum, _, steps = workloads.run(name, "full", times)
         checksums.append(checksum)
@@ -84,6 +96,8 @@ def child(name, mode, lib, out, explain, repeat):
         "checksum": checksums[0],
         "checksums_agree": all(c == checksums[0] for c in checksums),
         "median_step_s": timed[len(timed) // 2],
+        "spread_step_s": [timed[0], timed[-1]],
+        "steady_driver_calls": None if warm_calls is None else driver_calls() - warm_calls,
         "repeat_step_s": means,
         "steps": steps,
         "wall_s": wall,
@@ -143,9 +157,9 @@ def mib(value):
 
 
 def table(results):
-    rows = ["%-20s %-10s %10s %10s %10s %10s %8s %9s %9s %s" % (
+    rows = ["%-20s %-10s %10s %10s %10s %10s %8s %13s %9s %9s %7s %s" % (
         "workload", "mode", "peak MiB", "reserved", "allocated", "pool peak",
-        "step ms", "x default", "vs expand", "checksum")]
+        "step ms", "spread ms", "x default", "vs expand", "drv/ss", "checksum")]
     for name in sorted({r["workload"] for r in results}):
         by_mode = {r["mode"]: r for r in results if r["workload"] == name}
         base = by_mode.get("default", {})
@@ -169,11 +183,15 @@ def table(results):
             if mode in CUDAMEM_MODES:
                 same += "; reserved = pool" if r.get("reserved_equals_pool_peak") else (
                     "; RESERVED %s != POOL PEAK %s" % (r.get("max_memory_reserved"), pool.get("peak_mapped_bytes")))
-            rows.append("%-20s %-10s %10s %10s %10s %10s %8.2f %9s %9s %s" % (
+            spread = r.get("spread_step_s") or [r["median_step_s"]] * 2
+            calls = r.get("steady_driver_calls")
+            rows.append("%-20s %-10s %10s %10s %10s %10s %8.2f %13s %9s %9s %7s %s" % (
                 name, mode, mib(r["peak_process_bytes"]), mib(r.get("max_memory_reserved")),
                 mib(r.get("max_memory_allocated")), mib(pool.get("peak_mapped_bytes")),
-                r["median_step_s"] * 1e3, "-" if ratio is None else "%.3f" % ratio,
-                "-" if vs_expandable is None else "%.3f" % vs_expandable, same))
+                r["median_step_s"] * 1e3, "%.2f-%.2f" % (spread[0] * 1e3, spread[1] * 1e3),
+                "-" if ratio is None else "%.3f" % ratio,
+                "-" if vs_expandable is None else "%.3f" % vs_expandable,
+                "-" if calls is None else str(calls), same))
     return "\n".join(rows)
 
 

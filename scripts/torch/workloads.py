@@ -193,6 +193,45 @@ def bert_train(scale, on_step):
     return checksum
 
 
+@workload
+def t5_seq2seq_train(scale, on_step):
+    """A T5-style encoder-decoder (transformers, bf16 autocast) trained with AdamW on
+    random source and target sequences whose lengths change every step: the
+    variable-length sequence-to-sequence case."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    gen = torch.Generator().manual_seed(6)
+    config = T5Config(
+        vocab_size=32128,
+        d_model=512,
+        d_kv=64,
+        d_ff=2048,
+        num_layers=6,
+        num_decoder_layers=6,
+        num_heads=8,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
+    torch.manual_seed(6)
+    model = T5ForConditionalGeneration(config).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    checksum = 0.0
+    n = _steps(scale, 3, 16)
+    sources = _lengths(gen, n, 32, 512)
+    targets = _lengths(gen, n, 8, 256)
+    batches = _lengths(gen, n, 4, 16)
+    for source, target, batch in zip(sources, targets, batches):
+        ids = torch.randint(1, config.vocab_size, (batch, source), generator=gen).cuda()
+        labels = torch.randint(1, config.vocab_size, (batch, target), generator=gen).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        checksum += on_step(loss)
+    return checksum
+
+
 def run(name, scale="full", times=None):
     """Run one workload; returns (checksum, seconds per step, steps). The median
     leaves out the first step, which builds the model; `times`, a list, gets every

@@ -88,6 +88,7 @@ int cudamem_record_stream(void* ptr, void* stream);
  * (room for max pairs), sorted: their count (more than max: call again with room), or
  * -1 on failure. */
 ssize_t cudamem_block_mappings(void* ptr, uint64_t* out, size_t max);
+/* device -1: every device opened; other negatives are an error. */
 int cudamem_empty_cache(int device, uint64_t* given_back);
 int cudamem_is_open(int device);
 int cudamem_device_stats(int device, struct cudamem_device_stats* out);
@@ -101,6 +102,8 @@ int cudamem_begin_allocate_to_pool(int device, uint64_t first, uint64_t second);
 int cudamem_end_allocate_to_pool(int device, uint64_t first, uint64_t second);
 int cudamem_release_pool(int device, uint64_t first, uint64_t second);
 int cudamem_incref_pool(int device, uint64_t first, uint64_t second);
+int cudamem_set_use_on_oom(int device, uint64_t first, uint64_t second, int on);
+int cudamem_set_no_split(int device, uint64_t first, uint64_t second);
 int cudamem_pool_use_count(int device, uint64_t first, uint64_t second, uint32_t* out);
 int cudamem_check_pool_live(int device, uint64_t first, uint64_t second, const uint64_t* ptrs,
                             size_t n, int* matches);

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -118,7 +119,12 @@ class Stacks {
 struct Checkpoint final : cca::AllocatorState {
   Checkpoint(int device, uint64_t number) : device(device), number(number) {}
   ~Checkpoint() override {
-    cudamem_drop_checkpoint(device, number);
+    if (cudamem_drop_checkpoint(device, number) != CUDAMEM_OK) {
+      try {
+        TORCH_WARN(last_error());
+      } catch (...) {
+      }
+    }
   }
   int device;
   uint64_t number;
@@ -181,6 +187,9 @@ class Allocator final : public cca::CUDAAllocator {
     if (ptr == nullptr) {
       return CUDAMEM_OK;
     }
+    if (pool_allocators_any_.load(std::memory_order_acquire) && free_foreign(ptr)) {
+      return CUDAMEM_OK;
+    }
     const int level = record_level_.load(std::memory_order_acquire);
     uint64_t context = 0;
     if (level >= static_cast<int>(cca::RecordContext::ALL)) {
@@ -193,6 +202,14 @@ class Allocator final : public cca::CUDAAllocator {
     const int code = cudamem_free(ptr, context, &out);
     if (level > 0 || context != 0) {
       stacks_.drop_dead();
+    }
+    if (code == CUDAMEM_OK && trackers_any_.load(std::memory_order_acquire)) {
+      try {
+        track(cca::TraceEntry::FREE_REQUESTED, static_cast<c10::DeviceIndex>(out.device), ptr,
+              out.bytes, nullptr, {0, 0});
+      } catch (...) {
+        // A tracker that throws must not turn a free into a failure.
+      }
     }
     if (code == CUDAMEM_OK) {
       c10::reportMemoryUsageToProfiler(
@@ -229,9 +246,15 @@ class Allocator final : public cca::CUDAAllocator {
   }
 
   // Every device opened waits for its freed blocks and gives back what it can; for a
-  // private pool's id too (its memory goes back once the pool is released).
-  void emptyCache(MempoolId_t /*mempool_id*/) override {
-    check(cudamem_empty_cache(-1, nullptr));
+  // private pool's id too (its memory goes back once the pool is released). For a pool
+  // id it warns rather than throws: MemPool's destructor calls it.
+  void emptyCache(MempoolId_t mempool_id) override {
+    const int code = cudamem_empty_cache(-1, nullptr);
+    if (mempool_id.first == 0 && mempool_id.second == 0) {
+      check(code);
+    } else {
+      warn_on_failure(code);
+    }
   }
 
   void enable(bool /*value*/) override {}
@@ -355,8 +378,9 @@ class Allocator final : public cca::CUDAAllocator {
     }
   }
 
+  // Warns rather than throws: MemPool's destructor calls it.
   void releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
-    check(cudamem_release_pool(device, mempool_id.first, mempool_id.second));
+    warn_on_failure(cudamem_release_pool(device, mempool_id.first, mempool_id.second));
   }
 
   int getPoolUseCount(c10::DeviceIndex device, MempoolId_t mempool_id) override {
@@ -365,16 +389,42 @@ class Allocator final : public cca::CUDAAllocator {
     return static_cast<int>(count);
   }
 
+  // A MemPool with its own allocator (a CUDAPluggableAllocator) takes its blocks from
+  // that allocator, as PyTorch's pools take their segments from it; without one, or with
+  // this allocator, the pool is cudamem's.
   void createOrIncrefPool(
       c10::DeviceIndex device,
       MempoolId_t mempool_id,
       std::shared_ptr<cca::CUDAAllocator> allocator) override {
-    TORCH_CHECK(
-        allocator == nullptr || allocator.get() == this,
-        "cudamem: a torch.cuda.MemPool with its own allocator is not supported; "
-        "create it without one to use cudamem's pool");
+    check(cudamem_incref_pool(device, mempool_id.first, mempool_id.second));
+    if (allocator != nullptr && allocator.get() != this) {
+      std::lock_guard<std::mutex> guard(pool_allocators_mutex_);
+      pool_allocators_[{device, mempool_id}] = std::move(allocator);
+      pool_allocators_any_.store(true, std::memory_order_release);
+    }
+  }
+
+#if defined(CUDAMEM_HAS_ensureExistsAndIncrefPool)
+  void ensureExistsAndIncrefPool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
     check(cudamem_incref_pool(device, mempool_id.first, mempool_id.second));
   }
+#endif
+
+#if defined(CUDAMEM_HAS_setUseOnOOM) && CUDAMEM_HAS_setUseOnOOM == 3
+  void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
+    check(cudamem_set_use_on_oom(device, mempool_id.first, mempool_id.second, use_on_oom ? 1 : 0));
+  }
+#elif defined(CUDAMEM_HAS_setUseOnOOM)
+  void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    check(cudamem_set_use_on_oom(device, mempool_id.first, mempool_id.second, 1));
+  }
+#endif
+
+#if defined(CUDAMEM_HAS_setNoSplit)
+  void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    check(cudamem_set_no_split(device, mempool_id.first, mempool_id.second));
+  }
+#endif
 
   bool checkPoolLiveAllocations(
       c10::DeviceIndex device,
@@ -429,16 +479,62 @@ class Allocator final : public cca::CUDAAllocator {
     stacks_.drop_dead();
   }
 
+#if defined(CUDAMEM_HAS_getContextForPointer)
+  // The Rust side keeps a block's stack by number, not by address: none is given, as
+  // PyTorch's own default does.
+  std::shared_ptr<c10::GatheredContext> getContextForPointer(const void* /*ptr*/) override {
+    return nullptr;
+  }
+#endif
+
+#if defined(CUDAMEM_HAS_recordAnnotation)
+  // Annotations are not kept in cudamem's snapshots (PyTorch's default does the same).
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& /*md*/) override {}
+#endif
+
+#if defined(CUDAMEM_HAS_pushCompileContext)
+  void pushCompileContext(std::string& /*md*/) override {}
+#endif
+
+#if defined(CUDAMEM_HAS_popCompileContext)
+  void popCompileContext() override {}
+#endif
+
+#if defined(CUDAMEM_HAS_setUserMetadata)
+  void setUserMetadata(const std::string& metadata) override {
+    std::lock_guard<std::mutex> guard(observers_mutex_);
+    user_metadata_ = metadata;
+  }
+#endif
+
+#if defined(CUDAMEM_HAS_getUserMetadata)
+  std::string getUserMetadata() override {
+    std::lock_guard<std::mutex> guard(observers_mutex_);
+    return user_metadata_;
+  }
+#endif
+
+#if defined(CUDAMEM_HAS_attachOomRejectionObserver)
+  // PyTorch calls these when its throw-on-cudaMalloc policy refuses a request ahead of
+  // time; cudamem refuses only when the pool finds no memory, so they are kept unused.
+  void attachOomRejectionObserver(cca::OomRejectionObserver observer) override {
+    std::lock_guard<std::mutex> guard(observers_mutex_);
+    oom_rejection_observers_.push_back(std::move(observer));
+  }
+#endif
+
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
     std::lock_guard<std::mutex> guard(observers_mutex_);
     oom_observers_.push_back(std::move(observer));
   }
 
-  // Trace trackers see every TraceEntry as it happens (NCCL's tensor registration hook
-  // uses them); the history is recorded on the Rust side, which does not call them.
+  // Trace trackers see each block handed out (ALLOC) and freed (FREE_REQUESTED) as it
+  // happens; segment entries are not sent (a pool's mappings are not segments a caller
+  // could register), so NCCL's registration hook registers nothing.
   void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override {
     std::lock_guard<std::mutex> guard(observers_mutex_);
     trace_trackers_.push_back(std::move(tracker));
+    trackers_any_.store(true, std::memory_order_release);
   }
 
   // Lets `dev` reach memory `cudaMalloc` made on `dev_to_access` (what other
@@ -578,6 +674,65 @@ class Allocator final : public cca::CUDAAllocator {
     copy(from.large_pool, to[2]);
   }
 
+  // A failure as a warning, for calls PyTorch makes from destructors.
+  static void warn_on_failure(int code) {
+    if (code == CUDAMEM_OK) {
+      return;
+    }
+    try {
+      TORCH_WARN(last_error());
+    } catch (...) {
+    }
+  }
+
+  // Frees `ptr` through the pool allocator that handed it out; false if none did.
+  bool free_foreign(void* ptr) {
+    std::shared_ptr<cca::CUDAAllocator> owner;
+    {
+      std::lock_guard<std::mutex> guard(pool_allocators_mutex_);
+      auto it = foreign_blocks_.find(ptr);
+      if (it == foreign_blocks_.end()) {
+        return false;
+      }
+      owner = std::move(it->second);
+      foreign_blocks_.erase(it);
+    }
+    try {
+      owner->raw_delete(ptr);
+    } catch (const std::exception& error) {
+      try {
+        TORCH_WARN("cudamem: a MemPool's allocator failed to free a block: ", error.what());
+      } catch (...) {
+      }
+    }
+    return true;
+  }
+
+  // The allocator of the MemPool `pool` on `device`, if it has its own.
+  std::shared_ptr<cca::CUDAAllocator> pool_allocator(c10::DeviceIndex device, MempoolId_t pool) {
+    if (!pool_allocators_any_.load(std::memory_order_acquire) || (pool.first == 0 && pool.second == 0)) {
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> guard(pool_allocators_mutex_);
+    auto it = pool_allocators_.find({device, pool});
+    return it == pool_allocators_.end() ? nullptr : it->second;
+  }
+
+  // Tells the trace trackers of a block handed out or freed.
+  void track(cca::TraceEntry::Action action, c10::DeviceIndex device, void* ptr, size_t size,
+             cudaStream_t stream, MempoolId_t pool) {
+    std::vector<cca::AllocatorTraceTracker> trackers;
+    {
+      std::lock_guard<std::mutex> guard(observers_mutex_);
+      trackers = trace_trackers_;
+    }
+    const cca::TraceEntry entry(action, device, reinterpret_cast<size_t>(ptr), size, stream, pool,
+                                c10::approx_time_t{}, nullptr);
+    for (const auto& tracker : trackers) {
+      tracker(entry);
+    }
+  }
+
   // The stack of the caller, as a number (0 when no recorder is set).
   uint64_t gather() {
     const cca::CreateContextFn recorder = recorder_.load(std::memory_order_acquire);
@@ -606,6 +761,12 @@ class Allocator final : public cca::CUDAAllocator {
     request.size = size;
     request.stream = stream;
     const MempoolId_t pool = pool_for(device, stream);
+    if (auto own = pool_allocator(device, pool)) {
+      void* ptr = own->raw_alloc_with_stream(size, stream);
+      std::lock_guard<std::mutex> guard(pool_allocators_mutex_);
+      foreign_blocks_[ptr] = std::move(own);
+      return ptr;
+    }
     request.pool_first = pool.first;
     request.pool_second = pool.second;
     request.capturing = is_capturing(stream) ? 1 : 0;
@@ -631,6 +792,9 @@ class Allocator final : public cca::CUDAAllocator {
         out.allocated_bytes,
         out.reserved_bytes,
         c10::Device(c10::DeviceType::CUDA, device));
+    if (trackers_any_.load(std::memory_order_acquire)) {
+      track(cca::TraceEntry::ALLOC, device, ptr, size, stream, pool);
+    }
     return ptr;
   }
 
@@ -675,6 +839,17 @@ class Allocator final : public cca::CUDAAllocator {
   std::mutex observers_mutex_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<cca::AllocatorTraceTracker> trace_trackers_;
+  std::atomic<bool> trackers_any_{false};
+#if defined(CUDAMEM_HAS_attachOomRejectionObserver)
+  std::vector<cca::OomRejectionObserver> oom_rejection_observers_;
+#endif
+  std::string user_metadata_;
+  // MemPools with their own allocator, and the blocks those allocators handed out.
+  std::mutex pool_allocators_mutex_;
+  std::map<std::pair<c10::DeviceIndex, MempoolId_t>, std::shared_ptr<cca::CUDAAllocator>>
+      pool_allocators_;
+  std::unordered_map<void*, std::shared_ptr<cca::CUDAAllocator>> foreign_blocks_;
+  std::atomic<bool> pool_allocators_any_{false};
   int device_count_ = 0;
   bool initialized_ = false;
 };
@@ -683,10 +858,13 @@ class Allocator final : public cca::CUDAAllocator {
 Allocator* installed = nullptr;
 
 void delete_block(void* ptr) {
-  const int code = installed->free_block(ptr);
-  if (code != CUDAMEM_OK) {
-    // A deleter runs in a destructor: warn, do not throw.
-    TORCH_WARN(last_error());
+  // A deleter runs in a destructor: nothing thrown may leave it.
+  try {
+    const int code = installed->free_block(ptr);
+    if (code != CUDAMEM_OK) {
+      TORCH_WARN(last_error());
+    }
+  } catch (...) {
   }
 }
 

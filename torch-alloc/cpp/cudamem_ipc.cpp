@@ -9,6 +9,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/un.h>
@@ -31,16 +32,42 @@ namespace {
 
 constexpr char kCudamemHandle = 'm';
 constexpr char kCudaMallocHandle = 'c';  // PyTorch's own allocator, cudaMalloc memory
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kMaxPieces = 1 << 16;
 
 struct Header {
   uint32_t version;
   int32_t pid;
-  uint64_t share;
+  Token token;
   uint32_t count;
   char socket[64];  // abstract Unix socket name, NUL-terminated
 };
+
+// 128 bits from the kernel's random source.
+Token random_token() {
+  Token token{};
+  size_t filled = 0;
+  while (filled < sizeof(token.bytes)) {
+    const ssize_t n = ::getrandom(token.bytes + filled, sizeof(token.bytes) - filled, 0);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    TORCH_CHECK(n > 0, "cudamem: getrandom failed: ", std::strerror(errno));
+    filled += static_cast<size_t>(n);
+  }
+  return token;
+}
+
+// Whether the peer of the connected socket `conn` is this process's user or root.
+bool trusted_peer(int conn) {
+  ucred credentials{};
+  socklen_t length = sizeof(credentials);
+  if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0 ||
+      length != sizeof(credentials)) {
+    return false;
+  }
+  return credentials.uid == ::geteuid() || credentials.uid == 0;
+}
 
 struct Piece {
   uint64_t offset;  // from the first mapping's address
@@ -223,26 +250,40 @@ struct Opened {
   std::vector<std::pair<size_t, size_t>> mapped;  // offset, bytes
   std::vector<CUmemGenericAllocationHandle> handles;
 
+  // Nothing thrown leaves it: it runs when the last tensor on the share is freed.
   ~Opened() {
-    c10::cuda::CUDAGuard guard(device);
-    // Unmapping does not wait for work that still reads the memory.
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-      (void)cudaGetLastError();
-    }
-    const Driver& driver = Driver::get();
-    for (const auto& [offset, bytes] : mapped) {
-      driver.unmap(base + offset, bytes);
-    }
-    for (auto handle : handles) {
-      driver.release(handle);
-    }
-    if (base != 0) {
-      driver.address_free(base, span);
+    try {
+      c10::cuda::CUDAGuard guard(device);
+      // Unmapping does not wait for work that still reads the memory.
+      if (cudaDeviceSynchronize() != cudaSuccess) {
+        (void)cudaGetLastError();
+      }
+      const Driver& driver = Driver::get();
+      for (const auto& [offset, bytes] : mapped) {
+        driver.unmap(base + offset, bytes);
+      }
+      for (auto handle : handles) {
+        driver.release(handle);
+      }
+      if (base != 0) {
+        driver.address_free(base, span);
+      }
+    } catch (...) {
     }
   }
 };
 
 }  // namespace
+
+bool Token::operator==(const Token& other) const {
+  return std::memcmp(bytes, other.bytes, sizeof(bytes)) == 0;
+}
+
+size_t TokenHash::operator()(const Token& token) const {
+  uint64_t half = 0;
+  std::memcpy(&half, token.bytes, sizeof(half));
+  return static_cast<size_t>(half);
+}
 
 bool Exports::any() const {
   return shared_any_.load(std::memory_order_acquire);
@@ -275,19 +316,24 @@ void Exports::serve() {
       }
       return;
     }
-    uint64_t share = 0;
+    // Another user's process is answered with nothing, whatever it asks.
+    if (!trusted_peer(conn)) {
+      ::close(conn);
+      continue;
+    }
+    Token token{};
     std::vector<int> fds;
-    if (read_all(conn, &share, sizeof(share))) {
+    if (read_all(conn, &token, sizeof(token))) {
       // Copies, so a free that closes the originals meanwhile cannot pull them away.
       std::lock_guard<std::mutex> guard(mutex_);
-      auto block = block_of_share_.find(share);
-      if (block != block_of_share_.end()) {
+      auto block = block_of_token_.find(token);
+      if (block != block_of_token_.end()) {
         for (int fd : by_block_[block->second].fds) {
           fds.push_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
         }
       }
     }
-    // An unknown share (freed meanwhile) is sent as no descriptors.
+    // An unknown token (freed meanwhile, or never handed out) is sent no descriptors.
     send_fds(conn, fds);
     for (int fd : fds) {
       ::close(fd);
@@ -319,6 +365,7 @@ cca::ShareableHandle Exports::share(void* ptr) {
   auto found = by_block_.find(base);
   if (found == by_block_.end()) {
     Export exported;
+    exported.token = random_token();
     const Driver& driver = Driver::get();
     for (ssize_t i = 0; i < n; ++i) {
       CUmemGenericAllocationHandle handle = 0;
@@ -335,15 +382,14 @@ cca::ShareableHandle Exports::share(void* ptr) {
       }
       exported.fds.push_back(fd);
     }
-    exported.share = next_share_++;
-    block_of_share_[exported.share] = base;
+    block_of_token_[exported.token] = base;
     found = by_block_.emplace(base, std::move(exported)).first;
     shared_any_.store(true, std::memory_order_release);
   }
   Header header{};
   header.version = kVersion;
   header.pid = static_cast<int32_t>(::getpid());
-  header.share = found->second.share;
+  header.token = found->second.token;
   header.count = static_cast<uint32_t>(n);
   std::strncpy(header.socket, socket_name_.c_str(), sizeof(header.socket) - 1);
   std::string text(1, kCudamemHandle);
@@ -364,7 +410,7 @@ void Exports::forget(void* ptr) {
       return;
     }
     fds = std::move(found->second.fds);
-    block_of_share_.erase(found->second.share);
+    block_of_token_.erase(found->second.token);
     by_block_.erase(found);
   }
   for (int fd : fds) {
@@ -391,8 +437,11 @@ std::shared_ptr<void> Imports::open(const std::string& handle) {
     void* ptr = nullptr;
     C10_CUDA_CHECK(cudaIpcOpenMemHandle(&ptr, ipc, cudaIpcMemLazyEnablePeerAccess));
     result = std::shared_ptr<void>(ptr, [device](void* p) {
-      c10::cuda::CUDAGuard guard(device);
-      (void)cudaIpcCloseMemHandle(p);
+      try {
+        c10::cuda::CUDAGuard guard(device);
+        (void)cudaIpcCloseMemHandle(p);
+      } catch (...) {
+      }
     });
   } else {
     TORCH_CHECK(
@@ -417,7 +466,7 @@ std::shared_ptr<void> Imports::open(const std::string& handle) {
     sockaddr_un address = socket_address(header.socket, &length);
     std::vector<int> fds;
     if (::connect(conn, reinterpret_cast<sockaddr*>(&address), length) == 0 &&
-        write_all(conn, &header.share, sizeof(header.share))) {
+        write_all(conn, &header.token, sizeof(header.token))) {
       fds = receive_fds(conn);
     }
     const int err = errno;

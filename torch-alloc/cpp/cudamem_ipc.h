@@ -7,6 +7,12 @@
 // The handle string: 'm', a Header, then Header::count Pieces (each mapping's offset
 // from the first and its bytes). The receiver also opens PyTorch's own 'c' handles
 // (cudaMalloc memory of a process on PyTorch's allocator).
+//
+// Who may fetch: the server answers only a peer of the same user or root
+// (SO_PEERCRED, checked on every connection), and only for a share's token, 128 random
+// bits from getrandom(2) that only the handle string carries: another local user cannot
+// connect, and a process of the same user that was not handed the string cannot guess
+// a token.
 
 #pragma once
 
@@ -22,9 +28,19 @@
 
 namespace cudamem_backend {
 
+// A share's token: unguessable, it is what a receiver presents.
+struct Token {
+  uint8_t bytes[16];
+  bool operator==(const Token& other) const;
+};
+
+struct TokenHash {
+  size_t operator()(const Token& token) const;
+};
+
 // What a sender exported for one block.
 struct Export {
-  uint64_t share = 0;
+  Token token{};
   std::vector<int> fds;
 };
 
@@ -44,8 +60,7 @@ class Exports {
 
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Export> by_block_;
-  std::unordered_map<uint64_t, uint64_t> block_of_share_;
-  uint64_t next_share_ = 1;
+  std::unordered_map<Token, uint64_t, TokenHash> block_of_token_;
   int listener_ = -1;
   std::string socket_name_;
   std::atomic<bool> shared_any_{false};

@@ -4,6 +4,13 @@
 /// what; quoted user values are cut to 80 characters.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Error {
+    /// A device argument that names every device (-1) or one device (0 and up) was
+    /// another negative number.
+    #[error("device {device} is neither a device (0 and up) nor -1 (every device)")]
+    BadDeviceSelector {
+        /// The device argument.
+        device: i32,
+    },
     /// The device argument is outside what the library serves.
     #[error("device {device} is out of range: devices 0 to {} are served", MAX_DEVICES - 1)]
     BadDevice {
@@ -63,14 +70,17 @@ pub enum Error {
         fraction: f64,
     },
     /// The pool could not place the request even after every stream's freed blocks came
-    /// back (or would pass the memory fraction set for the device); `report` is the
+    /// back (or would pass the memory fraction set for the device). The text is
+    /// PyTorch's first line (`headline`, [`crate::oom::Headline`]), then `report`, the
     /// ledger of the device at that moment.
-    #[error("out of memory on device {device}: {requested} bytes requested\n{report}")]
+    #[error("{headline}\n{report}")]
     OutOfMemory {
         /// The device.
         device: i32,
         /// Bytes requested.
         requested: u64,
+        /// PyTorch's line: "CUDA out of memory. Tried to allocate ...".
+        headline: String,
         /// Why: the pool's figures and the context's ledger, several lines.
         report: String,
     },

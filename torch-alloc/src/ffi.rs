@@ -34,7 +34,12 @@ thread_local! {
 }
 
 fn fail(error: &Error) -> c_int {
-    LAST_ERROR.with(|last| *last.borrow_mut() = format!("cudamem: {error}"));
+    // Out of memory reads as PyTorch's message, whose first words tools match on.
+    let text = match error {
+        Error::OutOfMemory { .. } => error.to_string(),
+        _ => format!("cudamem: {error}"),
+    };
+    LAST_ERROR.with(|last| *last.borrow_mut() = text);
     match error {
         Error::OutOfMemory { .. } => CUDAMEM_OUT_OF_MEMORY,
         _ => CUDAMEM_ERROR,
@@ -79,6 +84,16 @@ unsafe fn caller_stream(stream: *mut c_void) -> CallerStream {
     }
     #[cfg(not(feature = "cuda"))]
     CallerStream::new(id)
+}
+
+/// A device argument that may name every device: -1 is every device (`None`), 0 and
+/// up one device; any other negative number is refused.
+fn selector(device: c_int) -> Result<Option<c_int>, Error> {
+    match device {
+        -1 => Ok(None),
+        d if d >= 0 => Ok(Some(d)),
+        d => Err(Error::BadDeviceSelector { device: d }),
+    }
 }
 
 /// Writes `value` to `out`.
@@ -290,7 +305,7 @@ pub unsafe extern "C" fn cudamem_record_stream(ptr: *mut c_void, stream: *mut c_
     })
 }
 
-/// Empties the cache of `device` (negative: every device opened); writes the mapped
+/// Empties the cache of `device` (-1: every device opened; other negatives are refused); writes the mapped
 /// bytes given back to `*given_back` (may be null).
 ///
 /// # Safety
@@ -299,7 +314,10 @@ pub unsafe extern "C" fn cudamem_record_stream(ptr: *mut c_void, stream: *mut c_
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cudamem_empty_cache(device: c_int, given_back: *mut u64) -> c_int {
     guarded("cudamem_empty_cache", || {
-        let device = (device >= 0).then_some(device);
+        let device = match selector(device) {
+            Ok(device) => device,
+            Err(error) => return fail(&error),
+        };
         match registry::empty_cache(device) {
             Ok(bytes) if !given_back.is_null() => {
                 // SAFETY: the caller's promise.
@@ -422,6 +440,32 @@ pool_call! {
     cudamem_incref_pool => incref_pool;
 }
 
+/// Pool `(first, second)` serves the device pool's requests that find no memory
+/// (`on` nonzero) or stops doing so (`setUseOnOOM`).
+#[unsafe(no_mangle)]
+pub extern "C" fn cudamem_set_use_on_oom(
+    device: c_int,
+    first: u64,
+    second: u64,
+    on: c_int,
+) -> c_int {
+    guarded("cudamem_set_use_on_oom", || {
+        status(registry::set_use_on_oom(
+            device,
+            PoolId(first, second),
+            on != 0,
+        ))
+    })
+}
+
+/// Pool `(first, second)` hands each block whole segments of its own (`setNoSplit`).
+#[unsafe(no_mangle)]
+pub extern "C" fn cudamem_set_no_split(device: c_int, first: u64, second: u64) -> c_int {
+    guarded("cudamem_set_no_split", || {
+        status(registry::set_no_split(device, PoolId(first, second)))
+    })
+}
+
 /// Writes the use count of pool `(first, second)` to `*out`.
 ///
 /// # Safety
@@ -498,7 +542,7 @@ pub unsafe extern "C" fn cudamem_checkpoint_pool(
     })
 }
 
-/// Forgets checkpoint `number` of `device`.
+/// Forgets checkpoint `number` of `device`; an unknown number is an error.
 #[unsafe(no_mangle)]
 pub extern "C" fn cudamem_drop_checkpoint(device: c_int, number: u64) -> c_int {
     guarded("cudamem_drop_checkpoint", || {
@@ -544,7 +588,8 @@ pub unsafe extern "C" fn cudamem_restore_checkpoint(
     })
 }
 
-/// Records history on `device` (negative: every device, now and later) as
+/// Records history on `device` (-1: every device, now and later; other negatives are
+/// refused) as
 /// `_record_memory_history` asks: `when` is PyTorch's `RecordContext` (0 to 3),
 /// `skip` one bit per `TraceEntry::Action` not to record.
 #[unsafe(no_mangle)]
@@ -568,8 +613,10 @@ pub extern "C" fn cudamem_record_history(
             max_entries: usize::try_from(max_entries).unwrap_or(usize::MAX),
             skip,
         };
-        let device = (device >= 0).then_some(device);
-        status(registry::record_history(device, settings, clear != 0))
+        match selector(device) {
+            Ok(device) => status(registry::record_history(device, settings, clear != 0)),
+            Err(error) => fail(&error),
+        }
     })
 }
 

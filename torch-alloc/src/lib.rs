@@ -61,6 +61,7 @@ mod facts;
 #[allow(unsafe_code)]
 pub mod ffi;
 pub mod history;
+pub mod oom;
 mod pool_id;
 pub mod registry;
 mod settings;

@@ -95,7 +95,9 @@ trait AnyDevice: Send + Sync {
     fn pool_use_count(&self, pool: PoolId) -> u32;
     fn check_pool_live(&self, pool: PoolId, expected: &[u64]) -> Result<bool>;
     fn checkpoint_pool(&self, pool: PoolId) -> Result<u64>;
-    fn drop_checkpoint(&self, number: u64);
+    fn drop_checkpoint(&self, number: u64) -> Result<()>;
+    fn set_use_on_oom(&self, pool: PoolId, on: bool) -> Result<()>;
+    fn set_no_split(&self, pool: PoolId) -> Result<()>;
     fn restore_checkpoint(&self, number: u64) -> Result<Restored>;
     fn record_history(&self, settings: HistorySettings, clear: bool);
     fn take_dead_contexts(&self, max: usize) -> Vec<u64>;
@@ -177,8 +179,14 @@ where
     fn checkpoint_pool(&self, pool: PoolId) -> Result<u64> {
         DeviceAllocator::checkpoint_pool(self, pool)
     }
-    fn drop_checkpoint(&self, number: u64) {
+    fn drop_checkpoint(&self, number: u64) -> Result<()> {
         DeviceAllocator::drop_checkpoint(self, number)
+    }
+    fn set_use_on_oom(&self, pool: PoolId, on: bool) -> Result<()> {
+        DeviceAllocator::set_use_on_oom(self, pool, on)
+    }
+    fn set_no_split(&self, pool: PoolId) -> Result<()> {
+        DeviceAllocator::set_no_split(self, pool)
     }
     fn restore_checkpoint(&self, number: u64) -> Result<Restored> {
         DeviceAllocator::restore_checkpoint(self, number)
@@ -466,8 +474,6 @@ per_device! {
     memory_fraction() -> f64;
     /// The use count of a private pool.
     pool_use_count(pool: PoolId) -> u32;
-    /// Forgets a checkpoint.
-    drop_checkpoint(number: u64) -> ();
     /// The device's memory as a snapshot shows it.
     snapshot(pool: PoolId, trace: bool) -> Snapshot;
 }
@@ -491,6 +497,12 @@ per_device_fallible! {
     checkpoint_pool(pool: PoolId) -> u64;
     /// Restores a checkpoint.
     restore_checkpoint(number: u64) -> Restored;
+    /// Forgets a checkpoint.
+    drop_checkpoint(number: u64) -> ();
+    /// Whether a private pool serves requests the device's pool cannot.
+    set_use_on_oom(pool: PoolId, on: bool) -> ();
+    /// A private pool hands out whole segments, never splitting one.
+    set_no_split(pool: PoolId) -> ();
     /// The device's ledger as text.
     explain() -> String;
 }

@@ -131,12 +131,22 @@ fn oom_then_recovery<B: Backing>(make: Make<B>) {
     let Error::OutOfMemory {
         device,
         requested,
+        headline,
         report,
     } = &error
     else {
         panic!("expected out of memory, got {error}");
     };
     assert_eq!((*device, *requested), (0, 64 * MIB));
+    assert!(
+        headline.starts_with("CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 has"),
+        "{headline}"
+    );
+    assert!(
+        headline.contains("Of the allocated memory 12.00 MiB is allocated by PyTorch"),
+        "{headline}"
+    );
+    assert!(error.to_string().starts_with(headline.as_str()));
     for term in ["cudamem pool (physical)", "driver + context", "live"] {
         assert!(report.contains(term), "{term}: {report}");
     }

@@ -14,11 +14,12 @@ use cudamem_torch::ffi::{
     CUDAMEM_ERROR, CUDAMEM_OK, CUDAMEM_OUT_OF_MEMORY, CudamemBlockInfo, CudamemOutcome,
     CudamemRequest, CudamemSegment, CudamemSnapshotSink, CudamemTraceEntry, cudamem_allocate,
     cudamem_begin_allocate_to_pool, cudamem_block, cudamem_block_mappings, cudamem_check_pool_live,
-    cudamem_checkpoint_pool, cudamem_device_stats, cudamem_device_stats_size, cudamem_empty_cache,
-    cudamem_end_allocate_to_pool, cudamem_explain, cudamem_free, cudamem_largest_block,
+    cudamem_checkpoint_pool, cudamem_device_stats, cudamem_device_stats_size,
+    cudamem_drop_checkpoint, cudamem_empty_cache, cudamem_end_allocate_to_pool, cudamem_explain,
+    cudamem_free, cudamem_incref_pool, cudamem_largest_block, cudamem_pool_use_count,
     cudamem_record_history, cudamem_record_stream, cudamem_release_pool, cudamem_reset_peak_stats,
-    cudamem_restore_checkpoint, cudamem_snapshot, cudamem_stats, cudamem_stats_fields,
-    cudamem_take_dead_contexts,
+    cudamem_restore_checkpoint, cudamem_set_no_split, cudamem_set_use_on_oom, cudamem_snapshot,
+    cudamem_stats, cudamem_stats_fields, cudamem_take_dead_contexts,
 };
 use cudamem_torch::{AllocatorStats, DeviceStats, SimStreams, registry};
 
@@ -141,7 +142,15 @@ fn out_of_memory_fails_at_once_with_the_ledger_and_recovers() {
     let (code, _) = allocate_with(2, request(1 << 40, 0));
     assert_eq!(code, CUDAMEM_OUT_OF_MEMORY);
     let message = last_error();
-    assert!(message.contains("out of memory on device 2"), "{message}");
+    let first = message.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("CUDA out of memory. Tried to allocate 1024.00 GiB. GPU 2 has a total capacity of 256.00 MiB of which "),
+        "PyTorch's first line, which tools match on: {message}"
+    );
+    assert!(
+        first.contains("Of the allocated memory 192.00 MiB is allocated by PyTorch, and "),
+        "{first}"
+    );
     assert!(message.contains("cudamem pool (physical)"), "{message}");
     let (code, _) = allocate_with(2, request(128 * MIB, 0));
     assert_eq!(code, CUDAMEM_OUT_OF_MEMORY, "past what is left");
@@ -409,4 +418,133 @@ fn eight_threads_share_a_device_through_the_c_calls() {
         unsafe { cudamem_empty_cache(-1, std::ptr::null_mut()) },
         CUDAMEM_OK
     );
+}
+
+#[test]
+fn a_device_argument_for_every_device_is_minus_one_only() {
+    devices();
+    let mut given_back = 0;
+    // SAFETY: `given_back` is writable.
+    assert_eq!(
+        unsafe { cudamem_empty_cache(-5, &mut given_back) },
+        CUDAMEM_ERROR
+    );
+    assert!(last_error().contains("device -5"), "{}", last_error());
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { cudamem_empty_cache(-1, &mut given_back) },
+        CUDAMEM_OK
+    );
+    assert_eq!(cudamem_record_history(-7, 0, 0, 0, 0, 0), CUDAMEM_ERROR);
+}
+
+#[test]
+fn dropping_an_unknown_checkpoint_is_an_error() {
+    devices();
+    let (first, second) = (9, 1);
+    assert_eq!(cudamem_incref_pool(6, first, second), CUDAMEM_OK);
+    let mut checkpoint = 0;
+    // SAFETY: `checkpoint` is writable.
+    assert_eq!(
+        unsafe { cudamem_checkpoint_pool(6, first, second, &mut checkpoint) },
+        CUDAMEM_OK
+    );
+    assert_eq!(cudamem_drop_checkpoint(6, checkpoint), CUDAMEM_OK);
+    assert_eq!(
+        cudamem_drop_checkpoint(6, checkpoint),
+        CUDAMEM_ERROR,
+        "twice"
+    );
+    assert!(last_error().contains("no checkpoint"), "{}", last_error());
+    assert_eq!(cudamem_drop_checkpoint(6, 12345), CUDAMEM_ERROR);
+    assert_eq!(cudamem_release_pool(6, first, second), CUDAMEM_OK);
+}
+
+/// A `MemPool(use_on_oom=True)`: when the device's own pool finds no memory, the
+/// request is placed in the pool's free space instead of failing.
+#[test]
+fn a_pool_used_on_out_of_memory_serves_what_the_device_cannot() {
+    devices();
+    let (first, second) = (0, 21);
+    assert_eq!(
+        cudamem_set_use_on_oom(10, first, second, 1),
+        CUDAMEM_ERROR,
+        "no such pool yet"
+    );
+    assert_eq!(cudamem_incref_pool(10, first, second), CUDAMEM_OK);
+    // 64 MiB of pool memory on stream 0, freed again: the pool keeps its segment.
+    assert_eq!(
+        cudamem_begin_allocate_to_pool(10, first, second),
+        CUDAMEM_OK
+    );
+    let in_pool = CudamemRequest {
+        pool_first: first,
+        pool_second: second,
+        ..request(64 * MIB, 0)
+    };
+    let pooled = allocate_with(10, in_pool).1.ptr;
+    assert_eq!(cudamem_end_allocate_to_pool(10, first, second), CUDAMEM_OK);
+    assert_eq!(free(pooled), CUDAMEM_OK);
+    // The rest of the device, taken by the device's own pool.
+    let mut held = Vec::new();
+    loop {
+        let (code, out) = allocate_with(10, request(16 * MIB, 0));
+        if code != CUDAMEM_OK {
+            break;
+        }
+        held.push(out.ptr);
+    }
+    let ooms = device_stats(10).num_ooms;
+    assert_eq!(cudamem_set_use_on_oom(10, first, second, 1), CUDAMEM_OK);
+    // Out of device memory, a request fits in the pool's free segment.
+    let (code, out) = allocate_with(10, request(32 * MIB, 0));
+    assert_eq!(code, CUDAMEM_OK, "{}", last_error());
+    assert!(out.ptr >= pooled && out.ptr < pooled + 64 * MIB);
+    assert_eq!(device_stats(10).num_ooms, ooms, "served, not refused");
+    assert_eq!(free(out.ptr), CUDAMEM_OK);
+    // Off again: the same request is refused.
+    assert_eq!(cudamem_set_use_on_oom(10, first, second, 0), CUDAMEM_OK);
+    assert_eq!(
+        allocate_with(10, request(32 * MIB, 0)).0,
+        CUDAMEM_OUT_OF_MEMORY
+    );
+    for ptr in held {
+        assert_eq!(free(ptr), CUDAMEM_OK);
+    }
+    // The MemPool and the `use_mem_pool` span each hold the pool once, as in PyTorch.
+    assert_eq!(cudamem_release_pool(10, first, second), CUDAMEM_OK);
+    assert_eq!(cudamem_release_pool(10, first, second), CUDAMEM_OK);
+    let mut count = 9;
+    // SAFETY: `count` is writable.
+    assert_eq!(
+        unsafe { cudamem_pool_use_count(10, first, second, &mut count) },
+        CUDAMEM_OK
+    );
+    assert_eq!(count, 0);
+}
+
+/// A pool that splits no segment hands each block whole segments of its own.
+#[test]
+fn a_pool_that_splits_nothing_gives_each_block_its_own_segments() {
+    devices();
+    let (first, second) = (0, 22);
+    assert_eq!(
+        cudamem_begin_allocate_to_pool(11, first, second),
+        CUDAMEM_OK
+    );
+    assert_eq!(cudamem_set_no_split(11, first, second), CUDAMEM_OK);
+    let in_pool = |size| CudamemRequest {
+        pool_first: first,
+        pool_second: second,
+        ..request(size, 0)
+    };
+    let (code, a) = allocate_with(11, in_pool(4096));
+    assert_eq!(code, CUDAMEM_OK, "{}", last_error());
+    let b = allocate_with(11, in_pool(4096)).1;
+    assert_eq!((a.bytes, b.bytes), (2 * MIB, 2 * MIB), "whole segments");
+    assert!(a.ptr.abs_diff(b.ptr) >= 2 * MIB, "never the same page");
+    assert_eq!(cudamem_end_allocate_to_pool(11, first, second), CUDAMEM_OK);
+    assert_eq!(free(a.ptr), CUDAMEM_OK);
+    assert_eq!(free(b.ptr), CUDAMEM_OK);
+    assert_eq!(cudamem_release_pool(11, first, second), CUDAMEM_OK);
 }

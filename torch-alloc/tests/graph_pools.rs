@@ -189,7 +189,7 @@ fn live_check_and_checkpoints<B: Backing>(make: Make<B>) {
         e == b || e == a || e == c,
         "the pool's memory is whole again"
     );
-    case.alloc.drop_checkpoint(checkpoint);
+    case.alloc.drop_checkpoint(checkpoint).unwrap();
     assert!(matches!(
         case.alloc.restore_checkpoint(checkpoint),
         Err(Error::UnknownCheckpoint { .. })

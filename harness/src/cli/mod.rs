@@ -13,6 +13,7 @@ pub mod pause;
 pub mod replay_command;
 pub mod run;
 pub mod snapshot_oom;
+pub mod torch_adoption;
 
 use std::io::Write;
 

@@ -22,7 +22,7 @@ use trace::process::libraries::file_name;
 const _: () = assert!(DEFAULT_MAX_LOG_BYTES == 1 << 30);
 
 use crate::cli::pause::{self, CONTROL_DIR_VAR, POOL_VAR};
-use crate::cli::{byte_size, output};
+use crate::cli::{byte_size, output, torch_adoption};
 
 /// The exit status for a program that cannot be found, as shells use.
 const NOT_FOUND_STATUS: u8 = 127;
@@ -55,6 +55,10 @@ pub struct RunArgs {
         hide_default_value = true
     )]
     max_log_bytes: u64,
+    /// Run a PyTorch program on cudamem's backend with this pool, unmodified
+    /// (installed when it imports torch; see python/adopt/sitecustomize.py).
+    #[arg(long, value_name = "POLICY")]
+    torch: Option<torch_adoption::TorchPolicy>,
     /// Serve the program's cuMemAlloc/cuMemFree from cudamem's pool in its
     /// own process (POLICY: stitch, the one there is), so that `cudamem
     /// pause PID` can give its memory back and `cudamem resume PID` bring
@@ -109,14 +113,34 @@ fn refuse_inputs(args: &RunArgs) -> Result<(), output::SameFile> {
 
 fn run_program(args: RunArgs) -> Result<u8, RunError> {
     let mut command = args.command.into_iter();
-    let program = command.next().unwrap_or_default();
+    let mut program = command.next().unwrap_or_default();
     let exe = std::env::current_exe().unwrap_or_default();
+    let mut rest: Vec<OsString> = command.collect();
     let hook = find_hook(std::env::var_os(HOOK_LIB_VAR), &exe)?;
     let shown = std::iter::once(program.clone())
-        .chain(command.clone())
+        .chain(rest.iter().cloned())
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join(" ");
+    if let Some(policy) = args.torch {
+        let var = |name| std::env::var_os(name);
+        let wrapped = torch_adoption::wrap(
+            policy,
+            program,
+            rest,
+            &exe,
+            var("CUDAMEM_TORCH_PY"),
+            var("CUDAMEM_TORCH_LIB"),
+            var("PYTHONPATH"),
+        );
+        match wrapped {
+            Ok(command) => (program, rest) = command,
+            Err(problem) => {
+                eprintln!("cudamem run: {problem}");
+                return Ok(1);
+            }
+        }
+    }
     let control = match &args.pool {
         Some(_) => Some(
             pause::ControlDir::make().map_err(|source| RunError::LogDir {
@@ -136,7 +160,7 @@ fn run_program(args: RunArgs) -> Result<u8, RunError> {
     }
     let plan = RunPlan {
         program,
-        args: command.collect(),
+        args: rest,
         hook,
         trace: args.trace,
         report: args.report.clone(),

@@ -69,6 +69,19 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
         self.state().pools.incref(pool)
     }
 
+    /// Whether `pool` serves requests of the device's own pool that found no memory
+    /// (`MemPool(use_on_oom=True)`, `setUseOnOOM`): such a request is placed in the
+    /// pool's free space before it is refused.
+    pub fn set_use_on_oom(&self, pool: PoolId, on: bool) -> Result<()> {
+        self.state().pools.set_use_on_oom(pool, on)
+    }
+
+    /// `pool` never splits a segment between blocks (`setNoSplit`, e.g. memory NCCL
+    /// registers whole): each block takes whole segments of its own.
+    pub fn set_no_split(&self, pool: PoolId) -> Result<()> {
+        self.state().pools.set_no_split(pool)
+    }
+
     /// The users of `pool` (`getPoolUseCount`).
     pub fn pool_use_count(&self, pool: PoolId) -> u32 {
         self.state().pools.use_count(pool)
@@ -104,8 +117,14 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
     }
 
     /// Forgets checkpoint `number` (its C++ holder is gone).
-    pub fn drop_checkpoint(&self, number: u64) {
-        self.state().checkpoints.remove(&number);
+    pub fn drop_checkpoint(&self, number: u64) -> Result<()> {
+        match self.state().checkpoints.remove(&number) {
+            Some(_) => Ok(()),
+            None => Err(Error::UnknownCheckpoint {
+                device: self.device,
+                checkpoint: number,
+            }),
+        }
     }
 
     /// Returns the checkpoint's pool to it (`setCheckpointPoolState`): every live block

@@ -36,6 +36,7 @@ use crate::events::StreamEvents;
 use crate::explain::Explanation;
 use crate::facts::DeviceFacts;
 use crate::history::{NO_CONTEXT, TraceAction};
+use crate::oom::Headline;
 use crate::pool_id::PoolId;
 use figures::verdict;
 use graphs::Checkpoint;
@@ -284,8 +285,20 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
             state.retire(&block, NO_CONTEXT);
             return Ok((block.origin, block.ptr, block.bytes));
         }
-        let (token, ptr) = self.take_from_backing(state, bytes, request, quiet)?;
-        Ok((Origin::Device(token), ptr, bytes))
+        if let Some((token, ptr)) = self.take_from_backing(state, bytes, request, quiet)? {
+            return Ok((Origin::Device(token), ptr, bytes));
+        }
+        // As PyTorch does before it raises: pools made with `use_on_oom` serve it.
+        for pool in state.pools.used_on_oom() {
+            if let Some(allocation) = state.pools.try_place(pool, request.stream, bytes)? {
+                return Ok((
+                    Origin::Private { pool, allocation },
+                    allocation.offset,
+                    bytes,
+                ));
+            }
+        }
+        Err(self.refused(state, request))
     }
 
     /// A block of the request's private pool, which takes a segment when it is full.
@@ -296,7 +309,10 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
         quiet: bool,
     ) -> Result<(Origin<B::Token>, u64, u64)> {
         let pool = request.pool;
-        let bytes = pytorch::round_size(request.size);
+        let bytes = state
+            .pools
+            .block_bytes(pool, pytorch::round_size(request.size))
+            .ok_or_else(|| self.refused(state, request))?;
         let placed = |state: &mut State<B::Token, E>| {
             state.pools.try_place(pool, request.stream, bytes).map(|a| {
                 a.map(|allocation| {
@@ -312,7 +328,9 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
             return Ok(found);
         }
         let segment = private::segment_bytes(bytes).ok_or_else(|| self.refused(state, request))?;
-        let (token, ptr) = self.take_from_backing(state, segment, request, quiet)?;
+        let Some((token, ptr)) = self.take_from_backing(state, segment, request, quiet)? else {
+            return Err(self.refused(state, request));
+        };
         if let Err(error) = state
             .pools
             .add_segment(pool, request.stream, token, ptr, segment)
@@ -336,17 +354,18 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
 
     /// `bytes` from the backing, under the memory fraction; refused, it tries once more
     /// (unless `quiet`) after waiting for every freed block and giving the device the
-    /// idle memory (what [`Self::empty_cache`] gives back).
+    /// idle memory (what [`Self::empty_cache`] gives back). `None`: out of memory, for
+    /// the caller to report ([`Self::refused`]).
     fn take_from_backing(
         &self,
         state: &mut State<B::Token, E>,
         bytes: u64,
         request: &Request<E::Stream>,
         quiet: bool,
-    ) -> Result<(B::Token, u64)> {
+    ) -> Result<Option<(B::Token, u64)>> {
         let cap = state.cap.map(|(_, cap)| cap);
         if bytes > self.total_bytes {
-            return Err(self.refused(state, request));
+            return Ok(None);
         }
         let cause = (E::number(request.stream), request.pool, request.context);
         let mut retried = false;
@@ -367,7 +386,7 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
                             }
                             self.note_mapped(state, ptr, cause);
                         }
-                        _ => return Ok((token, ptr)),
+                        _ => return Ok(Some((token, ptr))),
                     }
                 }
                 Err(error) if is_out_of_memory(&error) => {}
@@ -377,7 +396,7 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
                 || state.pools.has_releasable()
                 || self.backing.figures().releasable_bytes > 0;
             if retried || quiet || !more {
-                return Err(self.refused(state, request));
+                return Ok(None);
             }
             // As PyTorch does before it raises: every freed block back, then what
             // `empty_cache` gives back, then once more.
@@ -410,11 +429,32 @@ impl<B: Backing, E: StreamEvents> DeviceAllocator<B, E> {
                 text.push_str(&verdict(&ledger, &figures, request.size));
                 text
             }
-            Err(error) => format!("(the ledger could not be read: {error})"),
+            Err(error) => format!("cudamem: (the ledger could not be read: {error})"),
+        };
+        let held = |v: i64| u64::try_from(v).unwrap_or(0);
+        let (total, free) = self
+            .backing
+            .mem_info()
+            .map_or((self.total_bytes, 0), |m| (m.total, m.free));
+        let headline = Headline {
+            device: self.device,
+            requested: request.size,
+            total,
+            free,
+            allocated: held(state.stats.allocated_bytes.aggregate.current),
+            allocated_private: state
+                .live
+                .values()
+                .filter(|b| b.origin.pool().is_private())
+                .map(|b| b.bytes)
+                .sum(),
+            reserved: held(state.stats.reserved_bytes.aggregate.current),
+            allowed: state.cap.map(|(_, cap)| cap),
         };
         Error::OutOfMemory {
             device: self.device,
             requested: request.size,
+            headline: headline.render(),
             report,
         }
     }

@@ -52,6 +52,12 @@ struct PrivatePool<T, S> {
     heaps: HashMap<S, Tlsf>,
     /// Blocks handed out and not freed, by address.
     live: BTreeSet<u64>,
+    /// Requests of the device's own pool that found no memory may be placed here.
+    use_on_oom: bool,
+    /// Each block's bytes are whole segments ([`SEGMENT_BYTES`] multiples): since
+    /// segments are such multiples too and TLSF places a block at the start of a free
+    /// range, no two blocks share a segment's page.
+    no_split: bool,
 }
 
 impl<T, S> PrivatePool<T, S> {
@@ -62,6 +68,8 @@ impl<T, S> PrivatePool<T, S> {
             segments: BTreeMap::new(),
             heaps: HashMap::new(),
             live: BTreeSet::new(),
+            use_on_oom: false,
+            no_split: false,
         }
     }
 
@@ -172,6 +180,40 @@ impl<T: Copy, S: Copy + Eq + Hash> PrivatePools<T, S> {
             p.heaps.clear();
         }
         Ok(())
+    }
+
+    /// Whether `pool` serves the device pool's requests that found no memory.
+    pub(super) fn set_use_on_oom(&mut self, pool: PoolId, on: bool) -> Result<()> {
+        self.get_mut(pool)?.use_on_oom = on;
+        Ok(())
+    }
+
+    /// `pool` hands each block whole segments of its own from now on.
+    pub(super) fn set_no_split(&mut self, pool: PoolId) -> Result<()> {
+        self.get_mut(pool)?.no_split = true;
+        Ok(())
+    }
+
+    /// The bytes a block of `bytes` takes in `pool`: `bytes`, or whole segments in a
+    /// pool that splits none; `None` on overflow.
+    pub(super) fn block_bytes(&self, pool: PoolId, bytes: u64) -> Option<u64> {
+        if self.pools.get(&pool).is_some_and(|p| p.no_split) {
+            segment_bytes(bytes)
+        } else {
+            Some(bytes)
+        }
+    }
+
+    /// The live pools that serve the device pool's requests that found no memory.
+    pub(super) fn used_on_oom(&self) -> Vec<PoolId> {
+        let mut pools: Vec<PoolId> = self
+            .pools
+            .iter()
+            .filter(|(_, p)| p.use_on_oom && !p.released())
+            .map(|(id, _)| *id)
+            .collect();
+        pools.sort_unstable_by_key(|id| id.pair());
+        pools
     }
 
     /// The pool's use count (`getPoolUseCount`); 0 for a pool the device lacks.
