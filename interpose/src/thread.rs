@@ -55,6 +55,7 @@ pub fn arm_copy_page() {
 /// Whether this process is a copy no `fork` handler saw: true once, to the
 /// first caller after the copy (the recorder, which makes the copy's own
 /// log). The thread id is asked of the kernel anew.
+#[inline(always)]
 pub fn take_copy() -> bool {
     notice_copy();
     COPIED.load(Ordering::Relaxed) && COPIED.swap(false, Ordering::AcqRel)

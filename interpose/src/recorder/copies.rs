@@ -46,10 +46,16 @@ fn forget_program_reads() {
 /// is left as it was, never dropped (memory the parent's other threads
 /// allocated may belong to an allocator arena whose lock one of them held
 /// at the copy); its lock, held by one of those threads, is replaced.
+#[inline(always)]
 pub(super) fn copy_check() {
-    if !take_copy() {
-        return;
+    if take_copy() {
+        adopt_copy();
     }
+}
+
+#[cold]
+#[inline(never)]
+fn adopt_copy() {
     forget_program_reads();
     START_NS.store(0, Ordering::Release);
     LIVE.store(0, Ordering::Relaxed);

@@ -374,7 +374,6 @@ fn record_fast_unguarded<R>(
     before: impl FnOnce(&mut State),
     after: impl FnOnce(&mut State) -> R,
 ) -> Option<R> {
-    copy_check();
     let start = START_NS.load(Ordering::Acquire);
     let formatted = start != 0 && LOGGING.load(Ordering::Acquire);
     let record = Record {
@@ -396,15 +395,25 @@ fn record_fast_unguarded<R>(
             let line = line.borrow();
             with(|state| {
                 before(state);
-                state.append(&line, &record);
+                if state.start_ns == start {
+                    state.append(&line, &record);
+                } else {
+                    // A copy of the process (`fork`, `clone`) started its
+                    // own state meanwhile: stamped from its start.
+                    state.emit_record(Record {
+                        time_ns: state.now(),
+                        ..record
+                    });
+                }
                 after(state)
             })
         })
     } else {
         with(|state| {
             before(state);
-            // Stamped before the state (and its start) existed: stamp again.
-            let time_ns = if start == 0 {
+            // Stamped before the state (and its start) existed, or by its
+            // parent's: stamp again.
+            let time_ns = if start != state.start_ns {
                 state.now()
             } else {
                 record.time_ns
