@@ -194,3 +194,18 @@ fn a_gzip_of_many_members_reads_whole() {
     assert_eq!(traces[0].events.len(), 20_000);
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn a_blocks_problem_is_said_once() {
+    let weird = dict(vec![
+        ("address", Py::Int(BASE)),
+        ("size", Py::Int(2 * MIB)),
+        ("state", s("weird")),
+    ]);
+    let state = snapshot_of(vec![segment(0, BASE, 2 * MIB, vec![weird])], vec![]);
+    let text = said(&state, "weird-block.pickle", &["explain", "--snapshot"]);
+    assert!(
+        text.ends_with("segments[0]: malformed record: block 0: unknown \"state\" \"weird\""),
+        "{text}"
+    );
+}

@@ -484,7 +484,11 @@ fn segment(walk: &mut Walk<'_>, value: Value) -> Result<Segment, Problem> {
         });
     }
     for (index, block) in blocks.iter().enumerate() {
-        let in_block = |problem: Problem| Problem::Malformed(format!("block {index}: {problem}"));
+        // Said once: "malformed record: block 3: unknown ...", not twice.
+        let in_block = |problem: Problem| match problem {
+            Problem::Malformed(text) => Problem::Malformed(format!("block {index}: {text}")),
+            other => Problem::Malformed(format!("block {index}: {other}")),
+        };
         if pickle.pairs(block).is_none() {
             return Err(in_block(Problem::Malformed(format!(
                 "is a {}, not a dict",
