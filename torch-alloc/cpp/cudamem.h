@@ -1,4 +1,4 @@
-/* The C ABI of libcudamem_torch (torch-alloc/src/ffi.rs): every function and struct
+/* The C ABI of libcudamem_torch (torch-alloc/src/ffi/): every function and struct
  * the C++ backend calls. Calls return CUDAMEM_OK, CUDAMEM_OUT_OF_MEMORY or
  * CUDAMEM_ERROR; after a failure, cudamem_last_error gives the calling thread's
  * message (for out of memory: the device's ledger). Addresses and sizes are bytes. */

@@ -34,7 +34,7 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "the CUDA backend: the only code that calls the driver",
     ),
     (
-        "torch-alloc/src/ffi.rs",
+        "torch-alloc/src/ffi/",
         "the C ABI shell PyTorch's pluggable allocator calls through",
     ),
     (
