@@ -209,7 +209,7 @@ fn one_list_as_many_devices(devices: usize) -> Vec<u8> {
 
 #[test]
 fn one_event_list_shared_by_many_devices_is_refused() {
-    let bytes = one_list_as_many_devices(2000);
+    let bytes = one_list_as_many_devices(trace::snapshot::MAX_DEVICES - 1);
     let path = write_file("devices.pickle", &bytes);
     let (result, peak) = peak_during(|| load(&path));
     assert!(matches!(
@@ -227,9 +227,9 @@ fn one_event_list_shared_by_many_devices_is_refused() {
 
 #[test]
 fn one_device_of_many_is_read_alone() {
-    // The same list named as 2,000 devices: all of them are past the
-    // budget, one of them is 2,000 entries and is read.
-    let bytes = one_list_as_many_devices(2000);
+    // The same list named as 128 devices (the most PyTorch numbers): all are past the
+    // budget together, one of them is 2,000 entries and is read.
+    let bytes = one_list_as_many_devices(trace::snapshot::MAX_DEVICES - 1);
     let path = write_file("one-device.pickle", &bytes);
     let (result, peak) = peak_during(|| load_device(&path, Some(7)));
     let traces = result.expect("one device's entries are within the budget");
@@ -245,7 +245,7 @@ fn one_device_of_many_is_read_alone() {
     match err.problem {
         Problem::NoEventsForDevice { device, present } => {
             assert_eq!(device, 5000);
-            assert_eq!(present.len(), 2001);
+            assert_eq!(present.len(), trace::snapshot::MAX_DEVICES);
         }
         other => panic!("{other:?}"),
     }
@@ -450,6 +450,7 @@ proptest! {
                     err.problem,
                     Problem::OverBudget { .. }
                         | Problem::NotSnapshot(_)
+                        | Problem::TooManyDevices { .. }
                         | Problem::LivePointer(_)
                         | Problem::UnknownPointer(_)
                 ),

@@ -39,6 +39,7 @@ fn a_pytorch_snapshot_replays() {
 
     // Frees only requested (no completions recorded), gzipped.
     let requested_only = snapshot(vec![vec![
+        entry("segment_alloc", base, 2 * MIB),
         entry("alloc", base, 100),
         entry("free_requested", base, 100),
         entry("alloc", base, 300),

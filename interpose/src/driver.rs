@@ -138,11 +138,16 @@ impl Sym {
 macro_rules! call_driver {
     ($sym:expr, fn($($ty:ty),*) $(, $arg:expr)*) => {
         match $sym.addr(false) {
-            // SAFETY: the driver exports this name with this C signature
-            // (cuda.h), and the arguments are valid for it.
-            Some(addr) => Some(unsafe {
-                std::mem::transmute::<usize, unsafe extern "C" fn($($ty),*) -> $crate::driver::CuResult>(addr)($($arg),*)
-            }),
+            Some(addr) => {
+                // The interposer's own call: never where the program's
+                // thread is cancelled.
+                let _no_cancel = $crate::thread::NoCancel::hold();
+                // SAFETY: the driver exports this name with this C signature
+                // (cuda.h), and the arguments are valid for it.
+                Some(unsafe {
+                    std::mem::transmute::<usize, unsafe extern "C" fn($($ty),*) -> $crate::driver::CuResult>(addr)($($arg),*)
+                })
+            }
             None => None,
         }
     };

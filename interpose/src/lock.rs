@@ -140,6 +140,7 @@ impl<T: 'static> Lock<T> {
     /// or waiting on something this thread holds); `None` when this thread
     /// holds it or the time ran out.
     pub fn lock_within(&self, limit: Duration) -> Option<Guard<'_, T>> {
+        let _no_cancel = crate::thread::NoCancel::hold();
         let start = Instant::now();
         loop {
             if let Some(guard) = self.try_lock() {

@@ -21,6 +21,8 @@ use std::ptr;
 
 use trace::event::MAX_LINE_BYTES;
 
+use crate::thread::NoCancel;
+
 /// Bytes mapped at a time.
 const WINDOW: u64 = 4 << 20;
 /// Window starts are multiples of this (a multiple of every page size).
@@ -61,6 +63,7 @@ impl LogFile {
     /// `max_bytes` long. Records already there stay; writing continues after
     /// the last whole one.
     pub fn open(path: &CStr, max_bytes: u64) -> Option<LogFile> {
+        let _no_cancel = NoCancel::hold();
         // Only the owner reads a log: it names what the program allocated
         // and the libraries it loaded. A link in its place is not followed.
         // SAFETY: open of a C string path; the descriptor is owned here.
@@ -169,6 +172,7 @@ impl LogFile {
         if mapped && self.file_len >= end {
             return true;
         }
+        let _no_cancel = NoCancel::hold();
         match self.reopen() {
             Some(fd) => self.reach_with(fd.as_raw_fd(), len),
             None => false,
@@ -241,6 +245,7 @@ impl LogFile {
     /// Cut the file to its records (at an orderly end; writing may go on
     /// afterwards and grows it again).
     pub fn cut_to_records(&mut self) {
+        let _no_cancel = NoCancel::hold();
         let pos = self.pos;
         // SAFETY: ftruncate of the log's own file; the mapping past the new
         // end is not written until `reach` grows the file again.

@@ -52,6 +52,7 @@ pub fn stopped() -> bool {
 
 /// Print an explanation on stderr, in one write where it fits.
 pub fn print(text: &str) {
+    let _no_cancel = crate::thread::NoCancel::hold();
     let mut rest = text.as_bytes();
     while !rest.is_empty() {
         // SAFETY: writing our own buffer to descriptor 2.

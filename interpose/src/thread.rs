@@ -10,6 +10,40 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 
+/// `PTHREAD_CANCEL_DISABLE` (glibc).
+const PTHREAD_CANCEL_DISABLE: libc::c_int = 1;
+
+unsafe extern "C" {
+    fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+}
+
+/// While alive, a `pthread_cancel` of this thread waits: the interposer's
+/// own system calls (opening its log, writing to stderr, sleeping) and
+/// driver calls are never where a thread of the program is cancelled (a
+/// cancellation there would unwind through the interposer, holding its
+/// lock). The cancellation acts at the program's next cancellation point,
+/// as it would alone.
+pub struct NoCancel(libc::c_int);
+
+impl NoCancel {
+    /// Hold cancellation off until dropped.
+    pub fn hold() -> NoCancel {
+        let mut old = 0;
+        // SAFETY: sets this thread's cancel state, writing the old one to
+        // our local.
+        unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut old) };
+        NoCancel(old)
+    }
+}
+
+impl Drop for NoCancel {
+    fn drop(&mut self) {
+        let mut old = 0;
+        // SAFETY: puts back the state `hold` found.
+        unsafe { pthread_setcancelstate(self.0, &mut old) };
+    }
+}
+
 /// `MADV_WIPEONFORK`.
 const MADV_WIPEONFORK: libc::c_int = 18;
 

@@ -313,13 +313,81 @@ impl<R: BufRead> BufRead for Counted<R> {
 /// zero bytes after the last member (padding some writers add to fill a
 /// block) end the stream, anything else there is an error.
 struct Members<R: BufRead> {
-    member: Option<GzDecoder<R>>,
+    member: Option<GzDecoder<Lookahead<R>>>,
 }
 
 impl<R: BufRead> Members<R> {
     fn new(input: R) -> Self {
         Self {
-            member: Some(GzDecoder::new(input)),
+            member: Some(GzDecoder::new(Lookahead {
+                inner: input,
+                held: [0; 2],
+                held_len: 0,
+                held_at: 0,
+            })),
+        }
+    }
+}
+
+/// A buffered input that can look at its next two bytes even where they
+/// straddle the end of the inner buffer (a member's magic split there is
+/// still a member).
+struct Lookahead<R> {
+    inner: R,
+    /// Bytes taken from `inner` to look at, not yet consumed.
+    held: [u8; 2],
+    held_len: usize,
+    held_at: usize,
+}
+
+impl<R: BufRead> Lookahead<R> {
+    /// Whether the next bytes are a gzip member's magic; `None` at the end.
+    fn at_member(&mut self) -> io::Result<Option<bool>> {
+        let rest = self.fill_buf()?;
+        if rest.len() >= GZIP_MAGIC.len() || rest.is_empty() {
+            return Ok((!rest.is_empty()).then(|| rest.starts_with(&GZIP_MAGIC)));
+        }
+        // One byte here (or held): take it and the next into `held`.
+        let first = rest[0];
+        self.consume(1);
+        self.held = [first, 0];
+        self.held_len = 1;
+        self.held_at = 0;
+        let next = self.inner.fill_buf()?;
+        if let Some(&second) = next.first() {
+            self.inner.consume(1);
+            self.held[1] = second;
+            self.held_len = 2;
+        }
+        Ok(Some(self.held[..self.held_len] == GZIP_MAGIC))
+    }
+}
+
+impl<R: BufRead> Read for Lookahead<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let rest = self.fill_buf()?;
+        let length = rest.len().min(buf.len());
+        buf[..length].copy_from_slice(&rest[..length]);
+        self.consume(length);
+        Ok(length)
+    }
+}
+
+impl<R: BufRead> BufRead for Lookahead<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        if self.held_at < self.held_len {
+            return Ok(&self.held[self.held_at..self.held_len]);
+        }
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amount: usize) {
+        let held = self.held_len - self.held_at;
+        if held > 0 {
+            self.held_at += amount.min(held);
+            self.inner.consume(amount.saturating_sub(held));
+        } else {
+            self.inner.consume(amount);
         }
     }
 }
@@ -337,8 +405,7 @@ impl<R: BufRead> Read for Members<R> {
             let Some(mut input) = self.member.take().map(GzDecoder::into_inner) else {
                 return Ok(0);
             };
-            let rest = input.fill_buf()?;
-            if rest.starts_with(&GZIP_MAGIC) {
+            if input.at_member()? == Some(true) {
                 self.member = Some(GzDecoder::new(input));
                 continue;
             }
@@ -464,6 +531,37 @@ mod tests {
         let mut encoder = GzEncoder::new(Vec::new(), Compression::best());
         encoder.write_all(bytes).unwrap();
         encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn members_split_anywhere_by_the_buffer_are_read_whole() {
+        // Three members, zero padding after them: read through buffers of
+        // every small size, so a member's magic falls across each boundary.
+        let mut bytes = gzip(b"first,");
+        bytes.extend(gzip(b"second,"));
+        bytes.extend(gzip(b"third"));
+        bytes.extend([0; 5]);
+        for capacity in 1..=8 {
+            let input = io::BufReader::with_capacity(capacity, io::Cursor::new(&bytes));
+            let mut text = String::new();
+            Members::new(input).read_to_string(&mut text).unwrap();
+            assert_eq!(text, "first,second,third", "buffer of {capacity}");
+        }
+        // A byte that is neither a member nor padding is still refused,
+        // split or not.
+        let mut bad = gzip(b"x");
+        bad.extend([0x1f, 0x00]);
+        for capacity in 1..=4 {
+            let input = io::BufReader::with_capacity(capacity, io::Cursor::new(&bad));
+            let err = Members::new(input)
+                .read_to_end(&mut Vec::new())
+                .unwrap_err();
+            assert_eq!(
+                err.kind(),
+                io::ErrorKind::InvalidData,
+                "buffer of {capacity}"
+            );
+        }
     }
 
     fn read_with(bytes: &[u8], limits: ReadBudget) -> Result<Vec<Trace>, TraceError> {

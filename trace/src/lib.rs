@@ -48,6 +48,19 @@ pub const QUOTE_CHARS: usize = 80;
 /// arithmetic on it can never overflow.
 pub const MAX_REQUEST_BYTES: u64 = 1 << 48;
 
+/// A segment the recording allocator reserved or gave back (a snapshot's
+/// history, a CSV's segment rows) is held to the bound of a request: no
+/// device reserves more at once.
+pub(crate) fn check_segment_size(size: u64) -> Result<(), Problem> {
+    if size > MAX_REQUEST_BYTES {
+        return Err(Problem::BadSize {
+            text: size.to_string(),
+            why: "exceeds 2^48 bytes (256 TiB), more than any GPU can reserve",
+        });
+    }
+    Ok(())
+}
+
 /// One allocator call of a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
@@ -146,6 +159,17 @@ pub enum Problem {
         device: u32,
         /// The devices whose lists hold events.
         present: Vec<u32>,
+    },
+    /// More device lists, or a higher device number, than PyTorch can
+    /// number (its device index, `c10::DeviceIndex`, is 8 bits).
+    #[error(
+        "{what}; PyTorch numbers at most {} devices (its device index, c10::DeviceIndex, is 8 \
+         bits)",
+        snapshot::MAX_DEVICES
+    )]
+    TooManyDevices {
+        /// What the snapshot says: "device_traces lists 200000 devices".
+        what: String,
     },
     /// A device the snapshot holds nothing of (no segment, no history).
     #[error(
@@ -319,6 +343,10 @@ pub enum Oddity {
     FreeSizeDiffers,
     /// An allocation whose bytes overlap a live allocation's.
     OverlapsLive,
+    /// Segment records that reserve less, at their peak, than the
+    /// allocations hold at theirs: the recording allocator's figures
+    /// cannot be right, and are left out.
+    ReservedBelowLive,
 }
 
 impl Oddity {
@@ -329,6 +357,10 @@ impl Oddity {
                 "frees whose size differs from their allocation's (the allocation's is replayed)"
             }
             Oddity::OverlapsLive => "allocations overlapping a live allocation's bytes",
+            Oddity::ReservedBelowLive => {
+                "segment records reserving less than the allocations hold (the recording \
+                 allocator's reserved figures are left out)"
+            }
         }
     }
 }
@@ -433,6 +465,22 @@ pub struct Recorded {
 }
 
 impl Trace {
+    /// Keep `recorded` only where it can be right: an allocator never holds
+    /// less than its live blocks, so segments reserving less at their peak
+    /// than the allocations hold at theirs are noted and left out.
+    pub(crate) fn set_recorded(&mut self, recorded: Recorded) {
+        if recorded.peak_reserved_bytes < self.peak_live_bytes {
+            self.noted.push(Noted {
+                oddity: Oddity::ReservedBelowLive,
+                count: 1,
+                first: Location::File,
+            });
+            self.recorded = None;
+        } else {
+            self.recorded = Some(recorded);
+        }
+    }
+
     /// The stack the allocation at `event` was made from, as an index of
     /// [`Trace::stacks`], where the trace recorded one.
     pub fn stack_at(&self, event: usize) -> Option<u32> {

@@ -63,6 +63,11 @@ fn main() -> ExitCode {
 fn run(args: Vec<String>) -> Result<()> {
     let root = workspace_root();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // `--help` anywhere asks for the usage: never a folder named `--help`.
+    if args.iter().any(|arg| matches!(*arg, "--help" | "-h")) {
+        println!("{USAGE}");
+        return Ok(());
+    }
     match args.as_slice() {
         ["ci"] => ci::run(&root),
         ["cuda-tools"] => cuda_tools::install(&root, cuda_tools::ToolSet::Ptxas).map(drop),
@@ -78,6 +83,11 @@ fn run(args: Vec<String>) -> Result<()> {
             Ok(())
         }
         ["gpu-test"] => gpu_test::run(&root),
+        ["gpu-bundle", option] if option.starts_with('-') => {
+            bail!(
+                "gpu-bundle: unknown option {option:?} (a folder named so: ./{option})\n\n{USAGE}"
+            )
+        }
         ["gpu-bundle", dir] => gpu_bundle::run(&root, Path::new(dir), gpu_bundle::DEFAULT_MAX_MIB),
         ["gpu-bundle", "--max-mib", mib, dir] => {
             gpu_bundle::run(&root, Path::new(dir), parse_mib(mib)?)
@@ -156,5 +166,17 @@ mod tests {
         for flag in ["help", "--help", "-h"] {
             assert!(run(vec![flag.to_owned()]).is_ok(), "{flag}");
         }
+        // After a command too, and nothing is built.
+        for command in ["gpu-bundle", "ci", "ptx"] {
+            assert!(run(vec![command.to_owned(), "--help".to_owned()]).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_bundle_folder_that_looks_like_an_option_is_refused() {
+        let error = run(vec!["gpu-bundle".into(), "--dry-run".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown option \"--dry-run\""), "{error}");
     }
 }

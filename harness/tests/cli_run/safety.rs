@@ -387,3 +387,26 @@ fn an_environment_too_big_for_the_interposers_settings_is_refused_saying_why() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_thread_cancelled_while_it_calls_the_driver_is_cancelled_as_alone() {
+    // The pending cancellation must act at the program's own cancellation
+    // point, never inside the interposer (its log's file calls are
+    // cancellation points): there it aborted the program.
+    let hostile = program("hostile");
+    let by_itself = alone(&[&hostile, "cancel"]);
+    assert_eq!(text(&by_itself.stdout), "cancel: 20 of 20 cancelled\n");
+    let trace = temp_path("cancel.csv");
+    let output = under_cudamem(
+        &["--trace", trace.to_str().unwrap(), "--", &hostile, "cancel"],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(output.stdout, by_itself.stdout);
+    let logs = event_logs(&trace);
+    let log = text(&std::fs::read(&logs[0]).unwrap());
+    assert_eq!(records(&log, "exit").len(), 1);
+    // Every allocation but those a cancelled thread left is freed.
+    let (allocs, frees) = (records(&log, "alloc").len(), records(&log, "free").len());
+    assert!(allocs >= frees && allocs - frees <= 20, "{allocs} {frees}");
+}

@@ -121,3 +121,24 @@ fn a_driver_that_loads_is_not_called_missing() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_programs_own_search_path_still_finds_the_driver() {
+    // Only the program's RUNPATH names the fake driver's folder: its dlopen
+    // finds it only if the loader still sees the program as the caller
+    // (the interposer's dlopen notes the name and jumps on unchanged).
+    let empty = support::temp_path("no-path");
+    std::fs::create_dir(&empty).unwrap();
+    let output = run(
+        &["--", &program("cuda_dynamic"), "open", DRIVER_NAME],
+        &[("LD_LIBRARY_PATH", empty.to_str().unwrap())],
+    );
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        text(&output.stdout).contains("opened libcuda.so.1"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("asked the loader"), "{stderr}");
+    std::fs::remove_dir(&empty).unwrap();
+}

@@ -177,6 +177,7 @@ struct Segments {
 
 impl Segments {
     fn add(&mut self, size: u64, alloc: bool) -> Result<(), Problem> {
+        crate::check_segment_size(size)?;
         self.seen = true;
         if alloc {
             self.reserved += i128::from(size);
@@ -227,7 +228,7 @@ impl Segments {
                 crate::Event::Free { id } => live = live.saturating_sub(sizes[id as usize]),
             }
         }
-        trace.recorded = Some(Recorded {
+        trace.set_recorded(Recorded {
             reserved,
             peak_reserved_bytes: bytes(self.high),
             peak_allocated_bytes: peak,

@@ -124,6 +124,10 @@ pub fn root(path: &Path, pickle: &Pickle) -> Result<Value, TraceError> {
     Ok(root)
 }
 
+/// The most devices a PyTorch snapshot can list: PyTorch numbers devices
+/// with an 8-bit index (`c10::DeviceIndex`).
+pub const MAX_DEVICES: usize = 128;
+
 /// The traces of a read snapshot, one per device with events (only
 /// `device`'s when given); the entries read together (a list shared by
 /// several devices counted once per device) within `budget.events`.
@@ -155,6 +159,11 @@ pub fn traces(
         )));
     };
 
+    if devices.len() > MAX_DEVICES {
+        return Err(whole(Problem::TooManyDevices {
+            what: format!("device_traces lists {} devices", devices.len()),
+        }));
+    }
     let mut lists = Vec::with_capacity(devices.len());
     for (device, entries) in devices.iter().enumerate() {
         let Some(entries) = pickle.items(entries) else {
@@ -203,7 +212,12 @@ pub fn traces(
         } else {
             name.to_string()
         };
-        let reserved_at_dump = dump_reserved(pickle, root, device);
+        let reserved_at_dump =
+            dump_reserved(pickle, root, device).map_err(|(index, problem)| TraceError {
+                path: path.to_path_buf(),
+                location: Location::Segment { index },
+                problem,
+            })?;
         let trace = parse_device(
             pickle,
             &mut stacks,
@@ -337,6 +351,7 @@ fn parse_device(
             "segment_alloc" | "segment_map" => {
                 let addr = integer(pickle, entry, "addr").map_err(fail)?;
                 let size = integer(pickle, entry, "size").map_err(fail)?;
+                crate::check_segment_size(size).map_err(fail)?;
                 if action == "segment_alloc" {
                     model.segment_alloc(addr, size);
                 } else {
@@ -356,6 +371,7 @@ fn parse_device(
             "segment_free" | "segment_unmap" => {
                 let addr = integer(pickle, entry, "addr").map_err(fail)?;
                 let size = integer(pickle, entry, "size").map_err(fail)?;
+                crate::check_segment_size(size).map_err(fail)?;
                 if action == "segment_free" {
                     model.segment_free(addr, size);
                 } else {
@@ -395,7 +411,7 @@ fn parse_device(
     trace.device = Some(device as usize);
     trace.stacks = stack_texts;
     trace.alloc_stacks = alloc_stacks;
-    trace.recorded = Some(Recorded {
+    trace.set_recorded(Recorded {
         reserved: reserved_curve,
         peak_reserved_bytes: reserved(history_high),
         peak_allocated_bytes: model.peak_allocated_bytes(),
@@ -407,20 +423,33 @@ fn parse_device(
 
 /// Bytes the snapshot's segments of `device` hold at the dump, where its
 /// segments can be read (`None` where not: a history alone is read as it
-/// counts).
-fn dump_reserved(pickle: &Pickle, root: Value, device: u32) -> Option<u64> {
-    let segments = pickle.items(pickle.get(root, "segments")?)?;
+/// counts); a segment larger than any device can reserve is refused (its
+/// index in `segments`, and why).
+fn dump_reserved(pickle: &Pickle, root: Value, device: u32) -> Result<Option<u64>, (u64, Problem)> {
+    let Some(segments) = pickle
+        .get(root, "segments")
+        .and_then(|list| pickle.items(list))
+    else {
+        return Ok(None);
+    };
     let mut total = 0u64;
-    for segment in segments.iter() {
+    for (index, segment) in (0u64..).zip(segments.iter()) {
         let on = match pickle.get(segment, "device") {
             Some(Value::Int(on)) => on,
             _ => 0,
         };
         if on == i64::from(device) {
-            total = total.checked_add(integer(pickle, segment, "total_size").ok()?)?;
+            let Ok(size) = integer(pickle, segment, "total_size") else {
+                return Ok(None);
+            };
+            crate::check_segment_size(size).map_err(|problem| (index, problem))?;
+            let Some(sum) = total.checked_add(size) else {
+                return Ok(None);
+            };
+            total = sum;
         }
     }
-    Some(total)
+    Ok(Some(total))
 }
 
 /// A trace entry's action.

@@ -453,8 +453,18 @@ fn segment(walk: &mut Walk<'_>, value: Value) -> Result<Segment, Problem> {
             Pickle::kind(blocks)
         )));
     };
+    // No "device": device 0, as PyTorch's older snapshots had it.
+    let device = match pickle.get(value, "device") {
+        None => 0,
+        Some(_) => integer(pickle, value, "device")?,
+    };
+    if device >= super::MAX_DEVICES as u64 {
+        return Err(Problem::TooManyDevices {
+            what: format!("\"device\" is {device}"),
+        });
+    }
     let mut segment = Segment {
-        device: integer(pickle, value, "device").unwrap_or(0),
+        device,
         address: integer(pickle, value, "address")?,
         total_bytes,
         allocated_bytes: 0,
@@ -474,7 +484,11 @@ fn segment(walk: &mut Walk<'_>, value: Value) -> Result<Segment, Problem> {
         });
     }
     for (index, block) in blocks.iter().enumerate() {
-        let in_block = |problem: Problem| Problem::Malformed(format!("block {index}: {problem}"));
+        // Said once: "malformed record: block 3: unknown ...", not twice.
+        let in_block = |problem: Problem| match problem {
+            Problem::Malformed(text) => Problem::Malformed(format!("block {index}: {text}")),
+            other => Problem::Malformed(format!("block {index}: {other}")),
+        };
         if pickle.pairs(block).is_none() {
             return Err(in_block(Problem::Malformed(format!(
                 "is a {}, not a dict",
