@@ -75,13 +75,13 @@ const SPEC_SHEET: &str = "NVIDIA spec sheet (SMs, memory: nominal capacity, the 
                           is a little lower); CUDA programming guide, compute capability table \
                           (threads per SM); driver and context costs not measured on this model";
 
-/// A model known only from its data sheets.
+/// A model known only from its data sheets, its memory given in GiB.
 const fn spec_sheet(
     name: &'static str,
     full_name: &'static str,
     sm_count: u32,
     max_threads_per_sm: u32,
-    total_bytes: u64,
+    total_gib: u64,
     compute_capability: (u32, u32),
 ) -> DeviceProfile {
     DeviceProfile {
@@ -89,7 +89,7 @@ const fn spec_sheet(
         full_name,
         sm_count,
         max_threads_per_sm,
-        total_bytes,
+        total_bytes: total_gib * GIB,
         compute_capability,
         context_baseline_bytes: None,
         first_module_bytes: None,
@@ -120,39 +120,18 @@ static BUILTIN: [DeviceProfile; 13] = [
         source: "measured on an H200 with driver 580.159.04: SMs, threads per SM, the \
                  driver's total, driver and context, module costs, local memory granule",
     },
-    spec_sheet("a100-40gb", "NVIDIA A100 40GB", 108, 2048, 40 * GIB, (8, 0)),
-    spec_sheet("a100-80gb", "NVIDIA A100 80GB", 108, 2048, 80 * GIB, (8, 0)),
-    spec_sheet("h100", "NVIDIA H100 SXM5 80GB", 132, 2048, 80 * GIB, (9, 0)),
-    spec_sheet(
-        "h100-pcie",
-        "NVIDIA H100 PCIe 80GB",
-        114,
-        2048,
-        80 * GIB,
-        (9, 0),
-    ),
-    spec_sheet("l40s", "NVIDIA L40S", 142, 1536, 48 * GIB, (8, 9)),
-    spec_sheet("l4", "NVIDIA L4", 58, 1536, 24 * GIB, (8, 9)),
-    spec_sheet("a10", "NVIDIA A10", 72, 1536, 24 * GIB, (8, 6)),
-    spec_sheet("t4", "NVIDIA T4", 40, 1024, 16 * GIB, (7, 5)),
-    spec_sheet("v100", "NVIDIA V100 SXM2 32GB", 80, 2048, 32 * GIB, (7, 0)),
-    spec_sheet(
-        "rtx4090",
-        "NVIDIA GeForce RTX 4090",
-        128,
-        1536,
-        24 * GIB,
-        (8, 9),
-    ),
-    spec_sheet(
-        "rtx3090",
-        "NVIDIA GeForce RTX 3090",
-        82,
-        1536,
-        24 * GIB,
-        (8, 6),
-    ),
-    spec_sheet("gtx280", "NVIDIA GeForce GTX 280", 30, 1024, GIB, (1, 3)),
+    spec_sheet("a100-40gb", "NVIDIA A100 40GB", 108, 2048, 40, (8, 0)),
+    spec_sheet("a100-80gb", "NVIDIA A100 80GB", 108, 2048, 80, (8, 0)),
+    spec_sheet("h100", "NVIDIA H100 SXM5 80GB", 132, 2048, 80, (9, 0)),
+    spec_sheet("h100-pcie", "NVIDIA H100 PCIe 80GB", 114, 2048, 80, (9, 0)),
+    spec_sheet("l40s", "NVIDIA L40S", 142, 1536, 48, (8, 9)),
+    spec_sheet("l4", "NVIDIA L4", 58, 1536, 24, (8, 9)),
+    spec_sheet("a10", "NVIDIA A10", 72, 1536, 24, (8, 6)),
+    spec_sheet("t4", "NVIDIA T4", 40, 1024, 16, (7, 5)),
+    spec_sheet("v100", "NVIDIA V100 SXM2 32GB", 80, 2048, 32, (7, 0)),
+    spec_sheet("rtx4090", "NVIDIA GeForce RTX 4090", 128, 1536, 24, (8, 9)),
+    spec_sheet("rtx3090", "NVIDIA GeForce RTX 3090", 82, 1536, 24, (8, 6)),
+    spec_sheet("gtx280", "NVIDIA GeForce GTX 280", 30, 1024, 1, (1, 3)),
 ];
 
 impl DeviceProfile {

@@ -12,18 +12,6 @@ use ctx::{
 
 const MIB: u64 = 1 << 20;
 
-/// A small xorshift generator, so every run is the same.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// The bytes block `tag` holds: every 8 bytes name the tag and their place.
 fn pattern(tag: u64, len: u64) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(len as usize + 8);
@@ -79,15 +67,15 @@ fn contents_survive_other_blocks_allocate_free_and_trim() {
         ..StitchConfig::default()
     };
     let pool = pool(512 * MIB, stitch);
-    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let mut rng = fastrand::Rng::with_seed(0x5eed_1234_abcd_0001);
     let mut live: Vec<(u64, u64, u64)> = Vec::new();
     for step in 0..300u64 {
-        match rng.below(10) {
+        match rng.u64(..10) {
             0..=4 => {
-                let size = match rng.below(4) {
-                    0 => 1 + rng.below(4096),
-                    1 | 2 => 1 + rng.below(3 * MIB),
-                    _ => 8 * MIB + rng.below(20 * MIB),
+                let size = match rng.u64(..4) {
+                    0 => 1 + rng.u64(..4096),
+                    1 | 2 => 1 + rng.u64(..3 * MIB),
+                    _ => 8 * MIB + rng.u64(..20 * MIB),
                 };
                 let ptr = pool.allocate(size).unwrap();
                 assert_eq!(ptr % 512, 0);
@@ -95,7 +83,7 @@ fn contents_survive_other_blocks_allocate_free_and_trim() {
                 live.push((ptr, step, size));
             }
             5..=8 if !live.is_empty() => {
-                let (ptr, tag, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                let (ptr, tag, size) = live.swap_remove(rng.usize(..live.len()));
                 assert_holds(&pool, ptr, tag, size, "before its free");
                 pool.free(ptr).unwrap();
             }
@@ -262,11 +250,11 @@ fn eight_threads_share_one_pool() {
         .map(|thread| {
             let pool = Arc::clone(&pool);
             std::thread::spawn(move || {
-                let mut rng = Rng(0x9e37_79b9 + thread);
+                let mut rng = fastrand::Rng::with_seed(0x9e37_79b9 + thread);
                 let mut mine = Vec::new();
                 for step in 0..150u64 {
-                    if mine.len() < 6 && rng.below(3) != 0 {
-                        let size = 1 + rng.below(5 * MIB);
+                    if mine.len() < 6 && rng.u64(..3) != 0 {
+                        let size = 1 + rng.u64(..5 * MIB);
                         let tag = thread << 16 | step;
                         let ptr = pool.allocate(size).unwrap();
                         write(&pool, ptr, tag, size);

@@ -111,9 +111,13 @@ fn pairs(dir: &Path, libraries: &[PathBuf], logs: &Path, program: &str, args: &[
 }
 
 fn main() {
-    let base = std::env::temp_dir().join(format!("cudamem-hook-bench-{}", std::process::id()));
-    let dir = base.join("fixtures");
-    let logs = base.join("logs");
+    // Removed when dropped, on a panic too.
+    let base = tempfile::Builder::new()
+        .prefix("cudamem-interpose-bench-")
+        .tempdir()
+        .unwrap();
+    let dir = base.path().join("fixtures");
+    let logs = base.path().join("logs");
     fixtures(&dir);
     let mut libraries = vec![hook_library()];
     let mut names = vec!["this build".to_string()];
@@ -207,5 +211,4 @@ fn main() {
             (logged - bare) / per
         );
     }
-    let _ = std::fs::remove_dir_all(&base);
 }

@@ -113,6 +113,8 @@ fn notice_copy() {
 fn noticed(armed: &AtomicU8) {
     armed.store(1, Ordering::Relaxed);
     forget_thread_id();
+    // No record is formatted against the parent's start from here on.
+    crate::recorder::forget_start();
     COPIED.store(true, Ordering::Release);
 }
 

@@ -20,21 +20,10 @@
 #   /usr/local/cuda/bin/nvcc), SIZES (GiB, default "1 4 16 32"),
 #   STEP_TIMEOUT (seconds per step, default 300).
 set -u
-if [ $# -ne 2 ]; then
-  echo "usage: gpu_check.sh BUNDLE OUTDIR" >&2
-  exit 2
-fi
-bundle="$(cd "$1" && pwd)"
-mkdir -p "$2"
-out="$(cd "$2" && pwd)"
-cudamem="$bundle/bin/cudamem"
-here="$bundle/scripts/pause"
-python="${PYTHON:-/opt/torch/.venv/bin/python3}"
-nvcc="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/check.sh"
+bundle_args "$@"
 sizes="${SIZES:-1 4 16 32}"
 step_timeout="${STEP_TIMEOUT:-300}"
-summary="$out/summary.md"
-failed=0
 
 used_mib() { timeout 30 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1 | tr -d ' '; }
 proc_mib() { timeout 30 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
@@ -59,8 +48,7 @@ wait_ready() {
   echo "# cudamem pause on $(hostname), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
   echo '```'
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "nvidia-smi failed"
-  "$nvcc" --version 2>&1 | tail -1
+  machine_facts
   echo '```'
   echo
 } > "$summary"
@@ -80,17 +68,15 @@ echo "| --- | --- | --- | --- | --- | --- |" >> "$summary"
 pause_case() {
   local name="$1"
   shift
-  local env=()
-  while [ "$1" != "--" ]; do env+=("$1"); shift; done
-  shift
+  split_case "$@"
   local dir="$out/$name"
   mkdir -p "$dir"
   echo "==> $name: unpaused reference"
-  env ${env[@]+"${env[@]}"} timeout "$step_timeout" "$@" > "$dir/reference.out" 2> "$dir/reference.err"
+  env ${case_env[@]+"${case_env[@]}"} timeout "$step_timeout" "${case_command[@]}" > "$dir/reference.out" 2> "$dir/reference.err"
   local expected
   expected="$(checksum_of "$dir/reference.out")"
   echo "==> $name: under cudamem run --pool, paused mid-run"
-  env ${env[@]+"${env[@]}"} timeout "$step_timeout" "$cudamem" run --pool -- "$@" \
+  env ${case_env[@]+"${case_env[@]}"} timeout "$step_timeout" "$cudamem" run --pool -- "${case_command[@]}" \
     > "$dir/run.out" 2> "$dir/run.err" &
   local runner=$!
   local pid

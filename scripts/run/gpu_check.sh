@@ -27,31 +27,19 @@
 #   default 5), STEP_ROUNDS (of the training step, default 5), WORKLOAD
 #   (default resnet50_train), CASE_TIMEOUT (seconds per case, default 120).
 set -u
-if [ $# -ne 2 ]; then
-  echo "usage: gpu_check.sh BUNDLE OUTDIR" >&2
-  exit 2
-fi
-bundle="$(cd "$1" && pwd)"
-mkdir -p "$2"
-out="$(cd "$2" && pwd)"
-cudamem="$bundle/bin/cudamem"
-here="$bundle/scripts/run"
-python="${PYTHON:-/opt/torch/.venv/bin/python3}"
-nvcc="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/check.sh"
+bundle_args "$@"
 rounds="${ROUNDS:-5}"
 step_rounds="${STEP_ROUNDS:-5}"
 step_count="${STEPS:-60}"
 workload="${WORKLOAD:-resnet50_train}"
 case_timeout="${CASE_TIMEOUT:-120}"
-summary="$out/summary.md"
-failed=0
 
 {
   echo "# cudamem run on $(hostname), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
   echo '```'
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "nvidia-smi failed"
-  "$nvcc" --version 2>&1 | tail -1
+  machine_facts
   "$python" -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1 | tail -1
   echo '```'
   echo
@@ -75,14 +63,12 @@ echo "| --- | --- | --- | --- |" >> "$summary"
 case_run() {
   local name="$1" expected="$2"
   shift 2
-  local env=()
-  while [ "$1" != "--" ]; do env+=("$1"); shift; done
-  shift
+  split_case "$@"
   local dir="$out/$name"
   mkdir -p "$dir"
   echo "==> $name: $*"
   local start=$SECONDS
-  env ${env[@]+"${env[@]}"} timeout "$case_timeout" "$cudamem" run --trace "$dir/trace.csv" --report "$dir/report.html" -- "$@" \
+  env ${case_env[@]+"${case_env[@]}"} timeout "$case_timeout" "$cudamem" run --trace "$dir/trace.csv" --report "$dir/report.html" -- "${case_command[@]}" \
     > "$dir/stdout.log" 2> "$dir/stderr.log"
   local status=$?
   timeout "$case_timeout" "$cudamem" replay "$dir/trace.csv" > "$dir/replay.log" 2>&1

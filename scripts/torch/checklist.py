@@ -133,14 +133,19 @@ def cudnn_benchmark(env):
     return "ResNet-18 forward+backward, loss %.4f" % loss.item(), None
 
 
+def _mlp(torch, width, hidden, activation):
+    """Two linear layers around `activation` on the GPU, from seed 0."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(width, hidden), activation, torch.nn.Linear(hidden, width)
+    ).cuda()
+
+
 @case
 def cuda_graph(env):
     import torch
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)
-    ).cuda()
+    model = _mlp(torch, 512, 2048, torch.nn.GELU())
     static_in = torch.randn(64, 512, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -181,10 +186,7 @@ def torch_compile(env):
     import torch
     import torch._dynamo
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)
-    ).cuda()
+    model = _mlp(torch, 256, 1024, torch.nn.ReLU())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     compiled = torch.compile(model, mode="reduce-overhead")
     gen = torch.Generator(device="cuda").manual_seed(2)

@@ -31,6 +31,8 @@
 # CHECKLIST_ALLOCATORS (default: all three), CHECKLIST_ONLY (habits; default: all),
 # DDP_WORLD, DDP_STEPS (default 16).
 set -u
+# gpu_facts, table_head, record
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/check.sh"
 if [ $# -lt 2 ]; then
   echo "usage: gpu_check.sh SRC OUTDIR [build|checklist|bench|ddp|all]..." >&2
   exit 2
@@ -77,25 +79,14 @@ failed=0
   echo "# cudamem PyTorch backend check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
   echo '```'
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 \
-    || echo "nvidia-smi failed"
+  gpu_facts
   "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
   echo "lib $lib"
   echo "cudamem ${bin:-(none: the snapshot habit fails)}"
   echo '```'
   echo
-  echo "| step | result | seconds | log |"
-  echo "| --- | --- | --- | --- |"
+  table_head step
 } > "$summary"
-
-record() { # name exit-status seconds log
-  local result=PASS
-  if [ "$2" -ne 0 ]; then
-    result="FAIL (exit $2)"
-    failed=1
-  fi
-  echo "| $1 | $result | $3 | $4 |" >> "$summary"
-}
 
 want() {
   local step

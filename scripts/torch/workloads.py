@@ -30,6 +30,22 @@ def _lengths(gen, n, low, high):
     return [int(x) for x in torch.randint(low, high + 1, (n,), generator=gen)]
 
 
+def _adamw(model_class, config, seed):
+    """`model_class(config)` on the GPU, its weights drawn from `seed`, and its
+    AdamW optimizer."""
+    torch.manual_seed(seed)
+    model = model_class(config).cuda()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def _train_step(opt, loss, on_step):
+    """One optimizer step on `loss`; returns what `on_step` makes of the loss."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return on_step(loss)
+
+
 @workload
 def resnet50_train(scale, on_step):
     """torchvision ResNet-50: SGD training at batch 32, then inference at
@@ -44,10 +60,7 @@ def resnet50_train(scale, on_step):
         x = torch.randn(32, 3, 224, 224, generator=gen).cuda()
         y = torch.randint(0, 1000, (32,), generator=gen).cuda()
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        checksum += on_step(loss)
+        checksum += _train_step(opt, loss, on_step)
     model.eval()
     with torch.no_grad():
         for batch in _steps(scale, [3, 17], [1, 8, 17, 64, 100, 33, 5]):
@@ -72,19 +85,14 @@ def llama_finetune(scale, on_step):
         num_key_value_heads=4,
         max_position_embeddings=2048,
     )
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(config).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, opt = _adamw(LlamaForCausalLM, config, seed=1)
     checksum = 0.0
     n = _steps(scale, 3, 12)
     for length in _lengths(gen, n, 64, 1024):
         ids = torch.randint(0, config.vocab_size, (4, length), generator=gen).cuda()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        checksum += on_step(loss)
+        checksum += _train_step(opt, loss, on_step)
     return checksum
 
 
@@ -154,18 +162,13 @@ def gpt2_train(scale, on_step):
 
     gen = torch.Generator().manual_seed(4)
     config = GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=1024)
-    torch.manual_seed(4)
-    model = GPT2LMHeadModel(config).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, opt = _adamw(GPT2LMHeadModel, config, seed=4)
     checksum = 0.0
     n = _steps(scale, 3, 12)
     for length, batch in zip(_lengths(gen, n, 32, 1024), _lengths(gen, n, 2, 8)):
         ids = torch.randint(0, config.vocab_size, (batch, length), generator=gen).cuda()
         loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        checksum += on_step(loss)
+        checksum += _train_step(opt, loss, on_step)
     return checksum
 
 
@@ -177,19 +180,14 @@ def bert_train(scale, on_step):
 
     gen = torch.Generator().manual_seed(5)
     config = BertConfig(num_hidden_layers=6, num_labels=4)
-    torch.manual_seed(5)
-    model = BertForSequenceClassification(config).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, opt = _adamw(BertForSequenceClassification, config, seed=5)
     checksum = 0.0
     n = _steps(scale, 3, 12)
     for length, batch in zip(_lengths(gen, n, 16, 512), _lengths(gen, n, 4, 32)):
         ids = torch.randint(0, config.vocab_size, (batch, length), generator=gen).cuda()
         labels = torch.randint(0, 4, (batch,), generator=gen).cuda()
         loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        checksum += on_step(loss)
+        checksum += _train_step(opt, loss, on_step)
     return checksum
 
 
@@ -212,9 +210,7 @@ def t5_seq2seq_train(scale, on_step):
         decoder_start_token_id=0,
         pad_token_id=0,
     )
-    torch.manual_seed(6)
-    model = T5ForConditionalGeneration(config).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, opt = _adamw(T5ForConditionalGeneration, config, seed=6)
     checksum = 0.0
     n = _steps(scale, 3, 16)
     sources = _lengths(gen, n, 32, 512)
@@ -225,10 +221,7 @@ def t5_seq2seq_train(scale, on_step):
         labels = torch.randint(1, config.vocab_size, (batch, target), generator=gen).cuda()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        checksum += on_step(loss)
+        checksum += _train_step(opt, loss, on_step)
     return checksum
 
 

@@ -140,10 +140,12 @@ sockaddr_un socket_address(const std::string& name, socklen_t* length) {
   return address;
 }
 
-bool write_all(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
+// Moves all `n` bytes at `p` through `step` (`::read` or `::write`), again
+// after a signal; false on an error or the end of the stream.
+template <typename Byte, typename Step>
+bool transfer_all(int fd, Byte* p, size_t n, Step step) {
   while (n > 0) {
-    const ssize_t k = ::write(fd, p, n);
+    const ssize_t k = step(fd, p, n);
     if (k < 0 && errno == EINTR) {
       continue;
     }
@@ -156,47 +158,50 @@ bool write_all(int fd, const void* data, size_t n) {
   return true;
 }
 
-bool read_all(int fd, void* data, size_t n) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t k = ::read(fd, p, n);
-    if (k < 0 && errno == EINTR) {
-      continue;
-    }
-    if (k <= 0) {
-      return false;
-    }
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-  return true;
+bool write_all(int fd, const void* data, size_t n) {
+  return transfer_all(fd, static_cast<const char*>(data), n, ::write);
 }
+
+bool read_all(int fd, void* data, size_t n) {
+  return transfer_all(fd, static_cast<char*>(data), n, ::read);
+}
+
+// Descriptors one message carries at most: they go in batches.
+constexpr size_t kFdBatch = 64;
+
+// One message of a batch: a byte of data and room for `n` descriptors.
+struct FdMessage {
+  explicit FdMessage(size_t n) : control(CMSG_SPACE(sizeof(int) * n)) {
+    message.msg_iov = &iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control.data();
+    message.msg_controllen = control.size();
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+
+  char byte = 0;
+  iovec iov{&byte, 1};
+  std::vector<char> control;
+  msghdr message{};
+};
 
 // Sends `fds` over the connected socket `conn`, after their count.
 bool send_fds(int conn, const std::vector<int>& fds) {
   const uint32_t count = static_cast<uint32_t>(fds.size());
   size_t sent = 0;
-  // In batches: one message carries a bounded number of descriptors.
-  constexpr size_t kBatch = 64;
   if (!write_all(conn, &count, sizeof(count))) {
     return false;
   }
   while (sent < fds.size()) {
-    const size_t n = std::min(kBatch, fds.size() - sent);
-    char byte = 0;
-    iovec iov{&byte, 1};
-    std::vector<char> control(CMSG_SPACE(sizeof(int) * n));
-    msghdr message{};
-    message.msg_iov = &iov;
-    message.msg_iovlen = 1;
-    message.msg_control = control.data();
-    message.msg_controllen = control.size();
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    const size_t n = std::min(kFdBatch, fds.size() - sent);
+    FdMessage batch(n);
+    cmsghdr* header = CMSG_FIRSTHDR(&batch.message);
     header->cmsg_level = SOL_SOCKET;
     header->cmsg_type = SCM_RIGHTS;
     header->cmsg_len = CMSG_LEN(sizeof(int) * n);
     std::memcpy(CMSG_DATA(header), fds.data() + sent, sizeof(int) * n);
-    if (::sendmsg(conn, &message, 0) != 1) {
+    if (::sendmsg(conn, &batch.message, 0) != 1) {
       return false;
     }
     sent += n;
@@ -211,21 +216,13 @@ std::vector<int> receive_fds(int conn) {
     return {};
   }
   std::vector<int> fds;
-  constexpr size_t kBatch = 64;
   while (fds.size() < count) {
-    const size_t n = std::min<size_t>(kBatch, count - fds.size());
-    char byte = 0;
-    iovec iov{&byte, 1};
-    std::vector<char> control(CMSG_SPACE(sizeof(int) * n));
-    msghdr message{};
-    message.msg_iov = &iov;
-    message.msg_iovlen = 1;
-    message.msg_control = control.data();
-    message.msg_controllen = control.size();
-    if (::recvmsg(conn, &message, MSG_CMSG_CLOEXEC) != 1) {
+    const size_t n = std::min<size_t>(kFdBatch, count - fds.size());
+    FdMessage batch(n);
+    if (::recvmsg(conn, &batch.message, MSG_CMSG_CLOEXEC) != 1) {
       break;
     }
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    cmsghdr* header = CMSG_FIRSTHDR(&batch.message);
     if (header == nullptr || header->cmsg_type != SCM_RIGHTS) {
       break;
     }

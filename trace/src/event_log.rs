@@ -178,10 +178,16 @@ mod tests {
     use super::*;
     use crate::event::{Event, Line};
 
-    fn temp(name: &str, bytes: &[u8]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("cudamem-hook-log-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
+    /// A folder for a test's logs, removed when dropped (on a failure too).
+    fn folder() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("cudamem-event-log-")
+            .tempdir()
+            .unwrap()
+    }
+
+    fn temp(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = dir.path().join(name);
         std::fs::write(&path, bytes).unwrap();
         path
     }
@@ -208,24 +214,25 @@ mod tests {
 
     #[test]
     fn a_killed_writers_zero_tail_and_cut_line_end_the_log() {
+        let dir = folder();
         let mut bytes = lines(&[Event::Signal { number: 9 }, Event::Exit { dropped: 0 }]);
         let whole = bytes.len();
         bytes.extend_from_slice(b"alloc\t5\t7\tcuMem");
         bytes.extend_from_slice(&[0; 4096]);
-        let path = temp("zero.events", &bytes);
+        let path = temp(&dir, "zero.events", &bytes);
         let (seen, info) = collect(&path).unwrap();
         assert_eq!(seen.len(), 2);
         assert!(info.unfinished && info.cut_last_line);
         // Zeros right after a line end: nothing was cut.
         bytes.truncate(whole);
         bytes.extend_from_slice(&[0; 100]);
-        let path = temp("zero2.events", &bytes);
+        let path = temp(&dir, "zero2.events", &bytes);
         let (_, info) = collect(&path).unwrap();
         assert!(info.unfinished && !info.cut_last_line);
         // No line end at all on the last line.
         bytes.truncate(whole);
         bytes.extend_from_slice(b"exit\t1\t2\t0");
-        let path = temp("cut.events", &bytes);
+        let path = temp(&dir, "cut.events", &bytes);
         let (seen, info) = collect(&path).unwrap();
         assert_eq!(seen.len(), 2);
         assert!(info.cut_last_line && !info.unfinished);
@@ -233,19 +240,24 @@ mod tests {
 
     #[test]
     fn a_bad_line_inside_is_an_error_naming_it() {
+        let dir = folder();
         let mut bytes = lines(&[Event::Signal { number: 9 }]);
         bytes.extend_from_slice(b"nonsense\n");
         bytes.extend_from_slice(&lines(&[Event::Exit { dropped: 0 }]));
-        let path = temp("bad.events", &bytes);
+        let path = temp(&dir, "bad.events", &bytes);
         let err = collect(&path).unwrap_err();
         assert!(matches!(err, LogError::BadLine { line: 2, .. }), "{err}");
         let long = vec![b'x'; MAX_LINE_BYTES + 10];
-        let path = temp("long.events", &long);
+        let path = temp(&dir, "long.events", &long);
         assert!(matches!(
             collect(&path).unwrap_err(),
             LogError::LineTooLong { line: 1, .. }
         ));
-        let path = temp("big.events", &lines(&vec![Event::Exit { dropped: 0 }; 100]));
+        let path = temp(
+            &dir,
+            "big.events",
+            &lines(&vec![Event::Exit { dropped: 0 }; 100]),
+        );
         assert!(matches!(
             read(&path, 64, |_, _| {}).unwrap_err(),
             LogError::TooLarge { .. }

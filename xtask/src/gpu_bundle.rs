@@ -10,6 +10,7 @@
 //! DIR/tests/*          ctx's test executables built with the `cuda` feature
 //! DIR/ptx/*.ptx        the kernels' PTX (also embedded in the binaries)
 //! DIR/traces/          the repository's real traces, for `cudamem replay --gpu`
+//! DIR/scripts/lib/     check.sh: what the GPU checks and run.sh share
 //! DIR/scripts/run/     `cudamem run`'s GPU check: CUDA C sources (built there
 //!                      with nvcc), Python jobs, gpu_check.sh
 //! DIR/scripts/torch/   the PyTorch workloads gpu_check.sh times
@@ -49,6 +50,8 @@ const RUN_SH: &str = r##"#!/usr/bin/env bash
 # Exits non-zero if anything failed. Written by `cargo xtask gpu-bundle`.
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# gpu_facts, table_head, record
+. "$here/scripts/lib/check.sh"
 dest="${1:-${OUT:-}}"
 if [ -z "$dest" ]; then
   echo "usage: run.sh LOG_DIR (or set OUT)" >&2
@@ -61,22 +64,11 @@ failed=0
   echo "# GPU bundle run, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
   echo '```'
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 \
-    || echo "nvidia-smi failed"
+  gpu_facts
   echo '```'
   echo
-  echo "| what | result | seconds | log |"
-  echo "| --- | --- | --- | --- |"
+  table_head what
 } > "$summary"
-
-record() { # name exit-status seconds log
-  local result=PASS
-  if [ "$2" -ne 0 ]; then
-    result="FAIL (exit $2)"
-    failed=1
-  fi
-  echo "| $1 | $result | $3 | $4 |" >> "$summary"
-}
 
 : > "$dest/tests.log"
 for t in "$here"/tests/*; do
@@ -353,7 +345,7 @@ pub fn run(root: &Path, dir: &Path, max_mib: u64) -> Result<()> {
         }
     }
     copy_tree(&root.join("traces"), &dir.join("traces"))?;
-    for scripts in ["run", "torch", "pause"] {
+    for scripts in ["lib", "run", "torch", "pause"] {
         copy_tree(
             &root.join("scripts").join(scripts),
             &dir.join("scripts").join(scripts),

@@ -463,7 +463,7 @@ mod tests {
 
     fn log_of(events: &[Event<'_>]) -> PathBuf {
         let path = std::env::temp_dir().join(format!(
-            "cudamem-hook-report-{}-{}.events",
+            "cudamem-run-report-{}-{}.events",
             std::process::id(),
             events.len()
         ));

@@ -270,6 +270,12 @@ fn copies_made_by_a_raw_clone_write_logs_of_their_own_and_never_their_parents() 
     let allocating: Vec<&&String> = copies.iter().filter(|log| three_mib(log) == 1).collect();
     assert_eq!(allocating.len(), 8, "{} copies' logs", copies.len());
     for log in &copies {
+        // Stamped from the copy's own start: time never goes back.
+        let times: Vec<u64> = log
+            .lines()
+            .map(|line| line.split('\t').nth(1).unwrap().parse().unwrap())
+            .collect();
+        assert!(times.windows(2).all(|pair| pair[0] <= pair[1]), "{log}");
         assert_eq!(
             field(log, "process", 5),
             std::slice::from_ref(&parent_pid),

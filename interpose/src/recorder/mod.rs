@@ -395,16 +395,7 @@ fn record_fast_unguarded<R>(
             let line = line.borrow();
             with(|state| {
                 before(state);
-                if state.start_ns == start {
-                    state.append(&line, &record);
-                } else {
-                    // A copy of the process (`fork`, `clone`) started its
-                    // own state meanwhile: stamped from its start.
-                    state.emit_record(Record {
-                        time_ns: state.now(),
-                        ..record
-                    });
-                }
+                state.append(&line, &record);
                 after(state)
             })
         })
@@ -422,6 +413,12 @@ fn record_fast_unguarded<R>(
             after(state)
         })
     }
+}
+
+/// Records are stamped from this process's own start once it has one (a
+/// copy of the process was noticed: its parent's start is not its own).
+pub fn forget_start() {
+    START_NS.store(0, Ordering::Release);
 }
 
 /// An allocation call returned: record it (`ptr` 0 on failure), and explain

@@ -62,20 +62,12 @@ impl Model {
 
     /// Device bytes live: allocations and device handles.
     pub fn device_bytes(&self) -> u64 {
-        self.device
-            .values()
-            .chain(self.handles.values())
-            .map(|held| held.size)
-            .sum()
+        bytes([&self.device, &self.handles])
     }
 
     /// Pinned host bytes live: allocations and host handles.
     pub fn host_bytes(&self) -> u64 {
-        self.host
-            .values()
-            .chain(self.host_handles.values())
-            .map(|held| held.size)
-            .sum()
+        bytes([&self.host, &self.host_handles])
     }
 
     /// Live bytes `cuMemAllocAsync` made (the device's own stream-ordered
@@ -100,31 +92,27 @@ impl Model {
     }
 }
 
+/// Bytes held in `tables` together.
+fn bytes(tables: [&BTreeMap<u64, Held>; 2]) -> u64 {
+    tables
+        .iter()
+        .flat_map(|table| table.values())
+        .map(|held| held.size)
+        .sum()
+}
+
 impl Model {
     /// The model after `step`.
     pub fn step(&mut self, step: &crate::transitions::Step) {
         use crate::transitions::Step;
         match *step {
-            Step::Alloc {
-                call,
-                ptr,
-                size,
-                stream,
-                caller,
-                result,
-            } => {
+            Step::Alloc { held, ptr, result } => {
                 if result != 0 {
                     self.failed(result);
                     return;
                 }
                 self.allocations += 1;
-                let held = Held {
-                    size,
-                    caller,
-                    call,
-                    stream,
-                };
-                if call.is_host() {
+                if held.call.is_host() {
                     self.host.insert(ptr, held);
                 } else {
                     self.device.insert(ptr, held);
@@ -154,10 +142,9 @@ impl Model {
                 self.reserved.remove(&ptr);
             }
             Step::Create {
+                held,
                 handle,
-                size,
                 host,
-                caller,
                 result,
             } => {
                 if result != 0 {
@@ -165,12 +152,6 @@ impl Model {
                     return;
                 }
                 self.allocations += 1;
-                let held = Held {
-                    size,
-                    caller,
-                    call: Call::MemCreate,
-                    stream: 0,
-                };
                 if host {
                     self.host_handles.insert(handle, held);
                 } else {

@@ -30,21 +30,14 @@ impl StateMachineTest for AccountingTest {
 
     fn apply(mut accounting: Accounting, _: &Model, step: Step) -> Accounting {
         match step {
-            Step::Alloc {
-                call,
-                ptr,
-                size,
-                stream,
-                caller,
-                result,
-            } => apply(
+            Step::Alloc { held, ptr, result } => apply(
                 &mut accounting,
                 Event::Alloc {
-                    call,
+                    call: held.call,
                     ptr: if result == 0 { ptr } else { 0 },
-                    size,
-                    stream,
-                    caller,
+                    size: held.size,
+                    stream: held.stream,
+                    caller: held.caller,
                     result,
                 },
             ),
@@ -88,18 +81,17 @@ impl StateMachineTest for AccountingTest {
                 apply(&mut accounting, Event::AddressFree { ptr, size: 0 })
             }
             Step::Create {
+                held,
                 handle,
-                size,
                 host,
-                caller,
                 result,
             } => apply(
                 &mut accounting,
                 Event::Create {
                     handle,
-                    size,
+                    size: held.size,
                     device: if host { -1 } else { 0 },
-                    caller,
+                    caller: held.caller,
                     result,
                 },
             ),

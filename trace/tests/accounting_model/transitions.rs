@@ -7,20 +7,13 @@ use proptest::prelude::*;
 use proptest_state_machine::ReferenceStateMachine;
 use trace::event::Call;
 
-use crate::model::Model;
+use crate::model::{Held, Model};
 
 /// One step: what one record (or a free and its failure) says.
 #[derive(Debug, Clone)]
 pub enum Step {
-    /// An allocation returned.
-    Alloc {
-        call: Call,
-        ptr: u64,
-        size: u64,
-        stream: u64,
-        caller: u32,
-        result: i32,
-    },
+    /// An allocation returned `result`: on success `held` at `ptr`.
+    Alloc { held: Held, ptr: u64, result: i32 },
     /// A free is made, on a stream for the stream-ordered one.
     Free { call: Call, ptr: u64, stream: u64 },
     /// A free of a live block is made and fails: the block stays.
@@ -29,12 +22,12 @@ pub enum Step {
     Reserve { ptr: u64, size: u64, result: i32 },
     /// `cuMemAddressFree`.
     AddressFree { ptr: u64 },
-    /// `cuMemCreate` returned.
+    /// `cuMemCreate` returned `result`: on success `held` (its call
+    /// `cuMemCreate`, no stream) as `handle`, of host memory if `host`.
     Create {
+        held: Held,
         handle: u64,
-        size: u64,
         host: bool,
-        caller: u32,
         result: i32,
     },
     /// `cuMemRelease`.
@@ -100,22 +93,23 @@ impl ReferenceStateMachine for Reference {
             .chain(state.host_handles.keys())
             .copied()
             .collect();
-        let alloc = (
+        let held = (
             proptest::sample::select(&ALLOCATING[..]),
-            pointer(),
             size(),
             0u64..4,
             0u32..4,
-            result(),
         )
-            .prop_map(|(call, ptr, size, stream, caller, result)| Step::Alloc {
-                call,
-                ptr,
+            .prop_map(|(call, size, stream, caller)| Held {
                 size,
-                stream,
                 caller,
-                result,
+                call,
+                stream,
             });
+        let alloc = (held, pointer(), result()).prop_map(|(held, ptr, result)| Step::Alloc {
+            held,
+            ptr,
+            result,
+        });
         // Any pointer, freed by any free: unknown frees and frees by the
         // wrong kind of call are records too.
         let stray_free = (
@@ -133,11 +127,15 @@ impl ReferenceStateMachine for Reference {
             pointer().prop_map(|ptr| Step::AddressFree { ptr }),
             (1u64..12, size(), any::<bool>(), 0u32..4, result()).prop_map(
                 |(handle, size, host, caller, result)| Step::Create {
+                    held: Held {
+                        size,
+                        caller,
+                        call: Call::MemCreate,
+                        stream: 0,
+                    },
                     handle,
-                    size,
                     host,
-                    caller,
-                    result
+                    result,
                 }
             ),
             (1u64..12).prop_map(|handle| Step::Release { handle }),

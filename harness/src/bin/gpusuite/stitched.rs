@@ -28,18 +28,6 @@ const DRIVER_PAIRS: u32 = 2_000;
 /// The host cost per warm pair aimed for, ns.
 const PAIR_GOAL_NS: f64 = 100.0;
 
-/// A small xorshift generator, so every run is the same.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 fn filled(seed: u64, len: u64) -> Vec<u8> {
     let mut bytes = vec![0; len as usize];
     pattern::fill(seed, 0, &mut bytes);
@@ -77,7 +65,7 @@ fn contents_and_footprint(out: &mut Checks, context: &CudaContext) -> Result<()>
         },
     )?;
     let start_used = used(&pool)?;
-    let mut rng = Rng(0x5717_c4ed_0000_0001);
+    let mut rng = fastrand::Rng::with_seed(0x5717_c4ed_0000_0001);
     let mut live: Vec<(u64, u64, u64)> = Vec::new();
     let mut bad = 0u64;
     let mut worst_gap = 0i64;
@@ -87,19 +75,19 @@ fn contents_and_footprint(out: &mut Checks, context: &CudaContext) -> Result<()>
         Ok(pattern::mismatches(seed, 0, &back))
     };
     for step in 0..STEPS {
-        match rng.below(10) {
+        match rng.u64(..10) {
             0..=4 => {
-                let len = match rng.below(4) {
-                    0 => 1 + rng.below(4096),
-                    1 | 2 => 1 + rng.below(3 * MIB),
-                    _ => 32 * MIB + rng.below(64 * MIB),
+                let len = match rng.u64(..4) {
+                    0 => 1 + rng.u64(..4096),
+                    1 | 2 => 1 + rng.u64(..3 * MIB),
+                    _ => 32 * MIB + rng.u64(..64 * MIB),
                 };
                 let ptr = pool.allocate(len)?;
                 pool.with_device(|d| d.write(ptr, &filled(step, len)))?;
                 live.push((ptr, step, len));
             }
             5..=8 if !live.is_empty() => {
-                let (ptr, seed, len) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                let (ptr, seed, len) = live.swap_remove(rng.usize(..live.len()));
                 bad += verify(&pool, ptr, seed, len)?;
                 pool.free(ptr)?;
             }

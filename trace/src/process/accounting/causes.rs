@@ -13,7 +13,7 @@ use ctx::Limits;
 use memcore::bytes::human;
 
 use super::{Accounting, DeviceState, Kernel, Reading, StackSource};
-use crate::event::{Call, Event, LimitKind, MemInfoWhy, Record};
+use crate::event::{Call, Event, LimitKind, MemInfoWhy, Record, Window};
 use crate::image::Answer;
 
 /// Drops smaller than this are left to the unexplained rest silently
@@ -110,19 +110,16 @@ impl Accounting {
         }
     }
 
-    pub(super) fn limit(&mut self, event: &Event<'_>) {
-        let Event::Limit {
-            which,
-            result,
-            value,
-            window,
-            ..
-        } = event
-        else {
-            return;
-        };
-        if *result != 0 {
-            self.failed(*result);
+    /// A `limit` record's `which`, `result`, `value` and `window`.
+    pub(super) fn limit(
+        &mut self,
+        which: LimitKind,
+        result: i32,
+        value: Option<u64>,
+        window: Window,
+    ) {
+        if result != 0 {
+            self.failed(result);
             return;
         }
         let state = self.current_device_mut();
@@ -141,7 +138,7 @@ impl Accounting {
                 }
             }
             LimitKind::MallocHeap | LimitKind::PrintfFifo => {
-                if *which == LimitKind::MallocHeap {
+                if which == LimitKind::MallocHeap {
                     state.heap = value.or(state.heap);
                 } else {
                     state.fifo = value.or(state.fifo);
@@ -173,17 +170,10 @@ impl Accounting {
         state.pending_image = Some((*call, *bytes));
     }
 
-    pub(super) fn module(&mut self, event: &Event<'_>) {
-        let Event::Module {
-            call,
-            result,
-            window,
-        } = event
-        else {
-            return;
-        };
-        if *result != 0 {
-            self.failed(*result);
+    /// A `module` record's `call`, `result` and `window`.
+    pub(super) fn module(&mut self, call: Call, result: i32, window: Window) {
+        if result != 0 {
+            self.failed(result);
         }
         let state = self.current_device_mut();
         let taken = window.taken_bytes().unwrap_or(0);
@@ -195,14 +185,14 @@ impl Accounting {
         if call.is_load() {
             state.module_loads += 1;
             match state.pending_image.take() {
-                Some((image_call, Some(bytes))) if image_call == *call && *result == 0 => {
+                Some((image_call, Some(bytes))) if image_call == call && result == 0 => {
                     state.code_bound = state.code_bound.saturating_add(code_bound_bytes(bytes));
                 }
-                _ if *result == 0 => state.code_unbounded = true,
+                _ if result == 0 => state.code_unbounded = true,
                 _ => {}
             }
         }
-        let drop = state.code(*call, None, taken);
+        let drop = state.code(call, None, taken);
         self.last_unexplained = drop;
     }
 

@@ -331,9 +331,19 @@ impl Accounting {
             } => self.mapped(ptr, size, result),
             &Event::Unmap { ptr, size } => self.unmapped(ptr, size),
             Event::Context { .. } => self.context(record),
-            Event::Limit { .. } => self.limit(&record.event),
+            &Event::Limit {
+                which,
+                result,
+                value,
+                window,
+                ..
+            } => self.limit(which, result, value, window),
             Event::Image { .. } => self.image(&record.event),
-            Event::Module { .. } => self.module(&record.event),
+            &Event::Module {
+                call,
+                result,
+                window,
+            } => self.module(call, result, window),
             Event::Launch { .. } => self.launch(&record.event),
             &Event::MemInfo { .. } => self.mem_info(record),
             Event::Resolve { name, how, .. } => match how {
