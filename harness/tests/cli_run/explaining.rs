@@ -27,6 +27,42 @@ fn out_of_memory_is_explained_before_the_program_gets_the_drivers_answer() {
 }
 
 #[test]
+fn a_stack_limit_out_of_memory_is_weighed_by_what_it_reserves_not_its_value() {
+    let run = traced("stack-oom", &[&program("cuda_linked"), "stack-oom"], &[]);
+    assert_eq!(run.status(), Some(5), "{}", run.stderr());
+    let stderr = run.stderr();
+    assert!(
+        stderr.contains("cudamem: cuCtxSetLimit of 448 KiB (called by (unknown)) returned CUDA_ERROR_OUT_OF_MEMORY"),
+        "{stderr}"
+    );
+    // 448 KiB for each of 4 x 2048 resident threads: 3.5 GiB, on a 1 GiB device.
+    assert!(
+        stderr.contains(
+            "that limit takes 3.50 GiB (448 KiB (458752 B) per thread x 2048 threads/SM x 4 SMs"
+        ),
+        "{stderr}"
+    );
+    // Room: what is free plus the 8 MiB the default 1 KiB stack holds.
+    let free = 1024 - 32 - 8;
+    let fit = (free + 8) * 1024 * 1024 / (4 * 2048) / 16 * 16;
+    assert!(
+        stderr.contains(&format!(
+            "advice: 984 MiB are free and the current limit holds 8.00 MiB: at most {}",
+            memcore::bytes::exact(fit)
+        )),
+        "{fit}: {stderr}"
+    );
+    assert!(
+        !stderr.contains("more than the 448 KiB asked for"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("default stack limit of"),
+        "the limit is said once: {stderr}"
+    );
+}
+
+#[test]
 fn the_seeds_case_names_the_kernel_and_its_local_memory() {
     let run = traced("seed", &[&program("cuda_linked"), "seed"], &[]);
     assert_eq!(run.status(), Some(4), "{}", run.stderr());

@@ -280,7 +280,14 @@ impl State {
     }
 
     /// The explanation of an out-of-memory return, once it is recorded.
-    fn explain(&mut self, call: Call, request: Option<u64>, caller: u32, thread: u32) -> String {
+    fn explain(
+        &mut self,
+        call: Call,
+        request: Option<u64>,
+        limit: Option<LimitKind>,
+        caller: u32,
+        thread: u32,
+    ) -> String {
         self.out_of_memory += 1;
         let caller_path = self
             .libraries
@@ -289,6 +296,7 @@ impl State {
         let oom = OutOfMemory {
             call,
             request,
+            limit,
             caller: caller_path,
             ordinal: self.out_of_memory,
         };
@@ -448,7 +456,7 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
                 state.grew(thread, ordered.then_some(stream));
             }
             (result == CUDA_ERROR_OUT_OF_MEMORY)
-                .then(|| state.explain(call, Some(size), caller, thread))
+                .then(|| state.explain(call, Some(size), None, caller, thread))
         },
     )
     .flatten();
@@ -523,7 +531,7 @@ pub fn after(event: Event<'_>, immediate: usize) {
         }
         state.emit(thread, event);
         state.grew(thread, None);
-        oom.map(|size| state.explain(Call::MemCreate, Some(size), caller, thread))
+        oom.map(|size| state.explain(Call::MemCreate, Some(size), None, caller, thread))
     })
     .flatten();
     if let Some(text) = explanation {
@@ -572,10 +580,14 @@ impl Measure {
 /// launch, a limit): record `event`, explaining an out-of-memory return.
 pub fn measured(event: Event<'_>, call: Call, request: Option<u64>, result: c_int) {
     let thread = thread_id();
+    let limit = match event {
+        Event::Limit { which, .. } => Some(which),
+        _ => None,
+    };
     let (explanation, unexplained) = with(|state| {
         state.emit(thread, event);
-        let explanation =
-            (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, request, 0, thread));
+        let explanation = (result == CUDA_ERROR_OUT_OF_MEMORY)
+            .then(|| state.explain(call, request, limit, 0, thread));
         (explanation, state.accounting.take_unexplained())
     })
     .unwrap_or_default();
@@ -638,7 +650,7 @@ pub fn context(how: ContextHow, ctx: *mut c_void, device: c_int, result: c_int) 
             ContextHow::Create => Call::CtxCreate,
             ContextHow::Primary => Call::DevicePrimaryCtxRetain,
         };
-        (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, None, 0, thread))
+        (result == CUDA_ERROR_OUT_OF_MEMORY).then(|| state.explain(call, None, None, 0, thread))
     })
     .flatten();
     if let Some(text) = explanation {

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use ctx::text::{LINE_WIDTH, wrap};
 use memcore::bytes::{exact, human};
 
-use crate::event::Call;
+use crate::event::{Call, LimitKind};
 use crate::process::ledger::{Snapshot, signed_human};
 use crate::process::libraries::{Framework, file_name};
 
@@ -244,8 +244,11 @@ pub fn advice(snapshot: &Snapshot, request: Option<u64>, caller: Option<&str>) -
 pub struct OutOfMemory {
     /// The driver call.
     pub call: Call,
-    /// Bytes requested, where the call asks for a size.
+    /// Bytes requested, where the call asks for a size (for a limit, the
+    /// value asked for: per thread for the stack).
     pub request: Option<u64>,
+    /// The limit a `cuCtxSetLimit` set, whose device cost is not its value.
+    pub limit: Option<LimitKind>,
     /// The calling library's path.
     pub caller: String,
     /// How many out-of-memory returns the process has seen, this one
@@ -278,7 +281,13 @@ const HOLDERS_SHOWN: usize = 6;
 /// use trace::event::Call;
 ///
 /// let text = explain(
-///     &OutOfMemory { call: Call::MemAlloc, request: Some(1 << 20), caller: "/app".into(), ordinal: 1 },
+///     &OutOfMemory {
+///         call: Call::MemAlloc,
+///         request: Some(1 << 20),
+///         limit: None,
+///         caller: "/app".into(),
+///         ordinal: 1,
+///     },
 ///     None,
 /// );
 /// assert!(text.contains("cuMemAlloc of 1.00 MiB"));
@@ -325,6 +334,38 @@ pub fn explain(oom: &OutOfMemory, snapshot: Option<&Snapshot>) -> String {
         ),
     };
     say(&mut out, &reading, "cudamem: ");
+    // A limit's value is not what it takes: the stack limit is per thread.
+    let cost = oom
+        .limit
+        .zip(oom.request)
+        .and_then(|(which, value)| snapshot.limit_cost(which, value));
+    let mut limit_advice = None;
+    if let Some(cost) = &cost {
+        say(
+            &mut out,
+            &format!(
+                "that limit takes {} ({}), in place of the {} the current one holds",
+                human(cost.bytes),
+                cost.how,
+                human(cost.held)
+            ),
+            "cudamem: ",
+        );
+        if let Some(reading) = snapshot.reading {
+            let room = reading.free.saturating_add(cost.held);
+            if cost.bytes > room {
+                let fit = cost.largest_fitting(room);
+                limit_advice = Some(format!(
+                    "{} are free and the current limit holds {}: at most {} fits{}; lower the \
+                     limit to that or less, or free memory before raising it.",
+                    human(reading.free),
+                    human(cost.held),
+                    exact(fit),
+                    if cost.threads > 1 { " per thread" } else { "" }
+                ));
+            }
+        }
+    }
     let _ = writeln!(out, "cudamem: the biggest holders:");
     for holder in holders(snapshot).iter().take(HOLDERS_SHOWN) {
         say(
@@ -333,7 +374,15 @@ pub fn explain(oom: &OutOfMemory, snapshot: Option<&Snapshot>) -> String {
             &format!("cudamem:   {:>10}  ", human(holder.bytes)),
         );
     }
-    for line in advice(snapshot, oom.request, Some(&oom.caller)) {
+    let request = match &cost {
+        Some(cost) => Some(cost.bytes.saturating_sub(cost.held)),
+        None => oom.request,
+    };
+    let advice = match limit_advice {
+        Some(line) => vec![line],
+        None => advice(snapshot, request, Some(&oom.caller)),
+    };
+    for line in advice {
         say(&mut out, &line, "cudamem: advice: ");
     }
     let _ = writeln!(out, "cudamem: the ledger at this moment:");

@@ -16,6 +16,7 @@ use ctx::{
 };
 use memcore::bytes::{exact, human};
 
+use crate::event::LimitKind;
 use crate::image::Answer;
 use crate::process::accounting::{
     Accounting, CallerBytes, DeviceFacts, Kernel, Reading, StackSource, UnexplainedDrop,
@@ -92,6 +93,39 @@ pub struct ExtraLine {
     pub bytes: u64,
     /// Why, one line.
     pub why: String,
+}
+
+/// What a limit asks of the device ([`Snapshot::limit_cost`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitCost {
+    /// Device bytes the new limit takes.
+    pub bytes: u64,
+    /// How those bytes are made, in words.
+    pub how: String,
+    /// What the current limit holds now (given back when the new one is
+    /// taken).
+    pub held: u64,
+    /// Threads the value is reserved for (1 for the heap and FIFO).
+    pub threads: u64,
+    /// The step a per-thread value is rounded up to.
+    pub granule: u64,
+}
+
+impl LimitCost {
+    /// The largest value of the limit whose cost fits in `room` bytes.
+    pub fn largest_fitting(&self, room: u64) -> u64 {
+        room / self.threads / self.granule * self.granule
+    }
+}
+
+/// `" of X"` where the limit `limit` differs from the `per_thread` bytes
+/// the figure after it starts with (a limit rounded up, or a larger frame).
+fn unless_same(limit: u64, per_thread: u64) -> String {
+    if limit == per_thread {
+        String::new()
+    } else {
+        format!(" of {}", exact(limit))
+    }
 }
 
 impl Snapshot {
@@ -357,18 +391,59 @@ impl Snapshot {
                 exact(kernel.local_bytes)
             ),
             (None, StackSource::SetLimit) => format!(
-                "the program set the stack limit to {} (cuCtxSetLimit / cudaDeviceSetLimit): \
+                "the program set the stack limit{} (cuCtxSetLimit / cudaDeviceSetLimit): \
                  {threads}",
-                exact(self.limits.stack_bytes)
+                unless_same(self.limits.stack_bytes, per_thread)
             ),
             (None, StackSource::Kernel(name)) => format!(
-                "the first launch of {name} raised the stack limit to {}: {threads}",
-                exact(self.limits.stack_bytes)
+                "the first launch of {name} raised the stack limit{}: {threads}",
+                unless_same(self.limits.stack_bytes, per_thread)
             ),
             (None, StackSource::Default) => format!(
-                "the default stack limit of {}: {threads}",
-                exact(self.limits.stack_bytes)
+                "the default stack limit{}: {threads}",
+                unless_same(self.limits.stack_bytes, per_thread)
             ),
+        }
+    }
+
+    /// What setting limit `which` to `value` asks of the device, and how
+    /// that figure is made: the stack limit reserves local memory for every
+    /// resident thread (the largest frame counted); the heap and the printf
+    /// FIFO take the value itself. `None` for a limit that takes no memory.
+    pub fn limit_cost(&self, which: LimitKind, value: u64) -> Option<LimitCost> {
+        match which {
+            LimitKind::Stack => {
+                let profile = profile(&self.facts);
+                let frame = self.largest_frame.as_ref().map_or(0, |k| k.local_bytes);
+                let per_thread = per_thread_local_bytes(&profile, value, frame);
+                Some(LimitCost {
+                    bytes: local_memory_reservation_bytes(&profile, per_thread),
+                    how: format!(
+                        "{} per thread x {} threads/SM x {} SMs of local memory",
+                        exact(per_thread),
+                        profile.max_threads_per_sm,
+                        profile.sm_count
+                    ),
+                    held: self.local_measured.unwrap_or(self.local_predicted),
+                    threads: profile.max_resident_threads().max(1),
+                    granule: profile.local_memory_granule_bytes.max(1),
+                })
+            }
+            LimitKind::MallocHeap => Some(LimitCost {
+                bytes: value,
+                how: "the malloc heap".to_owned(),
+                held: self.heap_measured,
+                threads: 1,
+                granule: 1,
+            }),
+            LimitKind::PrintfFifo => Some(LimitCost {
+                bytes: value,
+                how: "the printf FIFO".to_owned(),
+                held: 0,
+                threads: 1,
+                granule: 1,
+            }),
+            LimitKind::Other(_) => None,
         }
     }
 
