@@ -3,7 +3,7 @@
 //! Two implementations exist: [`crate::sim::SimDevice`] (host memory, for
 //! tests and trace replays) and, behind the `cuda` feature, the CUDA driver.
 
-use kernels::moves::BlockMove;
+use memcore::moves::BlockMove;
 
 use crate::Result;
 use crate::peers::PeerSet;

@@ -5,6 +5,7 @@
 mod address_space;
 mod copy;
 mod device;
+#[cfg(feature = "kernels")]
 mod device_heap;
 pub mod driver;
 mod driver_code;
@@ -24,15 +25,16 @@ pub mod text;
 mod cuda;
 
 pub use device::{DeviceMemory, MemInfo, PhysicalHandle, StreamId};
+#[cfg(feature = "kernels")]
 pub use device_heap::{DeviceHeap, device_heap_bytes};
 pub use driver_code::DriverCode;
 pub use error::{Error, Result};
-pub use kernels::moves::BlockMove;
 pub use ledger::{
     BIG_LOCAL_BYTES, BIG_LOCAL_SHARE, FIND_LOCAL_MEMORY, Figure, Ledger, LedgerItem,
     LedgerItemKind, LedgerRow, Limits, LocalMemoryAdvice, Prediction, REDUCE_LOCAL_MEMORY,
     Workload, local_memory_reservation_bytes, per_thread_local_bytes, render_rows,
 };
+pub use memcore::moves::BlockMove;
 /// The stitching policy's types a stitched pool user meets, and the record
 /// of driver calls every pool keeps.
 pub use memcore::{CallTally, DriverCalls, StitchConfig, StitchStats};

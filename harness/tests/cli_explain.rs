@@ -72,7 +72,7 @@ fn explain_tells_unknown_profiles_and_missing_cuda_apart() {
 
 #[test]
 fn explain_draws_the_ledger() {
-    let path = std::env::temp_dir().join(format!("cudamem-explain-{}.html", std::process::id()));
+    let path = support::temp_path("explain.html");
     let stdout = output(&[
         "explain",
         "--profile",

@@ -121,9 +121,8 @@ fn help_says_what_cudamem_is_for_and_what_a_bare_run_does() {
 
 #[test]
 fn the_bare_command_writes_its_report_where_git_ignores_it() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("cudamem-bare-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = support::temp_dir();
+    let dir: PathBuf = scratch.path().to_path_buf();
     let output: Output = cudamem().current_dir(&dir).output().unwrap();
     assert!(output.status.success(), "{}", text(&output.stderr));
     let name = "cudamem-report.html";

@@ -71,9 +71,8 @@ fn the_docs_name_no_file_outside_the_repository() {
 fn every_cudamem_command_in_the_docs_runs_from_a_clone() {
     // A folder holding only the repository's traces, so the bare command's
     // report does not land in the working tree.
-    let dir: PathBuf = std::env::temp_dir().join(format!("cudamem-docs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = support::temp_dir();
+    let dir: PathBuf = scratch.path().to_path_buf();
     std::os::unix::fs::symlink(root().join("traces"), dir.join("traces")).unwrap();
 
     let mut ran = 0;

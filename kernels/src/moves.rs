@@ -27,9 +27,10 @@ use bytemuck::{Pod, Zeroable};
 use crate::kernel::{Kernel, LaunchShape};
 use crate::module::{KernelInfo, Module};
 
-/// Most moves one launch takes; `MOVE_MAX_MOVES` in `moves.cu`. At 28
-/// bytes a move the parameters stay under the 4 KiB every driver accepts.
-pub const MAX_MOVES: usize = 128;
+/// The record of a copy, the most moves one launch takes
+/// (`MOVE_MAX_MOVES` in `moves.cu`) and the alignment a slide needs: the
+/// rules every copy path plans by, memcore's.
+pub use memcore::moves::{BlockMove, MAX_MOVES, SLIDE_ALIGN};
 
 /// Bytes of a move that one thread block copies per step, the last chunk of
 /// a move being shorter; `MOVE_CHUNK_BYTES` in `moves.cu`. [`MOVE_THREADS`]
@@ -53,46 +54,6 @@ pub const MAX_SLIDE_GRID: u32 = 1024;
 /// Most thread blocks of one launch; beyond it each block copies several
 /// chunks.
 pub const MAX_GRID: u32 = 1 << 16;
-
-/// Alignment in bytes that [`SLIDE_BLOCKS`] needs of every source and
-/// destination: it copies in 16-byte words (`uint4` in `moves.cu`).
-pub const SLIDE_ALIGN: u64 = 16;
-
-/// One device-to-device copy: `len` bytes from `src` to `dst`, absolute
-/// device addresses. The record every copy path shares: ctx's
-/// `DeviceMemory::copy_moves` takes a list of them (memmove semantics, in
-/// order), and the launches here take them by value.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct BlockMove {
-    /// Where the bytes are.
-    pub src: u64,
-    /// Where they go.
-    pub dst: u64,
-    /// Bytes.
-    pub len: u64,
-}
-
-impl BlockMove {
-    /// Whether source and destination share a byte (the copy needs memmove
-    /// semantics).
-    pub fn overlaps_itself(&self) -> bool {
-        self.src.abs_diff(self.dst) < self.len
-    }
-
-    /// Whether this move may be in a slide at all: it copies bytes, goes
-    /// down, and is [`SLIDE_ALIGN`]-aligned at both ends.
-    pub fn may_slide(&self) -> bool {
-        self.len > 0 && self.dst < self.src && (self.src | self.dst) % SLIDE_ALIGN == 0
-    }
-
-    /// Whether `next` may follow `self` in a slide: `next` may slide, and
-    /// sources and destinations both ascend without overlapping.
-    pub fn slides_on_to(&self, next: &BlockMove) -> bool {
-        next.may_slide()
-            && self.src.saturating_add(self.len) <= next.src
-            && self.dst.saturating_add(self.len) <= next.dst
-    }
-}
 
 /// Parameters of [`MOVE_BLOCKS`]; matches `MoveBlocksParams` in
 /// `moves.cu` (3,600 bytes). Build it with [`MoveBlocksParams::new`].
@@ -198,8 +159,7 @@ impl SlideBlocksParams {
     /// reaches a later move's source: it ends below its own move's source
     /// end.) Moves of no bytes are not allowed.
     pub fn is_slide(moves: &[BlockMove]) -> bool {
-        moves.first().is_none_or(BlockMove::may_slide)
-            && moves.windows(2).all(|w| w[0].slides_on_to(&w[1]))
+        memcore::moves::is_slide(moves)
     }
 }
 

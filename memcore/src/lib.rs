@@ -13,6 +13,7 @@ mod error;
 mod freelist;
 mod growth;
 mod handle;
+pub mod moves;
 pub mod pytorch;
 mod steps;
 mod stitch;

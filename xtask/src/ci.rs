@@ -68,6 +68,21 @@ fn cargo_steps(root: &Path, stub: &Path) -> Vec<(&'static str, Command)> {
             ]),
         ),
         (
+            // The workspace turns ctx's `kernels` feature on (harness needs
+            // it); ctx alone builds without the kernels crate.
+            "clippy of ctx alone, without PTX",
+            plain(&[
+                "clippy",
+                "-p",
+                "ctx",
+                "--no-default-features",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        ),
+        (
             "clippy with the cuda feature (stub libcuda)",
             cuda(&[
                 "clippy",
@@ -105,6 +120,21 @@ mod tests {
             .get_envs()
             .find(|(key, _)| *key == "CARGO_TARGET_DIR")
             .and_then(|(_, value)| value.map(Into::into))
+    }
+
+    /// ctx alone, its `kernels` feature off as a user of the pools gets it,
+    /// is checked apart from the workspace, which turns the feature on.
+    #[test]
+    fn ctx_is_checked_without_the_kernels_crate() {
+        let steps = cargo_steps(Path::new("/w"), Path::new("/w/target/cuda-stub"));
+        let alone = steps.iter().any(|(_, command)| {
+            let args: Vec<_> = command.get_args().map(|a| a.to_string_lossy()).collect();
+            args.windows(2)
+                .any(|pair| pair[0] == "-p" && pair[1] == "ctx")
+                && args.iter().any(|arg| arg == "--no-default-features")
+                && !enables_cuda(command)
+        });
+        assert!(alone, "no CI step checks ctx without its features");
     }
 
     /// Every cargo command xtask runs that builds the `cuda` feature writes

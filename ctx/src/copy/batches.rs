@@ -23,7 +23,7 @@
 //! together may too), so a run of `n` moves costs O(n log^2 n) comparisons and a
 //! chain of dependent moves O(1) a move.
 
-use kernels::moves::BlockMove;
+use memcore::moves::BlockMove;
 
 /// What the device does for a stretch of the moves, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub(crate) enum Batch {
     /// Two or more moves that may run at once.
     Together(Vec<BlockMove>),
     /// Moves that form a slide
-    /// ([`is_slide`](kernels::moves::SlideBlocksParams::is_slide)): they
+    /// ([`is_slide`](memcore::moves::is_slide)): they
     /// depend on each other, and the `slide_blocks` kernel orders them inside
     /// one launch.
     Slide(Vec<BlockMove>),
@@ -188,7 +188,7 @@ pub(crate) fn batches(moves: &[BlockMove], max_together: usize) -> Batches {
 
 #[cfg(test)]
 mod tests {
-    use kernels::moves::SlideBlocksParams;
+    use memcore::moves::is_slide;
 
     use super::*;
 
@@ -212,7 +212,7 @@ mod tests {
                     memory.copy_within(s..s + l, d);
                 }
                 Batch::Slide(moves) => {
-                    assert!(SlideBlocksParams::is_slide(moves), "{batch:?}");
+                    assert!(is_slide(moves), "{batch:?}");
                     // The kernel's promise: what memmove one by one does.
                     sequential(memory, moves);
                 }
@@ -255,10 +255,7 @@ mod tests {
         for batch in found {
             let rest = &kept[at..];
             let cap = max.min(rest.len());
-            let slide = (1..=cap)
-                .rev()
-                .find(|&n| SlideBlocksParams::is_slide(&rest[..n]))
-                .unwrap_or(0);
+            let slide = (1..=cap).rev().find(|&n| is_slide(&rest[..n])).unwrap_or(0);
             let together = if rest[0].overlaps_itself() {
                 1
             } else {

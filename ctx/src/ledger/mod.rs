@@ -314,8 +314,8 @@ pub struct Workload<'a> {
     pub calls_malloc: bool,
     /// The program's own allocations.
     pub user_bytes: u64,
-    /// Bytes a `cm_malloc` heap takes from the pool
-    /// ([`crate::device_heap_bytes`]); 0 for none.
+    /// Bytes a `cm_malloc` heap takes from the pool (`device_heap_bytes`,
+    /// feature `kernels`); 0 for none.
     pub cm_heap_bytes: u64,
 }
 

@@ -83,7 +83,7 @@ fn free_is_total_minus_every_item() {
 fn a_cm_heap_is_a_line_of_its_own_and_comes_out_of_free() {
     let p = profile("h200");
     let limits = Limits::cuda_default();
-    let heap = crate::device_heap_bytes(256 << 20);
+    let heap = 256 << 20;
     let with = |cm_heap_bytes| {
         Ledger::predict_workload(
             &p,
@@ -131,7 +131,7 @@ fn the_context_is_its_own_terms_and_nothing_the_program_holds() {
             calls_printf: true,
             calls_malloc: true,
             user_bytes: 1 << 30,
-            cm_heap_bytes: crate::device_heap_bytes(64 << 20),
+            cm_heap_bytes: 64 << 20,
         },
     );
     let kinds: Vec<_> = ledger.context_items().map(|item| item.kind).collect();

@@ -7,7 +7,7 @@ use memcore::{BlockFlags, CompactionPlan, GrowthRule, Handle, Heap, Tlsf};
 
 use super::memory::PoolMemory;
 use super::{CompactionPolicy, CompactionReport, Growth, PoolConfig, PoolStats};
-use kernels::moves::BlockMove;
+use memcore::moves::BlockMove;
 
 use crate::device::{DeviceMemory, StreamId};
 use crate::mapping::Mapper;

@@ -3,7 +3,7 @@
 mod faults;
 mod physical;
 
-use kernels::moves::{BlockMove, MAX_MOVES, SlideBlocksParams};
+use memcore::moves::{BlockMove, MAX_MOVES, is_slide};
 
 use crate::address_space::{self, AddressSpace, invalid_value};
 use crate::copy::{self, Batch, CopyStep};
@@ -500,7 +500,7 @@ impl DeviceMemory for SimDevice {
                         }
                     }
                     Batch::Slide(run) => {
-                        if !SlideBlocksParams::is_slide(&run) {
+                        if !is_slide(&run) {
                             return Err(Error::Inconsistent(format!(
                                 "a batch planned as a slide is none: {run:?}"
                             )));

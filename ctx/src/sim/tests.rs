@@ -118,7 +118,7 @@ fn data_crosses_mapping_boundaries_and_copies_overlap() {
 
 #[test]
 fn a_batch_of_moves_runs_in_order() {
-    use kernels::moves::BlockMove;
+    use crate::BlockMove;
     let mut dev = SimDevice::new(SimConfig::small(1 << 20));
     let base = dev.reserve(PAGE).unwrap();
     map(&mut dev, base, PAGE).unwrap();

@@ -10,6 +10,7 @@ pub mod pickle;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use clap::Parser;
@@ -42,12 +43,52 @@ pub fn with_closed_stdout<S: AsRef<std::ffi::OsStr>>(
     child.wait_with_output().unwrap()
 }
 
-/// A fresh path in the temporary folder, unique to this test process.
+/// A fresh path in this test process's folder under cargo's temporary
+/// folder for tests (inside the target directory, never the system's
+/// `/tmp`). Statics are not dropped at exit, so the folder outlives the
+/// process: the first call removes the folders of test processes that have
+/// ended.
 pub fn temp_path(name: &str) -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!("cudamem-tests-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        remove_ended(root);
+        let dir = root.join(format!("{TEMP_PREFIX}{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    });
     dir.join(format!("{}-{name}", NEXT.fetch_add(1, Ordering::Relaxed)))
+}
+
+const TEMP_PREFIX: &str = "cudamem-tests-";
+
+/// Remove the folders `temp_path` made for processes no longer running.
+fn remove_ended(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(TEMP_PREFIX))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// A fresh empty folder, removed when the value is dropped.
+pub fn temp_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("cudamem-test-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
 }
 
 /// `bytes` written to a fresh file named `name`.
