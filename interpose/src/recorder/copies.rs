@@ -14,6 +14,9 @@ use crate::thread::{forget_thread_id, take_copy};
 /// `pthread_atfork` prepare: hold the lock across `fork`, so the child's
 /// copy of the state is whole.
 pub fn before_fork() {
+    // A copy no handler saw, forking before any record: its lock may be
+    // held by a thread it does not have.
+    copy_check();
     STATE.hold();
 }
 

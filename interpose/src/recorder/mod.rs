@@ -780,6 +780,7 @@ pub fn exiting() {
 /// Run `f` on the process's accounting so far (`None` before the first
 /// record).
 pub fn with_accounting<R>(f: impl FnOnce(&Accounting) -> R) -> Option<R> {
+    copy_check();
     let guard = STATE.lock()?;
     guard.as_ref().map(|state| f(&state.accounting))
 }
