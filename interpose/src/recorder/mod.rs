@@ -23,8 +23,7 @@ use trace::event::{
 use trace::event_log::{
     DEFAULT_MAX_LOG_BYTES, LOG_DIR_VAR, MAX_LOG_BYTES_VAR, log_path, parse_max_bytes,
 };
-use trace::process::advice::{OutOfMemory, explain, explain_again};
-use trace::process::{Accounting, Snapshot};
+use trace::process::Accounting;
 
 use crate::caller::caller_id;
 use crate::driver::{self, read};
@@ -36,6 +35,7 @@ use crate::thread::monotonic_ns;
 use crate::thread::thread_id;
 
 mod copies;
+mod oom;
 
 use copies::copy_check;
 pub use copies::{after_fork_child, after_fork_parent, before_fork};
@@ -277,41 +277,6 @@ impl State {
 
     fn shrank(&mut self) {
         LIVE.store(self.accounting.live_device_bytes(), Ordering::Relaxed);
-    }
-
-    /// The explanation of an out-of-memory return, once it is recorded.
-    fn explain(
-        &mut self,
-        call: Call,
-        request: Option<u64>,
-        limit: Option<LimitKind>,
-        caller: u32,
-        thread: u32,
-    ) -> String {
-        self.out_of_memory += 1;
-        let caller_path = self
-            .libraries
-            .get((caller as usize).wrapping_sub(1))
-            .map_or_else(String::new, |(_, path)| path.clone());
-        let oom = OutOfMemory {
-            call,
-            request,
-            limit,
-            caller: caller_path,
-            ordinal: self.out_of_memory,
-        };
-        if self.out_of_memory > FULL_EXPLANATIONS {
-            return explain_again(&oom, FULL_EXPLANATIONS);
-        }
-        self.read(MemInfoWhy::OutOfMemory, thread);
-        let device = read::current_device();
-        let devices = self.accounting.devices();
-        let index = devices
-            .iter()
-            .position(|d| Some(d.facts.ordinal) == device)
-            .or_else(|| devices.len().checked_sub(1));
-        let snapshot = index.and_then(|index| Snapshot::of(&self.accounting, index));
-        explain(&oom, snapshot.as_ref())
     }
 }
 
