@@ -190,13 +190,7 @@ impl DriverDevice {
             0
         )?;
         if let Err(error) = self.grant(addr, size, self.ordinal) {
-            let _ = driver!(
-                "cuMemUnmap",
-                sym::UNMAP,
-                fn(u64, usize),
-                addr,
-                size as usize
-            );
+            let _ = unmap(addr, size);
             return Err(error);
         }
         Ok(())
@@ -221,15 +215,20 @@ impl DriverDevice {
 
     /// `cuMemUnmap` and `cuMemRelease`.
     pub fn unmap_and_release(&self, driver: u64, addr: u64, size: u64) -> Result<()> {
-        driver!(
-            "cuMemUnmap",
-            sym::UNMAP,
-            fn(u64, usize),
-            addr,
-            size as usize
-        )?;
+        unmap(addr, size)?;
         driver!("cuMemRelease", sym::RELEASE, fn(u64), driver)
     }
+}
+
+/// `cuMemUnmap` of `[addr, +size)`.
+fn unmap(addr: u64, size: u64) -> Result<()> {
+    driver!(
+        "cuMemUnmap",
+        sym::UNMAP,
+        fn(u64, usize),
+        addr,
+        size as usize
+    )
 }
 
 impl DeviceMemory for DriverDevice {
@@ -335,13 +334,7 @@ impl DeviceMemory for DriverDevice {
     }
 
     fn unmap_physical(&mut self, addr: u64, size: u64) -> Result<()> {
-        driver!(
-            "cuMemUnmap",
-            sym::UNMAP,
-            fn(u64, usize),
-            addr,
-            size as usize
-        )?;
+        unmap(addr, size)?;
         for slot in self.slots.iter_mut().flatten() {
             if slot.mapped_at == Some(addr) {
                 slot.mapped_at = None;
