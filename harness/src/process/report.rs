@@ -17,10 +17,10 @@ use ctx::text::{LINE_WIDTH, wrap};
 use memcore::bytes::human;
 
 use ctx::driver::result::OUT_OF_MEMORY;
-use trace::event::{Call, Event};
+use trace::event::{Call, Event, MemInfoWhy};
 use trace::event_log::{self, LogError, LogInfo};
 use trace::process::accounting::{Accounting, Counts, Resolutions};
-use trace::process::advice::{advice, holders};
+use trace::process::advice::{OutOfMemory, advice, explain, holders};
 use trace::process::ledger::Snapshot;
 use trace::process::libraries::file_name;
 use trace::rmm_csv::write::{RmmStats, RmmWriter};
@@ -37,6 +37,20 @@ pub struct OomSeen {
     pub call: Call,
     /// Bytes asked for, where the call asks for a size.
     pub request: Option<u64>,
+    /// What the terminal was told when it happened (the first
+    /// [`OOM_EXPLAINED`] of a process), rebuilt from the log.
+    pub explanation: Option<String>,
+}
+
+/// How many out-of-memory returns of a process a report explains in full.
+const OOM_EXPLAINED: usize = 2;
+
+/// The explanation the interposer printed for `oom`, from the state the
+/// log has built so far (its last device, as the interposer's fallback).
+fn explain_now(accounting: &Accounting, oom: &OutOfMemory) -> String {
+    let last = accounting.devices().len().checked_sub(1);
+    let snapshot = last.and_then(|index| Snapshot::of(accounting, index));
+    explain(oom, snapshot.as_ref())
 }
 
 /// What one process's log says.
@@ -108,7 +122,8 @@ pub fn summarize(
     let mut accounting = Accounting::default();
     let mut best: Vec<(i32, u64, u64)> = Vec::new();
     let mut peak_live_bytes = 0;
-    let mut out_of_memory = Vec::new();
+    let mut out_of_memory: Vec<OomSeen> = Vec::new();
+    let mut unexplained: Option<(OutOfMemory, usize)> = None;
     let mut write_failure = None;
     let info = event_log::read(path, max_bytes, |index, record| {
         accounting.apply(record);
@@ -151,14 +166,16 @@ pub fn summarize(
             Event::Alloc {
                 call,
                 size,
+                caller,
                 result: OUT_OF_MEMORY,
                 ..
-            } => Some((*call, Some(*size))),
+            } => Some((*call, Some(*size), None, *caller)),
             Event::Create {
                 size,
+                caller,
                 result: OUT_OF_MEMORY,
                 ..
-            } => Some((Call::MemCreate, Some(*size))),
+            } => Some((Call::MemCreate, Some(*size), None, *caller)),
             Event::Launch {
                 call,
                 result: OUT_OF_MEMORY,
@@ -168,24 +185,50 @@ pub fn summarize(
                 call,
                 result: OUT_OF_MEMORY,
                 ..
-            } => Some((*call, None)),
+            } => Some((*call, None, None, 0)),
             Event::Limit {
+                which,
                 requested,
                 result: OUT_OF_MEMORY,
                 ..
-            } => Some((Call::CtxSetLimit, Some(*requested))),
+            } => Some((Call::CtxSetLimit, Some(*requested), Some(*which), 0)),
             _ => None,
         };
-        if let Some((call, request)) = oom
+        if let Some((call, request, limit, caller)) = oom
             && out_of_memory.len() < OOM_SHOWN
         {
+            if let Some((oom, at)) = unexplained.take() {
+                out_of_memory[at].explanation = Some(explain_now(&accounting, &oom));
+            }
+            if out_of_memory.len() < OOM_EXPLAINED {
+                let oom = OutOfMemory {
+                    call,
+                    request,
+                    limit,
+                    caller: accounting.library(caller).unwrap_or_default().to_owned(),
+                    ordinal: out_of_memory.len() as u64 + 1,
+                };
+                unexplained = Some((oom, out_of_memory.len()));
+            }
             out_of_memory.push(OomSeen {
                 time_ns: record.time_ns,
                 call,
                 request,
+                explanation: None,
             });
+        } else if let Event::MemInfo {
+            why: MemInfoWhy::OutOfMemory,
+            ..
+        } = &record.event
+            && let Some((oom, at)) = unexplained.take()
+        {
+            // The interposer explains once it has read free memory.
+            out_of_memory[at].explanation = Some(explain_now(&accounting, &oom));
         }
     })?;
+    if let Some((oom, at)) = unexplained.take() {
+        out_of_memory[at].explanation = Some(explain_now(&accounting, &oom));
+    }
     let rmm = match (writer, rmm) {
         (Some(writer), Some(out)) => {
             if let Some(err) = write_failure {
@@ -449,6 +492,18 @@ pub fn html(command: &str, notes: &[String], reports: &[ProcessReport]) -> Strin
                 let _ = writeln!(out, "<li>{}</li>", escape(&line));
             }
             let _ = writeln!(out, "</ul>");
+        }
+        for oom in &report.out_of_memory {
+            if let Some(text) = &oom.explanation {
+                let _ = writeln!(
+                    out,
+                    "<h3>out of memory at {:.3} s: {}</h3>\n<p>What cudamem said on the terminal \
+                     when it happened:</p>\n<pre>{}</pre>",
+                    oom.time_ns as f64 / 1e9,
+                    escape(oom.call.name()),
+                    escape(text)
+                );
+            }
         }
         let _ = writeln!(out, "<pre>{}</pre>", escape(&report.render()));
     }

@@ -115,6 +115,43 @@ fn the_html_report_holds_the_ledger() {
 }
 
 #[test]
+fn the_html_report_carries_the_out_of_memory_explanation_the_terminal_got() {
+    let report = temp_path("stack-oom.html");
+    let output = run(
+        &[
+            "--report",
+            report.to_str().unwrap(),
+            "--",
+            &program("cuda_linked"),
+            "stack-oom",
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(5));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(html.contains("out of memory at "), "{html}");
+    // Every line the interposer printed at the out-of-memory return is on
+    // the page, in the same words (HTML-escaped).
+    let said: Vec<&str> = stderr
+        .lines()
+        .skip_while(|line| !line.starts_with("cudamem: cuCtxSetLimit of 448 KiB"))
+        .take_while(|line| line.starts_with("cudamem: "))
+        .collect();
+    assert!(said.len() > 10, "{stderr}");
+    for line in said {
+        let escaped = line
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;");
+        assert!(
+            html.contains(&escaped),
+            "{line:?} is not on the page:\n{html}"
+        );
+    }
+}
+
+#[test]
 fn the_advice_is_for_the_framework_of_the_library_that_asked() {
     // Each fixture library asks for twice the device under a framework's
     // file name; the others' advice must not appear.
