@@ -103,7 +103,18 @@ fn every_command_taking_a_size_says_which_units_are_binary_and_which_decimal() {
             words(&text).contains(said),
             "cudamem {command} --help:\n{text}"
         );
+        // A size's default reads as the output writes sizes, not as a
+        // quoted string of clap's.
+        assert!(
+            !text.contains("[default: \""),
+            "cudamem {command} --help:\n{text}"
+        );
     }
+    assert!(
+        words(&help(&["replay"])).contains("default 32.0 MiB (33554432 B)"),
+        "{}",
+        help(&["replay"])
+    );
     use cudamem::cli::byte_size::parse;
     assert_eq!((parse("16K"), parse("16KiB")), (Ok(16384), Ok(16384)));
     assert_eq!(parse("16KB"), Ok(16000));

@@ -40,6 +40,29 @@ static DEFAULT_STITCH_LARGE: LazyLock<String> = LazyLock::new(|| {
 static DEFAULT_STITCH_KEEP_IDLE: LazyLock<String> =
     LazyLock::new(|| memcore::bytes::human(memcore::StitchConfig::default().keep_idle_bytes));
 
+/// `--stitch-large`'s help, its default written as the output writes sizes.
+static STITCH_LARGE_HELP: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "The stitch policies' large handles, in bytes (a multiple of 2 MiB; 0 or 2MiB: 2 MiB \
+         handles only); default {}",
+        default_size(&DEFAULT_STITCH_LARGE)
+    )
+});
+
+/// `--stitch-keep-idle`'s help, likewise.
+static STITCH_KEEP_IDLE_HELP: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "Idle bytes the stitch policies keep mapped even past their budget (0: recycle whenever \
+         the budget says so, least memory); default {}",
+        default_size(&DEFAULT_STITCH_KEEP_IDLE)
+    )
+});
+
+/// A default size in both forms, as every size is echoed.
+fn default_size(text: &str) -> String {
+    byte_size::parse(text).map_or_else(|_| text.to_owned(), memcore::bytes::exact)
+}
+
 /// A trace kept for the report, with what each policy did to it.
 struct Replayed {
     trace: Trace,
@@ -90,13 +113,11 @@ pub struct ReplayArgs {
     /// (`--snapshot-device` picks a snapshot's device.)
     #[arg(long, value_name = "N")]
     pub gpu: Option<u32>,
-    /// The stitch policies' large handles, in bytes (a multiple of 2 MiB;
-    /// 0 or 2MiB: 2 MiB handles only).
-    #[arg(long, value_parser = byte_size::parse, default_value = DEFAULT_STITCH_LARGE.as_str(), help_heading = "Tuning the stitch model (research; the defaults are what cudamem ships)")]
+    /// The stitch policies' large handle, in bytes (help: `STITCH_LARGE_HELP`).
+    #[arg(long, value_parser = byte_size::parse, default_value = DEFAULT_STITCH_LARGE.as_str(), hide_default_value = true, help = STITCH_LARGE_HELP.as_str(), help_heading = "Tuning the stitch model (research; the defaults are what cudamem ships)")]
     pub stitch_large: u64,
-    /// Idle bytes the stitch policies keep mapped even past their budget
-    /// (0: recycle whenever the budget says so, least memory).
-    #[arg(long, value_parser = byte_size::parse, default_value = DEFAULT_STITCH_KEEP_IDLE.as_str(), help_heading = "Tuning the stitch model (research; the defaults are what cudamem ships)")]
+    /// Idle bytes kept mapped past the budget (help: `STITCH_KEEP_IDLE_HELP`).
+    #[arg(long, value_parser = byte_size::parse, default_value = DEFAULT_STITCH_KEEP_IDLE.as_str(), hide_default_value = true, help = STITCH_KEEP_IDLE_HELP.as_str(), help_heading = "Tuning the stitch model (research; the defaults are what cudamem ships)")]
     pub stitch_keep_idle: u64,
     /// The stitch policies' footprint budget over the most bytes live so
     /// far, in parts per thousand: within it idle handles stay cached
