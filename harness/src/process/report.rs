@@ -123,7 +123,9 @@ pub fn summarize(
     let mut best: Vec<(i32, u64, u64)> = Vec::new();
     let mut peak_live_bytes = 0;
     let mut out_of_memory: Vec<OomSeen> = Vec::new();
-    let mut unexplained: Option<(OutOfMemory, usize)> = None;
+    // An out-of-memory return waiting for the reading of free memory the
+    // interposer takes before it explains.
+    let mut awaiting: Option<(OutOfMemory, usize)> = None;
     let mut write_failure = None;
     let info = event_log::read(path, max_bytes, |index, record| {
         accounting.apply(record);
@@ -197,7 +199,7 @@ pub fn summarize(
         if let Some((call, request, limit, caller)) = oom
             && out_of_memory.len() < OOM_SHOWN
         {
-            if let Some((oom, at)) = unexplained.take() {
+            if let Some((oom, at)) = awaiting.take() {
                 out_of_memory[at].explanation = Some(explain_now(&accounting, &oom));
             }
             if out_of_memory.len() < OOM_EXPLAINED {
@@ -208,7 +210,7 @@ pub fn summarize(
                     caller: accounting.library(caller).unwrap_or_default().to_owned(),
                     ordinal: out_of_memory.len() as u64 + 1,
                 };
-                unexplained = Some((oom, out_of_memory.len()));
+                awaiting = Some((oom, out_of_memory.len()));
             }
             out_of_memory.push(OomSeen {
                 time_ns: record.time_ns,
@@ -220,13 +222,13 @@ pub fn summarize(
             why: MemInfoWhy::OutOfMemory,
             ..
         } = &record.event
-            && let Some((oom, at)) = unexplained.take()
+            && let Some((oom, at)) = awaiting.take()
         {
             // The interposer explains once it has read free memory.
             out_of_memory[at].explanation = Some(explain_now(&accounting, &oom));
         }
     })?;
-    if let Some((oom, at)) = unexplained.take() {
+    if let Some((oom, at)) = awaiting.take() {
         out_of_memory[at].explanation = Some(explain_now(&accounting, &oom));
     }
     let rmm = match (writer, rmm) {
