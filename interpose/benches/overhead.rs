@@ -11,7 +11,9 @@
 //! after the function's first, `cuMemGetInfo_v2`, a `cuMemAllocAsync` +
 //! `cuMemFreeAsync` pair, a `cuModuleGetFunction` lookup seen before), the
 //! same three ways. Each configuration runs several times, interleaved;
-//! the fastest run counts (the others met a busy machine).
+//! the fastest run counts (the others met a busy machine). The fake driver
+//! keeps each thread's allocations apart (`FAKE_CUDA_PER_THREAD=1`, no lock
+//! of its own), so what grows with threads is the interposer's cost.
 //!
 //! With `CUDAMEM_BENCH_AGAINST` naming another build of
 //! `libcudamem_interpose.so` (an older one, copied aside), the pairs are
@@ -59,7 +61,10 @@ enum Mode {
 fn run(dir: &Path, hook: &Path, logs: &Path, mode: Mode, program: &str, args: &[&str]) -> Vec<f64> {
     let mut command = Command::new(dir.join(program));
     command.args(args);
-    command.env("LD_LIBRARY_PATH", dir).env_remove("LD_PRELOAD");
+    command
+        .env("LD_LIBRARY_PATH", dir)
+        .env("FAKE_CUDA_PER_THREAD", "1")
+        .env_remove("LD_PRELOAD");
     if mode != Mode::Bare {
         command.env("LD_PRELOAD", hook);
     }

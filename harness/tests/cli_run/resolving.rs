@@ -64,6 +64,36 @@ fn through_a_shared_runtime_the_caller_is_the_program_not_the_runtime() {
 }
 
 #[test]
+fn a_runtime_that_asks_for_cuda_13s_synchronize_gets_the_abi_that_takes_a_context() {
+    // CUDA 13's cuCtxSynchronize (version 13000) takes the context to wait
+    // for; handed the older ABI's wrapper, the driver got no context
+    // argument and answered "context is destroyed".
+    let alone = Command::new(program("cuda_runtime"))
+        .arg("sync")
+        .env("LD_LIBRARY_PATH", &fixtures().dir)
+        .output()
+        .unwrap();
+    assert_eq!(alone.status.code(), Some(0), "{}", text(&alone.stdout));
+    for pool in [false, true] {
+        let mut args = vec!["--"];
+        if pool {
+            args.insert(0, "--pool");
+        }
+        let argv = [program("cuda_runtime"), "sync".to_string()];
+        args.extend(argv.iter().map(String::as_str));
+        let output = run(&args, &[]);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "pool {pool}: {}{}",
+            text(&output.stdout),
+            text(&output.stderr)
+        );
+        assert_eq!(text(&output.stdout).trim(), "sync: 0", "pool {pool}");
+    }
+}
+
+#[test]
 fn rtld_next_lookups_keep_the_callers_view() {
     let output = run(&["--", &program("cuda_dynamic"), "rtldnext"], &[]);
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));

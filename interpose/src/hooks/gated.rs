@@ -124,6 +124,7 @@ passed!(set8_async(dst: DevicePtr, value: c_uchar, n: usize, stream: *mut c_void
 passed!(set32_async(dst: DevicePtr, value: c_uint, n: usize, stream: *mut c_void));
 passed!(stream_sync(stream: *mut c_void));
 passed!(ctx_sync());
+passed!(ctx_sync_v2(ctx: *mut c_void));
 
 hook!(plain cuMemGetAddressRange_v2 = "cuMemGetAddressRange" since 3020 ptsz false
     (base: *mut DevicePtr, size: *mut usize, ptr: DevicePtr) => address_range);
@@ -157,3 +158,7 @@ hook!(plain cuStreamSynchronize = "cuStreamSynchronize" since 2000 ptsz false
     (stream: *mut c_void) => stream_sync);
 hook!(plain cuCtxSynchronize = "cuCtxSynchronize" since 2000 ptsz false
     () => ctx_sync);
+// CUDA 13's ABI of the same name takes the context to wait for (NULL: the
+// current one): what the runtime's cudaDeviceSynchronize reaches.
+hook!(plain cuCtxSynchronize_v2 = "cuCtxSynchronize" since 13000 ptsz false
+    (ctx: *mut c_void) => ctx_sync_v2);
