@@ -140,7 +140,7 @@ echo "==> pause and resume time against bytes, and a plain pinned copy"
   timeout "$step_timeout" "$out/build/pause_job" bandwidth 4 2>&1
   echo '```'
   echo
-  echo "| GiB | pause s (copy GiB/s) | resume s (GiB/s) | GPU MiB used during pause | result |"
+  echo "| GiB | pause s (copy GiB/s) | resume: mapped again in, copied back in (GiB/s) | GPU MiB used during pause | result |"
   echo "| --- | --- | --- | --- | --- |"
 } >> "$summary"
 for gib in $sizes; do
@@ -165,7 +165,7 @@ for gib in $sizes; do
   touch "$done_file"; wait "$runner"; status=$?
   ptime="$(grep -o '[0-9.]* s in all' "$dir/pause.log" | head -1)"
   prate="$(grep -o 'copied to pinned host memory in [0-9.]* s ([^)]*)' "$dir/pause.log" | grep -o '([^)]*)' | head -1)"
-  rtime="$(grep -o 'copied back in [0-9.]* s ([^)]*)' "$dir/resume.log" | head -1)"
+  rtime="$(grep -o 'in [0-9.]* s, [0-9.]* [KMGT]*i*B copied back in [0-9.]* s ([^)]*)' "$dir/resume.log" | head -1)"
   if [ "$prc" -eq 0 ] && [ "$rrc" -eq 0 ] && [ "$status" -eq 0 ] \
       && [ "$(checksum_of "$dir/run.out")" = "$(checksum_of "$dir/reference.out")" ]; then
     result="identical"

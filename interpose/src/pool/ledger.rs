@@ -43,14 +43,16 @@ pub fn pause_text(report: &PauseReport) -> String {
 /// What a resume did, one line.
 pub fn resume_text(report: &ResumeReport) -> String {
     format!(
-        "resumed: free device memory {} before, {} after; {} mapped again at the same addresses, \
-         {} copied back in {:.3} s ({}); host copies freed\n",
+        "resumed: free device memory {} before, {} after; {} mapped again at the same addresses \
+         in {:.3} s, {} copied back in {:.3} s ({}); host copies freed; {:.3} s in all\n",
         human(report.free_before),
         human(report.free_after),
         human(report.mapped_bytes),
+        report.map_seconds,
         human(report.copied_bytes),
+        report.copy_seconds,
+        gib_per_s(report.copied_bytes, report.copy_seconds),
         report.seconds,
-        gib_per_s(report.copied_bytes, report.seconds),
     )
 }
 

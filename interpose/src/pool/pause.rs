@@ -265,7 +265,7 @@ fn release_all(
             // Map back what this pause released, contents restored.
             let back = restore(device, &released[..done], &host);
             return Err(match back {
-                Ok(()) => error,
+                Ok(_) => error,
                 Err(again) => Error::Inconsistent(format!(
                     "a pause failed ({error}) and mapping back failed too ({again})"
                 )),
@@ -285,8 +285,14 @@ fn release_all(
 }
 
 /// Create, map and fill every handle in `released` again; on a failure
-/// give back what this call made, leaving them all released.
-fn restore(device: &mut DriverDevice, released: &[Released], host: &HostCopy) -> Result<()> {
+/// give back what this call made, leaving them all released. Returns the
+/// seconds the mapping took and the seconds the copies took.
+fn restore(
+    device: &mut DriverDevice,
+    released: &[Released],
+    host: &HostCopy,
+) -> Result<(f64, f64)> {
+    let start = Instant::now();
     let mut made: Vec<(usize, u64)> = Vec::new();
     let undo = |device: &mut DriverDevice, made: &[(usize, u64)]| {
         for &(i, driver) in made {
@@ -320,6 +326,7 @@ fn restore(device: &mut DriverDevice, released: &[Released], host: &HostCopy) ->
             }
         }
     }
+    let mapped = start.elapsed().as_secs_f64();
     let pieces: Vec<_> = released
         .iter()
         .flat_map(|r| r.pieces.iter().copied())
@@ -328,7 +335,7 @@ fn restore(device: &mut DriverDevice, released: &[Released], host: &HostCopy) ->
         undo(device, &made);
         return Err(error);
     }
-    Ok(())
+    Ok((mapped, start.elapsed().as_secs_f64() - mapped))
 }
 
 /// Figures of one resume.
@@ -342,7 +349,11 @@ pub struct ResumeReport {
     pub mapped_bytes: u64,
     /// Bytes copied back.
     pub copied_bytes: u64,
-    /// Seconds.
+    /// Seconds making and mapping the handles again.
+    pub map_seconds: f64,
+    /// Seconds copying the bytes back.
+    pub copy_seconds: f64,
+    /// Seconds in all.
     pub seconds: f64,
 }
 
@@ -374,14 +385,17 @@ pub fn resume(
     let done = served
         .pool
         .with_device(|device| restore(device, &paused.released, &paused.host));
-    if let Err(error) = done {
-        return Err(Box::new(ResumeRefused {
-            paused,
-            error,
-            needed,
-            free,
-        }));
-    }
+    let (map_seconds, copy_seconds) = match done {
+        Ok(seconds) => seconds,
+        Err(error) => {
+            return Err(Box::new(ResumeRefused {
+                paused,
+                error,
+                needed,
+                free,
+            }));
+        }
+    };
     let copied = paused.report.copied_bytes;
     // The host copy goes now.
     drop(paused);
@@ -394,6 +408,8 @@ pub fn resume(
         free_after: after,
         mapped_bytes: needed,
         copied_bytes: copied,
+        map_seconds,
+        copy_seconds,
         seconds: start.elapsed().as_secs_f64(),
     })
 }
