@@ -201,10 +201,10 @@ if sh "$bundle/fixtures/build.sh" "$out/fixtures" > "$out/build/fixtures.log" 2>
   echo "threads: cudaMalloc+cudaFree pairs of 256 B; columns: threads, wall ns, CPU ns per pair per thread" >> "$fake_log"
   for round in 1 2 3; do
     for threads in 1 16; do
-      echo "bare   $threads $(LD_LIBRARY_PATH="$out/fixtures" "$out/fixtures/cuda_runtime" bench 300000 "$threads")" >> "$fake_log"
-      echo "hook   $threads $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" "$out/fixtures/cuda_runtime" bench 300000 "$threads")" >> "$fake_log"
+      echo "bare   $threads $(LD_LIBRARY_PATH="$out/fixtures" FAKE_CUDA_PER_THREAD=1 "$out/fixtures/cuda_runtime" bench 300000 "$threads")" >> "$fake_log"
+      echo "hook   $threads $(LD_LIBRARY_PATH="$out/fixtures" FAKE_CUDA_PER_THREAD=1 LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" "$out/fixtures/cuda_runtime" bench 300000 "$threads")" >> "$fake_log"
       rm -rf "$out/fixtures/logs"; mkdir -p "$out/fixtures/logs"
-      echo "logged $threads $(LD_LIBRARY_PATH="$out/fixtures" LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" CUDAMEM_HOOK_DIR="$out/fixtures/logs" "$out/fixtures/cuda_runtime" bench 300000 "$threads")" >> "$fake_log"
+      echo "logged $threads $(LD_LIBRARY_PATH="$out/fixtures" FAKE_CUDA_PER_THREAD=1 LD_PRELOAD="$bundle/bin/libcudamem_interpose.so" CUDAMEM_HOOK_DIR="$out/fixtures/logs" "$out/fixtures/cuda_runtime" bench 300000 "$threads")" >> "$fake_log"
     done
   done
   rm -rf "$out/fixtures/logs"
