@@ -1,4 +1,4 @@
-//! The one lock of the interposer: a mutex (waiters sleep rather than spin,
+//! The interposer's locks (the recorder's, and the log's growth lock): a mutex (waiters sleep rather than spin,
 //! which matters when more threads allocate than there are cores) that
 //! knows whether this thread holds it, plus what `fork` and signal handlers need
 //! of it: holding it across `fork` (taken in `pthread_atfork`'s prepare
@@ -25,17 +25,48 @@ pub struct Lock<T: 'static> {
 // reference to the mutex alive.
 unsafe impl<T: Send> Sync for Lock<T> {}
 
+/// Locks one thread may hold at once (the recorder's, then the log's
+/// growth lock inside it).
+const NESTED: usize = 4;
+
 thread_local! {
-    /// The lock this thread is taking or holds (its address; 0: none), set
-    /// before the mutex is asked for and cleared after it is let go, so
-    /// that a signal handler never waits for a lock its own thread is in
-    /// the middle of taking or releasing.
-    static MINE: Cell<usize> = const { Cell::new(0) };
+    /// The locks this thread is taking or holds (their addresses; 0: a free
+    /// slot), each set before the mutex is asked for and cleared after it
+    /// is let go, so that a signal handler never waits for a lock its own
+    /// thread is in the middle of taking or releasing.
+    static MINE: Cell<[usize; NESTED]> = const { Cell::new([0; NESTED]) };
+}
+
+/// Note `key` as taken by this thread; `false` when every slot is in use.
+fn note(key: usize) -> bool {
+    MINE.with(|mine| {
+        let mut keys = mine.get();
+        match keys.iter().position(|&slot| slot == 0) {
+            Some(free) => {
+                keys[free] = key;
+                mine.set(keys);
+                true
+            }
+            None => false,
+        }
+    })
+}
+
+/// Forget `key` as taken by this thread.
+fn forget(key: usize) {
+    MINE.with(|mine| {
+        let mut keys = mine.get();
+        if let Some(at) = keys.iter().position(|&slot| slot == key) {
+            keys[at] = 0;
+            mine.set(keys);
+        }
+    });
 }
 
 /// The lock, held.
 pub struct Guard<'a, T: 'static> {
     guard: ManuallyDrop<MutexGuard<'a, T>>,
+    key: usize,
 }
 
 impl<T> Deref for Guard<'_, T> {
@@ -55,7 +86,7 @@ impl<T> Drop for Guard<'_, T> {
     fn drop(&mut self) {
         // SAFETY: dropped once, here; the field is not used again.
         unsafe { ManuallyDrop::drop(&mut self.guard) };
-        MINE.with(|mine| mine.set(0));
+        forget(self.key);
     }
 }
 
@@ -97,12 +128,14 @@ impl<T: 'static> Lock<T> {
     /// Whether this thread holds it, or is taking or releasing it (then
     /// waiting for it might never end).
     pub fn held_here(&self) -> bool {
-        MINE.with(Cell::get) == self.key()
+        let key = self.key();
+        MINE.with(Cell::get).contains(&key)
     }
 
     fn guard<'a>(&'a self, guard: MutexGuard<'a, T>) -> Guard<'a, T> {
         Guard {
             guard: ManuallyDrop::new(guard),
+            key: self.key(),
         }
     }
 
@@ -111,25 +144,23 @@ impl<T: 'static> Lock<T> {
     /// interposer while the interrupted code held it). A holder that
     /// panicked left the value as it was; it is used as it is.
     pub fn lock(&self) -> Option<Guard<'_, T>> {
-        if self.held_here() {
+        if self.held_here() || !note(self.key()) {
             return None;
         }
-        MINE.with(|mine| mine.set(self.key()));
         let guard = self.mutex().lock().unwrap_or_else(PoisonError::into_inner);
         Some(self.guard(guard))
     }
 
     /// Take the lock if it is free now.
     pub fn try_lock(&self) -> Option<Guard<'_, T>> {
-        if self.held_here() {
+        if self.held_here() || !note(self.key()) {
             return None;
         }
-        MINE.with(|mine| mine.set(self.key()));
         match self.mutex().try_lock() {
             Ok(guard) => Some(self.guard(guard)),
             Err(TryLockError::Poisoned(poisoned)) => Some(self.guard(poisoned.into_inner())),
             Err(TryLockError::WouldBlock) => {
-                MINE.with(|mine| mine.set(0));
+                forget(self.key());
                 None
             }
         }

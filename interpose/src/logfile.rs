@@ -1,16 +1,24 @@
 //! A process's event log, written through a shared mapping of the file:
 //! every record is in the file's pages the moment it is copied there, so a
 //! process that is killed, crashes, calls `_exit` or `exec`s leaves all of
-//! its records readable, with no flush. The file grows a window at a time
-//! (one `ftruncate` and one `mmap` per window: the only system calls of
-//! the writing path); until the process ends its tail past the last record
-//! is zeros, which readers stop at. An orderly end cuts the file to its
-//! records.
+//! its records readable, with no flush.
 //!
-//! The log holds no descriptor between those calls: each opens the file by
-//! its path, checks that it is the same file (device and inode), and closes
-//! it again. A program that closes every descriptor it did not open (a
-//! daemon, a sandbox, a `closefrom` launcher) and reuses the numbers can
+//! Threads write without a lock: each record takes its place with one
+//! atomic add on the write position, then is copied there. The order of
+//! the places is the order the records were placed in, so a free recorded
+//! before its driver call comes before any allocation that reuses the
+//! pointer. The whole bound is mapped once; the file grows a window at a
+//! time ahead of the writers (blocks reserved, then the length), under a
+//! lock that only growing takes. Writing never goes past the backed
+//! length, and the file is never cut while the process runs, so no write
+//! can fault. A place whose record was never copied (the process was
+//! killed between the two steps), and the tail past the last record, are
+//! zeros, which readers skip. An orderly end gives the tail's blocks back.
+//!
+//! The log holds no descriptor between system calls: each opens the file
+//! by its path, checks that it is the same file (device and inode), and
+//! closes it again. A program that closes every descriptor it did not open
+//! (a daemon, a sandbox, a `closefrom` launcher) and reuses the numbers can
 //! never have its own files cut, grown or written by the log, and finds no
 //! descriptor of ours among its own.
 
@@ -18,12 +26,14 @@ use std::ffi::{CStr, CString, c_int};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use trace::event::MAX_LINE_BYTES;
 
+use crate::lock::Lock;
 use crate::thread::NoCancel;
 
-/// Bytes mapped at a time.
+/// Bytes the file grows by at a time.
 const WINDOW: u64 = 4 << 20;
 /// Window starts are multiples of this (a multiple of every page size).
 const ALIGN: u64 = 64 << 10;
@@ -31,32 +41,42 @@ const ALIGN: u64 = 64 << 10;
 const MADV_POPULATE_WRITE: libc::c_int = 23;
 /// Bytes kept below the bound for the records of the end.
 const RESERVE: u64 = 4 * MAX_LINE_BYTES as u64;
+/// The smallest mapping tried when the bound cannot be mapped whole.
+const SMALLEST_MAP: u64 = 4 << 20;
 
-/// An open log.
+/// An open log, shared by every thread of the process.
 pub struct LogFile {
     /// The file's absolute path, and its identity.
     path: CString,
     dev: u64,
     ino: u64,
+    /// The mapping of the file's first `map_len` bytes.
     map: *mut u8,
-    /// File offset of the mapping.
-    map_start: u64,
     map_len: u64,
     /// Where the next record goes.
-    pos: u64,
-    /// The file's length now.
-    file_len: u64,
-    max_bytes: u64,
-    /// Records dropped at the bound.
-    pub dropped: u64,
+    pos: AtomicU64,
+    /// Where the next record of the end goes once the bound is reached (in
+    /// the reserve, `[bound - RESERVE, bound)`).
+    end_pos: AtomicU64,
+    /// The file's length, every block below it backed: records below it
+    /// can be copied without a fault.
+    ready: AtomicU64,
+    /// Taken to grow the file.
+    grow: Lock<()>,
+    /// The bound: the mapping's length.
+    bound: u64,
+    /// Records dropped at the bound, or because the file could not grow.
+    dropped: AtomicU64,
     /// The time of the last record the file held when it was opened (the
     /// image before an `exec`), so that time goes on from there.
     pub last_time_ns: Option<u64>,
 }
 
-// SAFETY: the mapping belongs to this value alone; it moves between threads
-// only inside the recorder's lock.
+// SAFETY: the mapping belongs to this value alone; every thread writes only
+// the places it took with an atomic add, and growing is under a lock.
 unsafe impl Send for LogFile {}
+// SAFETY: as above.
+unsafe impl Sync for LogFile {}
 
 impl LogFile {
     /// Open (or, after `exec`, reopen) the log at `path`, at most
@@ -90,22 +110,24 @@ impl LogFile {
         let path = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
         let path = CString::new(path.as_os_str().as_bytes()).ok()?;
         let end = valid_end(fd);
-        let mut log = LogFile {
+        let (map, map_len) = map_bound(fd, max_bytes.max(2 * RESERVE).div_ceil(ALIGN) * ALIGN)?;
+        let log = LogFile {
             path,
             dev,
             ino,
-            map: ptr::null_mut(),
-            map_start: 0,
-            map_len: 0,
-            pos: end,
-            file_len: end,
-            max_bytes: max_bytes.max(2 * RESERVE),
-            dropped: 0,
+            map,
+            map_len,
+            pos: AtomicU64::new(end),
+            end_pos: AtomicU64::new(map_len - RESERVE),
+            ready: AtomicU64::new(0),
+            grow: Lock::new(()),
+            bound: map_len,
+            dropped: AtomicU64::new(0),
             last_time_ns: last_time(fd, end),
         };
-        // SAFETY: ftruncate of the descriptor the caller opened.
-        unsafe { libc::ftruncate(fd, end as libc::off_t) };
-        if !log.reach_with(fd, 1) {
+        // Past the records, the image before an `exec` may have left a
+        // tail: it is overwritten from `end` on.
+        if !log.grow_with(fd, end, end.saturating_add(1)) {
             log.close();
             return None;
         }
@@ -132,139 +154,175 @@ impl LogFile {
         (identity(fd.as_raw_fd()) == Some((self.dev, self.ino))).then_some(fd)
     }
 
+    /// Records dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
     /// Append one record; past the bound less the end's reserve it is
     /// dropped (and counted) instead.
-    pub fn append(&mut self, bytes: &[u8]) {
-        if self.pos + bytes.len() as u64 > self.max_bytes - RESERVE {
-            self.dropped += 1;
+    pub fn append(&self, bytes: &[u8]) {
+        let len = bytes.len() as u64;
+        let at = self.pos.fetch_add(len, Ordering::Relaxed);
+        if at + len > self.bound - RESERVE {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        self.write(bytes);
+        self.write(at, bytes);
     }
 
     /// Append one of the records of the end, which may use the reserve.
-    pub fn append_final(&mut self, bytes: &[u8]) {
-        if self.pos + bytes.len() as u64 > self.max_bytes {
-            self.dropped += 1;
-            return;
-        }
-        self.write(bytes);
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
+    pub fn append_final(&self, bytes: &[u8]) {
         let len = bytes.len() as u64;
-        if !self.reach(len) {
-            self.dropped += 1;
-            return;
+        let mut at = self.pos.fetch_add(len, Ordering::Relaxed);
+        if at + len > self.bound - RESERVE {
+            at = self.end_pos.fetch_add(len, Ordering::Relaxed);
+            if at + len > self.bound {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
         }
-        let offset = (self.pos - self.map_start) as usize;
-        // SAFETY: `reach` made [pos, pos + len) part of the mapping and of
-        // the file; `bytes` does not overlap it.
-        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.add(offset), bytes.len()) };
-        self.pos += len;
+        self.write(at, bytes);
     }
 
-    /// Make [pos, pos + len) mapped and inside the file (no system call
-    /// when it is already).
-    fn reach(&mut self, len: u64) -> bool {
-        let end = self.pos + len;
-        let mapped = !self.map.is_null() && end <= self.map_start + self.map_len;
-        if mapped && self.file_len >= end {
+    /// Copy `bytes` to its place `[at, at + len)`, which no other record
+    /// has.
+    fn write(&self, at: u64, bytes: &[u8]) {
+        let end = at + bytes.len() as u64;
+        if end > self.ready.load(Ordering::Acquire) && !self.grow_to(end) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // SAFETY: [at, end) is inside the mapping (end <= bound = map_len)
+        // and below the file's backed length; the place is this record's
+        // alone (taken by an atomic add); `bytes` does not overlap it.
+        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.add(at as usize), bytes.len()) };
+    }
+
+    /// Grow the file past `end`: `false` when it cannot (a full disk, the
+    /// file replaced, or this thread is growing it already: a signal
+    /// handler that interrupted a growth).
+    #[cold]
+    fn grow_to(&self, end: u64) -> bool {
+        let _no_cancel = NoCancel::hold();
+        let Some(_guard) = self.grow.lock() else {
+            return false;
+        };
+        if end <= self.ready.load(Ordering::Acquire) {
             return true;
         }
-        let _no_cancel = NoCancel::hold();
         match self.reopen() {
-            Some(fd) => self.reach_with(fd.as_raw_fd(), len),
+            Some(fd) => self.grow_with(fd.as_raw_fd(), self.ready.load(Ordering::Acquire), end),
             None => false,
         }
     }
 
-    fn reach_with(&mut self, fd: c_int, len: u64) -> bool {
-        let end = self.pos + len;
-        if self.map.is_null() || end > self.map_start + self.map_len {
-            if !self.map.is_null() {
-                // SAFETY: unmapping the mapping this value made.
-                unsafe { libc::munmap(self.map.cast(), self.map_len as usize) };
-                self.map = ptr::null_mut();
-            }
-            let start = self.pos / ALIGN * ALIGN;
-            let stop = (start + WINDOW).min(self.max_bytes.div_ceil(ALIGN) * ALIGN);
-            if stop < end {
-                return false;
-            }
-            // Reserve the window's blocks first: a write through the mapping
-            // to a page the file system cannot back (a full disk or tmpfs)
-            // would be a SIGBUS in the program; this way it is a refused
-            // window, and records are dropped and counted instead. Backed
-            // blocks also make the first write to each page cheaper.
-            // SAFETY: fallocate of our own descriptor.
-            let reserved = unsafe {
-                libc::posix_fallocate(fd, start as libc::off_t, (stop - start) as libc::off_t)
-            };
-            if reserved != 0 {
-                return false;
-            }
-            // SAFETY: a fresh shared mapping of our descriptor at an
-            // aligned offset.
-            let map = unsafe {
-                libc::mmap(
-                    ptr::null_mut(),
-                    (stop - start) as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    start as libc::off_t,
-                )
-            };
-            if map == libc::MAP_FAILED {
-                return false;
-            }
-            // Fault the whole window in, writable, now: one system call per
-            // window instead of a fault at the first write to each page,
-            // with the recorder's lock held. Kernels without it refuse, and
-            // the pages fault one by one as before.
-            // SAFETY: advice on the mapping just made.
-            unsafe { libc::madvise(map, (stop - start) as usize, MADV_POPULATE_WRITE) };
-            self.map = map.cast();
-            self.map_start = start;
-            self.map_len = stop - start;
+    /// Back `[from, end)` and a window past it (within the bound): blocks
+    /// first, then the length, then the pages faulted in writable, then
+    /// `ready` moved on. Called holding the growth lock, or before the log
+    /// is shared.
+    fn grow_with(&self, fd: c_int, from: u64, end: u64) -> bool {
+        if end > self.bound {
+            return false;
         }
-        let mapped_end = self.map_start + self.map_len;
-        if self.file_len < end {
-            // Past the file's end, a mapped page faults: grow the file to
-            // the mapping's end first.
-            // SAFETY: ftruncate of our own descriptor.
-            if unsafe { libc::ftruncate(fd, mapped_end as libc::off_t) } != 0 {
+        let start = from / ALIGN * ALIGN;
+        let stop = (end.div_ceil(ALIGN) * ALIGN + WINDOW).min(self.bound);
+        // Blocks first: a write through the mapping to a page the file
+        // system cannot back (a full disk or tmpfs) would be a SIGBUS in the
+        // program; this way it is a refused window, and records are dropped
+        // and counted instead.
+        // SAFETY: fallocate of our own descriptor.
+        let reserved = unsafe {
+            libc::posix_fallocate(fd, start as libc::off_t, (stop - start) as libc::off_t)
+        };
+        if reserved != 0 {
+            return false;
+        }
+        // The length only ever grows here (fallocate may have grown it).
+        // SAFETY: lseek of our own descriptor.
+        let size = unsafe { libc::lseek(fd, 0, libc::SEEK_END) };
+        if size < stop as libc::off_t {
+            // SAFETY: ftruncate of our own descriptor, lengthening it.
+            if unsafe { libc::ftruncate(fd, stop as libc::off_t) } != 0 {
                 return false;
             }
-            self.file_len = mapped_end;
         }
+        // Fault the window in, writable, now: one system call per window
+        // instead of a fault at the first write to each page. Kernels
+        // without it refuse, and the pages fault one by one.
+        // SAFETY: advice on our mapping, inside it.
+        unsafe {
+            libc::madvise(
+                self.map.add(start as usize).cast(),
+                (stop - start) as usize,
+                MADV_POPULATE_WRITE,
+            )
+        };
+        self.ready.store(stop, Ordering::Release);
         true
     }
 
-    /// Cut the file to its records (at an orderly end; writing may go on
-    /// afterwards and grows it again).
-    pub fn cut_to_records(&mut self) {
+    /// At an orderly end: give back the blocks past the records (the file
+    /// keeps its length, so a thread still writing cannot fault; a record
+    /// placed past this point while it runs may be lost).
+    pub fn trim(&self) {
         let _no_cancel = NoCancel::hold();
-        let pos = self.pos;
-        // SAFETY: ftruncate of the log's own file; the mapping past the new
-        // end is not written until `reach` grows the file again.
+        let pos = self.pos.load(Ordering::Acquire).min(self.bound);
+        let from = pos.div_ceil(ALIGN) * ALIGN;
+        let ready = self.ready.load(Ordering::Acquire);
+        if from >= ready {
+            return;
+        }
         let Some(fd) = self.reopen() else {
             return;
         };
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), pos as libc::off_t) } == 0 {
-            self.file_len = pos;
-        }
+        // SAFETY: fallocate of the log's own file, punching a hole past the
+        // records (the length stays).
+        unsafe {
+            libc::fallocate(
+                fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                from as libc::off_t,
+                (ready - from) as libc::off_t,
+            )
+        };
     }
 
-    /// Let go of the log without writing (a forked child's copy of its
-    /// parent's, which the parent goes on writing).
-    pub fn close(self) {
-        if !self.map.is_null() {
-            // SAFETY: unmapping this value's mapping; the parent's pages are
-            // its own mapping and stay.
-            unsafe { libc::munmap(self.map.cast(), self.map_len as usize) };
+    /// Let go of the log without writing (a process copy's view of its
+    /// parent's, which the parent goes on writing). Only by the copy's one
+    /// thread.
+    pub fn close(&self) {
+        // SAFETY: unmapping this value's mapping; the parent's pages are its
+        // own mapping and stay. Nothing writes here afterwards (the caller's
+        // contract).
+        unsafe { libc::munmap(self.map.cast(), self.map_len as usize) };
+    }
+}
+
+/// Map the first `bytes` of the file `fd`, or as much as the address space
+/// allows (halving down to [`SMALLEST_MAP`]): the mapping and its length.
+fn map_bound(fd: c_int, bytes: u64) -> Option<(*mut u8, u64)> {
+    let mut len = bytes;
+    loop {
+        // SAFETY: a fresh shared mapping of our descriptor from offset 0;
+        // pages past the file's end are never touched (see `LogFile::write`).
+        let map = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if map != libc::MAP_FAILED {
+            return Some((map.cast(), len));
         }
+        if len <= SMALLEST_MAP {
+            return None;
+        }
+        len = (len / 2).div_ceil(ALIGN) * ALIGN;
     }
 }
 

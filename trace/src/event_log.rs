@@ -50,8 +50,13 @@ pub struct LogInfo {
     /// The last line was cut (the process died while writing it).
     pub cut_last_line: bool,
     /// The file ended in zero bytes: the process never closed it (killed,
-    /// or it left through `_exit`).
+    /// or it left through `_exit`), or wrote its records from several
+    /// threads (their log keeps its length).
     pub unfinished: bool,
+    /// Places in the middle that hold zeros, or a record cut off and
+    /// zeros: a thread took the place for a record and the process was
+    /// killed before the record was copied there. Skipped.
+    pub holes: u64,
 }
 
 /// A log that cannot be read.
@@ -98,7 +103,10 @@ pub enum LogError {
 ///
 /// A last line cut off, and the zero bytes a process that never closed the
 /// file leaves after its records, are how a killed process's log ends: they
-/// are reported in [`LogInfo`], not errors. A bad line before the end is an
+/// are reported in [`LogInfo`], not errors. So are zeros in the middle (a
+/// place a thread took for a record it never copied there, with whatever
+/// part of it was copied): they are skipped, and with them the first line
+/// after them if it is not a whole record. A bad line anywhere else is an
 /// error.
 pub fn read(
     path: &Path,
@@ -115,6 +123,8 @@ pub fn read(
     let mut line = Vec::with_capacity(MAX_LINE_BYTES);
     let mut read_bytes = 0u64;
     let mut number = 0u64;
+    // The line after zeros in the middle may be a record's cut-off tail.
+    let mut after_hole = false;
     loop {
         line.clear();
         let got = (&mut reader)
@@ -133,9 +143,32 @@ pub fn read(
             });
         }
         if let Some(zero) = line.iter().position(|&byte| byte == 0) {
-            info.unfinished = true;
-            info.cut_last_line = zero > 0;
-            break;
+            match line[zero..].iter().position(|&byte| byte != 0) {
+                // Zeros, then the next record on the same line.
+                Some(past) => {
+                    line.drain(..zero + past);
+                    info.holes += 1;
+                    after_hole = true;
+                }
+                None => {
+                    let skipped = skip_zeros(&mut reader).map_err(io)?;
+                    read_bytes += skipped.bytes;
+                    if read_bytes > max_bytes {
+                        return Err(LogError::TooLarge {
+                            path: path.to_path_buf(),
+                            limit_bytes: max_bytes,
+                        });
+                    }
+                    if !skipped.more {
+                        info.unfinished = true;
+                        info.cut_last_line = zero > 0;
+                        break;
+                    }
+                    info.holes += 1;
+                    after_hole = true;
+                    continue;
+                }
+            }
         }
         let ended = line.last() == Some(&b'\n');
         if !ended && line.len() > MAX_LINE_BYTES {
@@ -149,11 +182,14 @@ pub fn read(
         } else {
             &line
         });
+        let tail_of_hole = std::mem::take(&mut after_hole);
         match parse_line(&text) {
             Ok(record) if ended => {
                 visit(info.records, &record);
                 info.records += 1;
             }
+            // The cut-off tail of the record whose place the zeros were.
+            Err(_) if ended && tail_of_hole => {}
             // Without a line end this is the last line: the writer stopped
             // in the middle of it, whether or not what is there parses.
             _ if !ended => {
@@ -171,6 +207,38 @@ pub fn read(
         }
     }
     Ok(info)
+}
+
+/// Zeros skipped by [`skip_zeros`].
+struct Skipped {
+    bytes: u64,
+    /// A byte that is not zero follows.
+    more: bool,
+}
+
+/// Skip zero bytes up to the next byte that is not one, or the end.
+fn skip_zeros(reader: &mut impl BufRead) -> io::Result<Skipped> {
+    let mut bytes = 0u64;
+    loop {
+        let buffer = reader.fill_buf()?;
+        if buffer.is_empty() {
+            return Ok(Skipped { bytes, more: false });
+        }
+        match buffer.iter().position(|&byte| byte != 0) {
+            Some(at) => {
+                reader.consume(at);
+                return Ok(Skipped {
+                    bytes: bytes + at as u64,
+                    more: true,
+                });
+            }
+            None => {
+                let len = buffer.len();
+                reader.consume(len);
+                bytes += len as u64;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -236,6 +304,41 @@ mod tests {
         let (seen, info) = collect(&path).unwrap();
         assert_eq!(seen.len(), 2);
         assert!(info.cut_last_line && !info.unfinished);
+    }
+
+    #[test]
+    fn places_taken_and_never_written_are_skipped_with_what_was_cut_off() {
+        // Threads place records without a lock: one killed between taking
+        // its place and copying its record leaves zeros there, after any
+        // part of the record it copied (its start, or from a copy that
+        // went backwards, its end).
+        let dir = folder();
+        let mut bytes = lines(&[Event::Signal { number: 1 }]);
+        bytes.extend_from_slice(&[0; 70]);
+        bytes.extend_from_slice(&lines(&[Event::Signal { number: 2 }]));
+        bytes.extend_from_slice(b"alloc\t5\t7\tcuMem");
+        bytes.extend_from_slice(&[0; 20_000]);
+        bytes.extend_from_slice(&lines(&[Event::Signal { number: 3 }]));
+        bytes.extend_from_slice(&[0; 30]);
+        bytes.extend_from_slice(b"\t7\t0x10\t256\n");
+        bytes.extend_from_slice(&lines(&[Event::Exit { dropped: 0 }]));
+        bytes.extend_from_slice(&[0; 5000]);
+        let path = temp(&dir, "holes.events", &bytes);
+        let (seen, info) = collect(&path).unwrap();
+        assert_eq!(seen.len(), 4, "{seen:?}");
+        assert!(seen[0].starts_with("signal") && seen[2].starts_with("signal"));
+        assert!(seen[3].starts_with("exit"), "{seen:?}");
+        assert_eq!(info.holes, 3);
+        assert!(info.unfinished && !info.cut_last_line);
+        // A line that is not a record, with no zeros before it, is still an
+        // error.
+        let mut bad = lines(&[Event::Signal { number: 1 }]);
+        bad.extend_from_slice(b"\t7\t0x10\t256\n");
+        let path = temp(&dir, "tail.events", &bad);
+        assert!(matches!(
+            collect(&path).unwrap_err(),
+            LogError::BadLine { line: 2, .. }
+        ));
     }
 
     #[test]

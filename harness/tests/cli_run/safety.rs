@@ -117,7 +117,7 @@ fn a_program_that_closes_every_descriptor_keeps_its_files_and_a_whole_trace() {
     // held, and the exit record.
     let logs = event_logs(&trace);
     assert_eq!(logs.len(), 1);
-    let log = text(&std::fs::read(&logs[0]).unwrap());
+    let log = log_text(&logs[0]);
     assert_eq!(records(&log, "alloc").len(), 60_001);
     assert_eq!(records(&log, "free").len(), 60_001);
     assert_eq!(records(&log, "exit").len(), 1);
@@ -182,7 +182,7 @@ fn signal_actions_flags_and_masks_stay_the_programs() {
     );
     // The signal that ended it is recorded.
     let logs = event_logs(&trace);
-    let log = text(&std::fs::read(&logs[0]).unwrap());
+    let log = log_text(&logs[0]);
     assert_eq!(records(&log, "signal").len(), 1, "{log}");
 }
 
@@ -240,7 +240,7 @@ fn copies_made_by_a_raw_clone_write_logs_of_their_own_and_never_their_parents() 
     assert_eq!(output.stdout, by_itself.stdout);
     let logs: Vec<String> = event_logs(&trace)
         .iter()
-        .map(|path| text(&std::fs::read(path).unwrap()))
+        .map(|path| log_text(path))
         .collect();
     let field = |log: &str, kind: &str, at: usize| -> Vec<String> {
         records(log, kind)
@@ -311,7 +311,7 @@ fn a_function_the_driver_lacks_bound_by_the_loader_answers_not_found() {
         "cuMemAllocFromPoolAsync_ptsz: present, answers 500\n"
     );
     for log in event_logs(&trace) {
-        let log = text(&std::fs::read(log).unwrap());
+        let log = log_text(&log);
         assert!(records(&log, "alloc").is_empty(), "{log}");
     }
 }
@@ -338,7 +338,7 @@ fn threads_that_exit_mid_run_lose_no_record_even_from_their_exit_destructors() {
     assert!(!stderr.contains("stopped recording"), "{stderr}");
     let logs = event_logs(&trace);
     assert_eq!(logs.len(), 1);
-    let log = text(&std::fs::read(&logs[0]).unwrap());
+    let log = log_text(&logs[0]);
     // Thread i makes 100 + i pairs, then one block its exit frees.
     let expected = (0..32).map(|i| 100 + i + 1).sum::<usize>();
     assert_eq!(records(&log, "alloc").len(), expected);
@@ -364,7 +364,7 @@ fn an_exec_with_an_environment_at_the_kernels_limit_runs_as_alone() {
     assert_eq!(output.stdout, by_itself.stdout);
     let logs = event_logs(&trace);
     assert_eq!(logs.len(), 1);
-    let log = text(&std::fs::read(&logs[0]).unwrap());
+    let log = log_text(&logs[0]);
     assert_eq!(records(&log, "alloc").len(), 10, "{log}");
     assert_eq!(records(&log, "exit").len(), 1, "{log}");
 }
@@ -410,7 +410,7 @@ fn a_thread_cancelled_while_it_calls_the_driver_is_cancelled_as_alone() {
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     assert_eq!(output.stdout, by_itself.stdout);
     let logs = event_logs(&trace);
-    let log = text(&std::fs::read(&logs[0]).unwrap());
+    let log = log_text(&logs[0]);
     assert_eq!(records(&log, "exit").len(), 1);
     // Every allocation but those a cancelled thread left is freed.
     let (allocs, frees) = (records(&log, "alloc").len(), records(&log, "free").len());

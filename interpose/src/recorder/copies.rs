@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use super::{FORKED, LAST_PROGRAM_READ, LIVE, START_NS, STATE, State};
+use super::{FORKED, LAST_PROGRAM_READ, LIVE_HANDLES, LOG, START_NS, STATE, State, hot};
 use crate::stop::stop_quietly;
 use crate::thread::{forget_thread_id, take_copy};
 
@@ -30,6 +30,8 @@ pub fn after_fork_parent() {
 pub fn after_fork_child() {
     forget_thread_id();
     forget_program_reads();
+    // SAFETY: the child's one thread, in its fork handler.
+    unsafe { hot::forget_all() };
     // Records are stamped from the child's own start, once it has one.
     START_NS.store(0, Ordering::Release);
     FORKED.store(true, Ordering::Release);
@@ -61,8 +63,11 @@ pub(super) fn copy_check() {
 fn adopt_copy() {
     forget_program_reads();
     START_NS.store(0, Ordering::Release);
-    LIVE.store(0, Ordering::Relaxed);
+    LIVE_HANDLES.store(0, Ordering::Relaxed);
     FORKED.store(false, Ordering::Release);
+    // SAFETY: the copy's one thread (a process copy starts with the copying
+    // thread alone).
+    unsafe { hot::forget_all() };
     if STATE.held_here() {
         // Copied by a signal handler that interrupted a record of this
         // thread: nothing can be recorded safely.
@@ -81,6 +86,7 @@ fn adopt_copy() {
             let had_state = parent.is_some();
             if let Some(mut parent) = parent {
                 if let Some(log) = parent.log.take() {
+                    LOG.store(std::ptr::null_mut(), Ordering::Release);
                     log.close();
                 }
                 std::mem::forget(parent);

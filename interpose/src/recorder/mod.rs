@@ -1,18 +1,19 @@
-//! The process's recorder: one lock around the log, the [`Accounting`] the
-//! log's records build (so an out-of-memory explanation sees the process as
-//! it is), and the moments free memory is read.
+//! The process's recorder: the log, the [`Accounting`] the log's records
+//! build (so an out-of-memory explanation sees the process as it is), and
+//! the moments free memory is read.
 //!
 //! Set up on first use (the first recorded call), never from a
-//! constructor. Everything a wrapper needs outside the lock (naming its
-//! caller, calling the driver) happens before or after taking it: the lock
-//! is held for a record's worth of work, plus the readings of free memory
-//! this module makes at chosen moments.
+//! constructor. Allocations and frees, the calls a program makes most and
+//! from many threads at once, take no lock: each thread stamps and formats
+//! its record, places it in the log with one atomic add, and changes the
+//! live blocks in [`hot`]'s shards. Every other record, and what reads
+//! free memory, goes through the one lock around the state.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CString, c_int, c_void};
 use std::os::unix::ffi::OsStrExt as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::time::Duration;
 
 use ctx::driver::result::OUT_OF_MEMORY as CUDA_ERROR_OUT_OF_MEMORY;
@@ -35,7 +36,10 @@ use crate::thread::monotonic_ns;
 use crate::thread::thread_id;
 
 mod copies;
+mod hot;
 mod oom;
+
+pub use hot::HotBlock;
 
 use copies::copy_check;
 pub use copies::{after_fork_child, after_fork_parent, before_fork};
@@ -57,7 +61,7 @@ struct Peak {
 pub struct State {
     /// `CLOCK_MONOTONIC` when recording started, nanoseconds.
     start_ns: u64,
-    log: Option<LogFile>,
+    log: Option<&'static LogFile>,
     line: Line,
     accounting: Accounting,
     /// Loaded objects named so far: (load address, path); id = index + 1.
@@ -67,11 +71,6 @@ pub struct State {
     names: HashMap<u64, (String, bool)>,
     peak: Peak,
     out_of_memory: u64,
-    async_seen: bool,
-    /// Records written, and the one that panics (a test aid, see
-    /// [`TEST_PANIC_VAR`]).
-    records: u64,
-    panic_at: Option<u64>,
 }
 
 /// How long the exit path waits for another thread's record (never for
@@ -88,15 +87,39 @@ static STATE: Lock<Option<State>> = Lock::new(None);
 /// child's first record.
 static FORKED: AtomicBool = AtomicBool::new(false);
 
-/// Live device bytes, readable without the lock (for measurement windows).
-static LIVE: AtomicU64 = AtomicU64::new(0);
+/// Live device bytes the state holds (VMM handles: the blocks are in
+/// [`hot`]), readable without the lock.
+static LIVE_HANDLES: AtomicU64 = AtomicU64::new(0);
+
+/// The state's log, for the hot paths (null: none).
+static LOG: AtomicPtr<LogFile> = AtomicPtr::new(std::ptr::null_mut());
+
+/// A stream-ordered allocation was seen (the pool's reserve is read with
+/// free memory from then on).
+static ASYNC_SEEN: AtomicBool = AtomicBool::new(false);
+
+/// Records counted, and the count past which one panics (a test aid, see
+/// [`TEST_PANIC_VAR`]; `u64::MAX`: off, and nothing is counted).
+static RECORDS: AtomicU64 = AtomicU64::new(0);
+static PANIC_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Live device bytes: the blocks' (as shared between threads) and the
+/// handles'.
+fn live_bytes() -> u64 {
+    hot::live_bytes() + LIVE_HANDLES.load(Ordering::Relaxed)
+}
+
+/// Count a record, panicking where the test aid asks.
+fn count() {
+    let at = PANIC_AT.load(Ordering::Relaxed);
+    if at != u64::MAX && RECORDS.fetch_add(1, Ordering::Relaxed) + 1 > at {
+        panic!("the panic {TEST_PANIC_VAR} asked for");
+    }
+}
 
 /// The state's `start_ns`, readable without the lock (0: no state yet), so
 /// that the hot paths can stamp and format their record before taking it.
 static START_NS: AtomicU64 = AtomicU64::new(0);
-
-/// Whether the state writes a log (records are formatted only then).
-static LOGGING: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// Where the hot paths format their record, outside the lock.
@@ -111,7 +134,21 @@ fn exe_path() -> String {
 
 impl State {
     fn new(libraries: Vec<(usize, String)>, names: HashMap<u64, (String, bool)>) -> State {
-        let log = open_log();
+        let log: Option<&'static LogFile> = open_log().map(|log| &*Box::leak(Box::new(log)));
+        LOG.store(
+            log.map_or(std::ptr::null_mut(), |log| {
+                std::ptr::from_ref(log).cast_mut()
+            }),
+            Ordering::Release,
+        );
+        RECORDS.store(0, Ordering::Relaxed);
+        PANIC_AT.store(
+            std::env::var(TEST_PANIC_VAR)
+                .ok()
+                .and_then(|text| text.parse().ok())
+                .unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         // After an `exec`, the log goes on, and so does its time.
         let since_start = log
             .as_ref()
@@ -119,7 +156,6 @@ impl State {
             .map_or(0, |last| last + 1);
         let start_ns = monotonic_ns().saturating_sub(since_start).max(1);
         START_NS.store(start_ns, Ordering::Release);
-        LOGGING.store(log.is_some(), Ordering::Release);
         let mut state = State {
             start_ns,
             log,
@@ -133,11 +169,6 @@ impl State {
                 pending: false,
             },
             out_of_memory: 0,
-            async_seen: false,
-            records: 0,
-            panic_at: std::env::var(TEST_PANIC_VAR)
-                .ok()
-                .and_then(|text| text.parse().ok()),
         };
         // SAFETY: getpid and getppid cannot fail.
         let (pid, ppid) = unsafe { (libc::getpid() as u32, libc::getppid() as u32) };
@@ -162,28 +193,21 @@ impl State {
         monotonic_ns().saturating_sub(self.start_ns)
     }
 
-    fn emit(&mut self, thread: u32, event: Event<'_>) {
+    fn emit(&mut self, thread: u32, event: Event<'_>) -> Option<HotBlock> {
         let record = Record {
             time_ns: self.now(),
             thread,
             event,
         };
-        self.emit_record(record);
+        self.emit_record(record)
     }
 
-    /// Count a record, panicking where the test aid asks.
-    fn count(&mut self) {
-        self.records += 1;
-        if self.panic_at.is_some_and(|at| self.records > at) {
-            panic!("the panic {TEST_PANIC_VAR} asked for");
-        }
-    }
-
-    /// Write and apply a record already stamped.
-    fn emit_record(&mut self, record: Record<'_>) {
-        self.count();
+    /// Write and apply a record already stamped; a free returns the block
+    /// it took.
+    fn emit_record(&mut self, record: Record<'_>) -> Option<HotBlock> {
+        count();
         let last = matches!(record.event, Event::Exit { .. } | Event::Signal { .. });
-        if let Some(log) = &mut self.log {
+        if let Some(log) = self.log {
             self.line.encode(&record);
             if last {
                 log.append_final(self.line.as_bytes());
@@ -191,17 +215,38 @@ impl State {
                 log.append(self.line.as_bytes());
             }
         }
-        self.accounting.apply(&record);
+        self.apply(&record)
     }
 
-    /// Append a record formatted outside the lock (by [`record_fast`]) and
-    /// apply it.
-    fn append(&mut self, line: &Line, record: &Record<'_>) {
-        self.count();
-        if let Some(log) = &mut self.log {
-            log.append(line.as_bytes());
+    /// Apply a record: allocations and frees to [`hot`]'s blocks (a failed
+    /// free's block is put back by its caller), the rest to the state's
+    /// accounting.
+    fn apply(&mut self, record: &Record<'_>) -> Option<HotBlock> {
+        match record.event {
+            Event::Alloc {
+                call,
+                ptr,
+                size,
+                caller,
+                result: 0,
+                ..
+            } => {
+                hot::allocated(call, ptr, size, caller);
+                None
+            }
+            Event::Free { call, ptr, .. } => hot::freed(call, ptr),
+            Event::FreeFailed { .. } => None,
+            _ => {
+                self.accounting.apply(record);
+                LIVE_HANDLES.store(self.accounting.live_device_bytes(), Ordering::Relaxed);
+                None
+            }
         }
-        self.accounting.apply(record);
+    }
+
+    /// The accounting with the live blocks in it: the process as a whole.
+    fn whole(&self) -> Accounting {
+        hot::with_blocks(&self.accounting)
     }
 
     fn add_library(&mut self, base: usize, path: String) -> u32 {
@@ -222,7 +267,7 @@ impl State {
     fn read(&mut self, why: MemInfoWhy, thread: u32) -> Option<(u64, u64)> {
         let (free, total) = read::mem_info()?;
         let device = read::current_device().unwrap_or(-1);
-        let pool_reserved = if self.async_seen && device >= 0 {
+        let pool_reserved = if ASYNC_SEEN.load(Ordering::Relaxed) && device >= 0 {
             read::pool_reserved(device)
         } else {
             None
@@ -245,8 +290,7 @@ impl State {
     /// may be being captured into a graph, and then nothing is read (asked
     /// only when a reading is due, so the common call asks nothing).
     fn grew(&mut self, thread: u32, stream: Option<u64>) {
-        let live = self.accounting.live_device_bytes();
-        LIVE.store(live, Ordering::Relaxed);
+        let live = live_bytes();
         if live <= self.peak.live {
             return;
         }
@@ -264,19 +308,21 @@ impl State {
         } else {
             self.peak.pending = true;
         }
+        // The hot paths compare the blocks' bytes alone.
+        hot::set_peak(
+            live.saturating_sub(LIVE_HANDLES.load(Ordering::Relaxed)),
+            self.peak.pending,
+        );
     }
 
     /// Before live bytes shrink: a peak not read yet is read now.
     fn shrinking(&mut self, thread: u32) {
         if self.peak.pending {
             self.peak.pending = false;
+            hot::peak_read();
             self.peak.last_read_ns = Some(self.now());
             self.read(MemInfoWhy::Peak, thread);
         }
-    }
-
-    fn shrank(&mut self) {
-        LIVE.store(self.accounting.live_device_bytes(), Ordering::Relaxed);
     }
 }
 
@@ -313,13 +359,15 @@ fn with_guard<R>(mut guard: Guard<'_, Option<State>>, f: impl FnOnce(&mut State)
     // A load first: the swap's write would be one more shared cache line
     // written by every call of every thread.
     if FORKED.load(Ordering::Acquire) && FORKED.swap(false, Ordering::AcqRel) {
+        LIVE_HANDLES.store(0, Ordering::Relaxed);
         if let Some(parent) = guard.take() {
             if let Some(log) = parent.log {
+                // This copy's one thread: nothing else writes there.
+                LOG.store(std::ptr::null_mut(), Ordering::Release);
                 log.close();
             }
             *guard = Some(State::new(parent.libraries, parent.names));
         }
-        LIVE.store(0, Ordering::Relaxed);
     }
     let state = guard.get_or_insert_with(|| {
         lifecycle::set_up();
@@ -328,64 +376,41 @@ fn with_guard<R>(mut guard: Guard<'_, Option<State>>, f: impl FnOnce(&mut State)
     f(state)
 }
 
-/// Record `event` with its line formatted before the lock is taken (the
-/// hot paths: allocations and frees); `before` runs under the lock before
-/// the record is appended, `after` once it is. `None` where [`with`] gives
-/// none.
-fn record_fast<R>(
-    thread: u32,
-    event: Event<'_>,
-    before: impl FnOnce(&mut State),
-    after: impl FnOnce(&mut State) -> R,
-) -> Option<R> {
-    guarded(|| record_fast_unguarded(thread, event, before, after)).flatten()
-}
-
-fn record_fast_unguarded<R>(
-    thread: u32,
-    event: Event<'_>,
-    before: impl FnOnce(&mut State),
-    after: impl FnOnce(&mut State) -> R,
-) -> Option<R> {
+/// Place the record of a hot path (an allocation or a free) in the log
+/// without the lock: stamped and formatted by this thread. `false` when
+/// the recorder must take it under the lock instead: no state yet (or a
+/// copy of the process, whose state is its parent's until its first
+/// record), or a signal handler interrupted this thread while it formatted.
+fn place(thread: u32, event: Event<'_>) -> bool {
+    copy_check();
     let start = START_NS.load(Ordering::Acquire);
-    let formatted = start != 0 && LOGGING.load(Ordering::Acquire);
+    if start == 0 {
+        return false;
+    }
     let record = Record {
         time_ns: monotonic_ns().saturating_sub(start),
         thread,
         event,
     };
-    let fast = formatted
-        && LINE.with(|line| match line.try_borrow_mut() {
-            Ok(mut line) => {
-                line.encode(&record);
-                true
-            }
-            // A signal handler interrupted this thread while it formatted.
-            Err(_) => false,
-        });
-    if fast {
-        LINE.with(|line| {
-            let line = line.borrow();
-            with(|state| {
-                before(state);
-                state.append(&line, &record);
-                after(state)
-            })
-        })
-    } else {
-        with(|state| {
-            before(state);
-            // Stamped before the state (and its start) existed, or by its
-            // parent's: stamp again.
-            let time_ns = if start != state.start_ns {
-                state.now()
-            } else {
-                record.time_ns
-            };
-            state.emit_record(Record { time_ns, ..record });
-            after(state)
-        })
+    let log = LOG.load(Ordering::Acquire);
+    if log.is_null() {
+        count();
+        return true;
     }
+    // Not when this thread's line is gone (its destructors run) or in use
+    // (a signal handler interrupted this thread while it formatted).
+    LINE.try_with(|line| match line.try_borrow_mut() {
+        Ok(mut line) => {
+            count();
+            line.encode(&record);
+            // SAFETY: a log once shared is never freed (a process copy lets
+            // go of its parent's only while it is its one thread).
+            unsafe { &*log }.append(line.as_bytes());
+            true
+        }
+        Err(_) => false,
+    })
+    .unwrap_or(false)
 }
 
 /// Records are stamped from this process's own start once it has one (a
@@ -400,6 +425,9 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
     let caller = guarded(|| caller_id(immediate)).unwrap_or(0);
     let thread = thread_id();
     let ordered = matches!(call, Call::MemAllocAsync | Call::MemAllocFromPoolAsync);
+    if ordered && !ASYNC_SEEN.load(Ordering::Relaxed) {
+        ASYNC_SEEN.store(true, Ordering::Relaxed);
+    }
     let event = Event::Alloc {
         call,
         ptr,
@@ -408,22 +436,30 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
         caller,
         result,
     };
-    let explanation = record_fast(
-        thread,
-        event,
-        |state| {
-            if matches!(call, Call::MemAllocAsync | Call::MemAllocFromPoolAsync) {
-                state.async_seen = true;
+    let stream = ordered.then_some(stream);
+    // A success, placed without the lock: the recorder is asked only when
+    // live bytes may have made a new peak.
+    let placed = result == 0
+        && guarded(|| {
+            place(thread, event.clone()) && {
+                if hot::allocated(call, ptr, size, caller) {
+                    with(|state| state.grew(thread, stream));
+                }
+                true
             }
-        },
-        |state| {
-            if result == 0 {
-                state.grew(thread, ordered.then_some(stream));
-            }
-            (result == CUDA_ERROR_OUT_OF_MEMORY)
-                .then(|| state.explain(call, Some(size), None, caller, thread))
-        },
-    )
+        })
+        .unwrap_or(false);
+    if placed {
+        return;
+    }
+    let explanation = with(|state| {
+        state.emit(thread, event);
+        if result == 0 {
+            state.grew(thread, stream);
+        }
+        (result == CUDA_ERROR_OUT_OF_MEMORY)
+            .then(|| state.explain(call, Some(size), None, caller, thread))
+    })
     .flatten();
     if let Some(text) = explanation {
         print(&text);
@@ -433,29 +469,31 @@ pub fn allocated(call: Call, ptr: u64, size: u64, stream: u64, immediate: usize,
 /// A free is about to be made: record it first (so no allocation that
 /// reuses the pointer can come before it in the log). Returns what a
 /// `free-failed` record needs, should the free fail.
-pub fn freeing(call: Call, ptr: u64, stream: u64, immediate: usize) -> Option<(u64, u32)> {
+pub fn freeing(call: Call, ptr: u64, stream: u64, immediate: usize) -> Option<HotBlock> {
     let caller = guarded(|| caller_id(immediate)).unwrap_or(0);
     let thread = thread_id();
-    let mut block = None;
-    record_fast(
-        thread,
-        Event::Free {
-            call,
-            ptr,
-            stream,
-            caller,
-        },
-        |state| {
+    let event = Event::Free {
+        call,
+        ptr,
+        stream,
+        caller,
+    };
+    if hot::peak_pending() {
+        with(|state| state.shrinking(thread));
+    }
+    let placed = guarded(|| place(thread, event.clone()).then(|| hot::freed(call, ptr)));
+    match placed {
+        Some(Some(block)) => block,
+        Some(None) | None => with(|state| {
             state.shrinking(thread);
-            block = state.accounting.block_of(call, ptr);
-        },
-        State::shrank,
-    );
-    block
+            state.emit(thread, event)
+        })
+        .flatten(),
+    }
 }
 
 /// The free recorded by [`freeing`] failed: the block is live again.
-pub fn free_failed(call: Call, ptr: u64, block: (u64, u32), result: c_int) {
+pub fn free_failed(call: Call, ptr: u64, block: HotBlock, result: c_int) {
     let thread = thread_id();
     with(|state| {
         state.emit(
@@ -463,11 +501,12 @@ pub fn free_failed(call: Call, ptr: u64, block: (u64, u32), result: c_int) {
             Event::FreeFailed {
                 call,
                 ptr,
-                size: block.0,
-                caller: block.1,
+                size: block.size,
+                caller: block.caller,
                 result,
             },
         );
+        hot::restored(ptr, block);
         state.grew(thread, None);
     });
 }
@@ -510,7 +549,6 @@ pub fn before(event: Event<'_>) {
     with(|state| {
         state.shrinking(thread);
         state.emit(thread, event);
-        state.shrank();
     });
 }
 
@@ -525,14 +563,14 @@ impl Measure {
     pub fn start() -> Measure {
         Measure {
             free_before: read::free_bytes(),
-            live_before: LIVE.load(Ordering::Relaxed),
+            live_before: live_bytes(),
         }
     }
 
     /// Read free memory after the call.
     pub fn finish(self) -> Window {
         let free_after = self.free_before.and(read::free_bytes());
-        let live_after = LIVE.load(Ordering::Relaxed);
+        let live_after = live_bytes();
         Window {
             free_before: self.free_before,
             free_after,
@@ -733,10 +771,10 @@ pub fn exiting() {
             if !state.accounting.devices().is_empty() && !crate::hooks::inside() {
                 state.read(MemInfoWhy::Exit, thread);
             }
-            let dropped = state.log.as_ref().map_or(0, |log| log.dropped);
+            let dropped = state.log.map_or(0, LogFile::dropped);
             state.emit(thread, Event::Exit { dropped });
-            if let Some(log) = &mut state.log {
-                log.cut_to_records();
+            if let Some(log) = state.log {
+                log.trim();
             }
         });
     });
@@ -747,7 +785,7 @@ pub fn exiting() {
 pub fn with_accounting<R>(f: impl FnOnce(&Accounting) -> R) -> Option<R> {
     copy_check();
     let guard = STATE.lock()?;
-    guard.as_ref().map(|state| f(&state.accounting))
+    guard.as_ref().map(|state| f(&state.whole()))
 }
 
 /// The last destructor: cut the log to its records (anything the program's
@@ -755,10 +793,10 @@ pub fn with_accounting<R>(f: impl FnOnce(&Accounting) -> R) -> Option<R> {
 pub fn finished() {
     guarded(|| {
         copy_check();
-        if let Some(mut guard) = STATE.lock_within(EXIT_WAIT)
-            && let Some(log) = guard.as_mut().and_then(|state| state.log.as_mut())
+        if let Some(guard) = STATE.lock_within(EXIT_WAIT)
+            && let Some(log) = guard.as_ref().and_then(|state| state.log)
         {
-            log.cut_to_records();
+            log.trim();
         }
     });
 }

@@ -35,12 +35,13 @@ impl State {
         }
         self.read(MemInfoWhy::OutOfMemory, thread);
         let device = read::current_device();
-        let devices = self.accounting.devices();
+        let whole = self.whole();
+        let devices = whole.devices();
         let index = devices
             .iter()
             .position(|d| Some(d.facts.ordinal) == device)
             .or_else(|| devices.len().checked_sub(1));
-        let snapshot = index.and_then(|index| Snapshot::of(&self.accounting, index));
+        let snapshot = index.and_then(|index| Snapshot::of(&whole, index));
         explain(&oom, snapshot.as_ref())
     }
 }
