@@ -3,17 +3,18 @@
 //! process that is killed, crashes, calls `_exit` or `exec`s leaves all of
 //! its records readable, with no flush.
 //!
-//! Threads write without a lock: each record takes its place with one
-//! atomic add on the write position, then is copied there. The order of
-//! the places is the order the records were placed in, so a free recorded
-//! before its driver call comes before any allocation that reuses the
-//! pointer. The whole bound is mapped once; the file grows a window at a
-//! time ahead of the writers (blocks reserved, then the length), under a
-//! lock that only growing takes. Writing never goes past the backed
-//! length, and the file is never cut while the process runs, so no write
-//! can fault. A place whose record was never copied (the process was
-//! killed between the two steps), and the tail past the last record, are
-//! zeros, which readers skip. An orderly end gives the tail's blocks back.
+//! Threads write without a lock and without sharing a cache line: the file
+//! is cut into chunks of [`CHUNK`] bytes, each thread takes a chunk of its
+//! own with one atomic add and copies its records into it one after the
+//! other; what a chunk does not use stays zeros. Readers put the records
+//! of all chunks back in order by their times (a free is stamped before
+//! its driver call, an allocation after, so a free comes before any
+//! allocation that reuses its pointer). The whole bound is mapped once;
+//! the file grows a window at a time ahead of the writers (blocks
+//! reserved, then the length), under a lock that only growing takes.
+//! Writing never goes past the backed length, and the file is never cut
+//! while the process runs, so no write can fault. An orderly end gives the
+//! blocks past the last chunk back.
 //!
 //! The log holds no descriptor between system calls: each opens the file
 //! by its path, checks that it is the same file (device and inode), and
@@ -22,6 +23,7 @@
 //! never have its own files cut, grown or written by the log, and finds no
 //! descriptor of ours among its own.
 
+use std::cell::Cell;
 use std::ffi::{CStr, CString, c_int};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
@@ -39,8 +41,12 @@ const WINDOW: u64 = 4 << 20;
 const ALIGN: u64 = 64 << 10;
 /// `MADV_POPULATE_WRITE` (Linux 5.14).
 const MADV_POPULATE_WRITE: libc::c_int = 23;
-/// Bytes kept below the bound for the records of the end.
-const RESERVE: u64 = 4 * MAX_LINE_BYTES as u64;
+/// The chunk a thread writes its records into (a multiple of every page
+/// size is not needed: chunks only need to hold the longest record).
+pub const CHUNK: u64 = trace::event_log::CHUNK;
+/// The last chunk of the bound is kept for the records of the end.
+const RESERVE: u64 = CHUNK;
+const _: () = assert!(CHUNK >= MAX_LINE_BYTES as u64 && ALIGN % CHUNK == 0);
 /// The smallest mapping tried when the bound cannot be mapped whole.
 const SMALLEST_MAP: u64 = 4 << 20;
 
@@ -53,7 +59,7 @@ pub struct LogFile {
     /// The mapping of the file's first `map_len` bytes.
     map: *mut u8,
     map_len: u64,
-    /// Where the next record goes.
+    /// Where the next chunk starts.
     pos: AtomicU64,
     /// Where the next record of the end goes once the bound is reached (in
     /// the reserve, `[bound - RESERVE, bound)`).
@@ -110,7 +116,10 @@ impl LogFile {
         let path = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
         let path = CString::new(path.as_os_str().as_bytes()).ok()?;
         let end = valid_end(fd);
-        let (map, map_len) = map_bound(fd, max_bytes.max(2 * RESERVE).div_ceil(ALIGN) * ALIGN)?;
+        let last_time_ns = last_time(fd, end);
+        let (map, map_len) = map_bound(fd, max_bytes.max(2 * CHUNK).div_ceil(ALIGN) * ALIGN)?;
+        // Chunks go on after the image before an `exec` wrote.
+        let end = end.div_ceil(CHUNK) * CHUNK;
         let log = LogFile {
             path,
             dev,
@@ -123,7 +132,7 @@ impl LogFile {
             grow: Lock::new(()),
             bound: map_len,
             dropped: AtomicU64::new(0),
-            last_time_ns: last_time(fd, end),
+            last_time_ns,
         };
         // Past the records, the image before an `exec` may have left a
         // tail: it is overwritten from `end` on.
@@ -159,44 +168,77 @@ impl LogFile {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// Append one record; past the bound less the end's reserve it is
-    /// dropped (and counted) instead.
+    /// Append one record to this thread's chunk; past the bound less the
+    /// end's reserve it is dropped (and counted) instead.
     pub fn append(&self, bytes: &[u8]) {
-        let len = bytes.len() as u64;
-        let at = self.pos.fetch_add(len, Ordering::Relaxed);
-        if at + len > self.bound - RESERVE {
+        if !self.place(bytes) {
             self.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
         }
-        self.write(at, bytes);
     }
 
     /// Append one of the records of the end, which may use the reserve.
     pub fn append_final(&self, bytes: &[u8]) {
-        let len = bytes.len() as u64;
-        let mut at = self.pos.fetch_add(len, Ordering::Relaxed);
-        if at + len > self.bound - RESERVE {
-            at = self.end_pos.fetch_add(len, Ordering::Relaxed);
-            if at + len > self.bound {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-        }
-        self.write(at, bytes);
-    }
-
-    /// Copy `bytes` to its place `[at, at + len)`, which no other record
-    /// has.
-    fn write(&self, at: u64, bytes: &[u8]) {
-        let end = at + bytes.len() as u64;
-        if end > self.ready.load(Ordering::Acquire) && !self.grow_to(end) {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+        if self.place(bytes) {
             return;
         }
+        let len = bytes.len() as u64;
+        let at = self.end_pos.fetch_add(len, Ordering::Relaxed);
+        if at + len > self.bound || !self.write(at, bytes) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Copy `bytes` into this thread's chunk, taking a new one when it is
+    /// full (or is another log's); `false` when no chunk can be had.
+    fn place(&self, bytes: &[u8]) -> bool {
+        let len = bytes.len() as u64;
+        let me = std::ptr::from_ref(self) as usize;
+        // A signal handler that interrupted this thread's copy writes its
+        // record into a chunk of its own, leaving the interrupted one alone.
+        let interrupted = WRITING
+            .try_with(|writing| writing.replace(true))
+            .unwrap_or(true);
+        let mut place = if interrupted {
+            Place::default()
+        } else {
+            PLACE.try_with(Cell::get).unwrap_or_default()
+        };
+        if place.log != me || place.next + len > place.end {
+            let at = self.pos.fetch_add(CHUNK, Ordering::Relaxed);
+            if at + CHUNK > self.bound - RESERVE {
+                if !interrupted {
+                    let _ = WRITING.try_with(|writing| writing.set(false));
+                }
+                return false;
+            }
+            place = Place {
+                log: me,
+                next: at,
+                end: at + CHUNK,
+            };
+        }
+        let written = self.write(place.next, bytes);
+        if !interrupted {
+            place.next += len;
+            let _ = PLACE.try_with(|cell| cell.set(place));
+            let _ = WRITING.try_with(|writing| writing.set(false));
+        }
+        written
+    }
+
+    /// Copy `bytes` to `[at, at + len)`, a place no other thread writes:
+    /// `false` when the file cannot grow to hold it.
+    fn write(&self, at: u64, bytes: &[u8]) -> bool {
+        let end = at + bytes.len() as u64;
+        if end > self.ready.load(Ordering::Acquire) && !self.grow_to(end) {
+            return false;
+        }
         // SAFETY: [at, end) is inside the mapping (end <= bound = map_len)
-        // and below the file's backed length; the place is this record's
-        // alone (taken by an atomic add); `bytes` does not overlap it.
+        // and below the file's backed length; the place is this thread's
+        // alone (its chunk, taken by an atomic add); `bytes` does not
+        // overlap it.
         unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.add(at as usize), bytes.len()) };
+        true
     }
 
     /// Grow the file past `end`: `false` when it cannot (a full disk, the
@@ -299,6 +341,22 @@ impl LogFile {
     }
 }
 
+/// Where a thread's next record goes: in its chunk `[next, end)` of the
+/// log at address `log` (another log's chunk, after a process copy made a
+/// new log, is never written).
+#[derive(Clone, Copy, Default)]
+struct Place {
+    log: usize,
+    next: u64,
+    end: u64,
+}
+
+thread_local! {
+    static PLACE: Cell<Place> = const { Cell::new(Place { log: 0, next: 0, end: 0 }) };
+    /// This thread is copying a record.
+    static WRITING: Cell<bool> = const { Cell::new(false) };
+}
+
 /// Map the first `bytes` of the file `fd`, or as much as the address space
 /// allows (halving down to [`SMALLEST_MAP`]): the mapping and its length.
 fn map_bound(fd: c_int, bytes: u64) -> Option<(*mut u8, u64)> {
@@ -343,29 +401,38 @@ fn regular(fd: c_int) -> bool {
     unsafe { libc::fstat(fd, &mut stat) == 0 && stat.st_mode & libc::S_IFMT == libc::S_IFREG }
 }
 
-/// The time of the record that ends at `end`, if it reads as one.
+/// The latest time of the records before `end`: the last whole line of
+/// each chunk is its latest (a thread's records go in order), and the
+/// latest of those is the log's.
 fn last_time(fd: c_int, end: u64) -> Option<u64> {
-    let start = end.saturating_sub(MAX_LINE_BYTES as u64);
-    let mut chunk = vec![0u8; (end - start) as usize];
-    // SAFETY: reading into our buffer, within its length.
-    let got = unsafe {
-        libc::pread(
-            fd,
-            chunk.as_mut_ptr().cast(),
-            chunk.len(),
-            start as libc::off_t,
-        )
-    };
-    if got != chunk.len() as isize || chunk.is_empty() {
-        return None;
+    let mut chunk = vec![0u8; CHUNK as usize];
+    let mut latest = None;
+    let mut start = 0;
+    while start < end {
+        let want = (end - start).min(CHUNK) as usize;
+        // SAFETY: reading into our buffer, within its length.
+        let got = unsafe { libc::pread(fd, chunk.as_mut_ptr().cast(), want, start as libc::off_t) };
+        if got != want as isize {
+            return latest;
+        }
+        let content = &chunk[..chunk[..want].iter().position(|&b| b == 0).unwrap_or(want)];
+        if let Some(last_end) = content.iter().rposition(|&b| b == b'\n') {
+            let body = &content[..last_end];
+            let line = &body[body
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |at| at + 1)..];
+            if let Some(time) = std::str::from_utf8(line)
+                .ok()
+                .and_then(|line| trace::event::parse_line(line).ok())
+                .map(|record| record.time_ns)
+            {
+                latest = latest.max(Some(time));
+            }
+        }
+        start += CHUNK;
     }
-    let body = &chunk[..chunk.len() - 1];
-    let line = &body[body
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(0, |at| at + 1)..];
-    let record = trace::event::parse_line(std::str::from_utf8(line).ok()?).ok()?;
-    Some(record.time_ns)
+    latest
 }
 
 /// Where the records of a log end: after the last line end before the

@@ -1,8 +1,11 @@
 //! Reading an event log back ([`read`]), and where the interposer writes
 //! one ([`log_path`]) and under which bound.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io;
+use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 
 use crate::event::{LineError, MAX_LINE_BYTES, Record, parse_line};
@@ -47,15 +50,14 @@ pub fn parse_max_bytes(text: &str) -> Option<u64> {
 pub struct LogInfo {
     /// Records read.
     pub records: u64,
-    /// The last line was cut (the process died while writing it).
+    /// A record was cut off (the process died while writing it).
     pub cut_last_line: bool,
     /// The file ended in zero bytes: the process never closed it (killed,
     /// or it left through `_exit`), or wrote its records from several
     /// threads (their log keeps its length).
     pub unfinished: bool,
-    /// Places in the middle that hold zeros, or a record cut off and
-    /// zeros: a thread took the place for a record and the process was
-    /// killed before the record was copied there. Skipped.
+    /// Lines right after zeros that were not whole records (the end of a
+    /// record whose start a killed writer never copied): skipped.
     pub holes: u64,
 }
 
@@ -98,16 +100,49 @@ pub enum LogError {
     },
 }
 
+/// A log is written in chunks of this many bytes: each thread of a process
+/// fills chunks of its own, its records one after the other, and what a
+/// chunk does not use is zeros. A record never crosses a chunk's end.
+pub const CHUNK: u64 = 16 << 10;
+
+/// Chunks whose bytes stay in memory at once while records are merged;
+/// past this, a chunk is read again for each of its records.
+const LOADED_CHUNKS: usize = 4096;
+
+/// Where a chunk's next record is, and its time.
+struct Cursor {
+    /// The chunk's bytes (the file may end inside the last chunk).
+    len: usize,
+    /// The next record: its start and end (past its line end) in the chunk.
+    line: (usize, usize),
+    time_ns: u64,
+    /// The chunk's bytes, while loaded.
+    bytes: Option<Vec<u8>>,
+}
+
+/// What comes next in a chunk from `offset`.
+enum Next {
+    /// A line `[start, end)` (without its line end) with this time.
+    Line {
+        start: usize,
+        end: usize,
+        time_ns: u64,
+    },
+    /// Nothing more.
+    Done,
+}
+
 /// Read the log at `path`, at most `max_bytes` of it, calling `visit` with
-/// each record and its 0-based index, in order.
+/// each record and its 0-based index, in the order of the records' times
+/// (records of one thread, and records with the same time, in the order
+/// they were written).
 ///
-/// A last line cut off, and the zero bytes a process that never closed the
-/// file leaves after its records, are how a killed process's log ends: they
-/// are reported in [`LogInfo`], not errors. So are zeros in the middle (a
-/// place a thread took for a record it never copied there, with whatever
-/// part of it was copied): they are skipped, and with them the first line
-/// after them if it is not a whole record. A bad line anywhere else is an
-/// error.
+/// A record cut off, and the zero bytes a chunk does not use, are how a
+/// killed process's log ends: they are reported in [`LogInfo`], not
+/// errors. So are zeros followed by more records in a chunk (a signal
+/// handler's record, or a writer killed mid-record): they are skipped, and
+/// with them the first line after them if it is not a whole record. A bad
+/// line anywhere else is an error.
 pub fn read(
     path: &Path,
     max_bytes: u64,
@@ -118,124 +153,205 @@ pub fn read(
         source,
     };
     let file = File::open(path).map_err(io)?;
-    let mut reader = BufReader::with_capacity(1 << 16, file.take(max_bytes.saturating_add(1)));
-    let mut info = LogInfo::default();
-    let mut line = Vec::with_capacity(MAX_LINE_BYTES);
-    let mut read_bytes = 0u64;
-    let mut number = 0u64;
-    // The line after zeros in the middle may be a record's cut-off tail.
-    let mut after_hole = false;
-    loop {
-        line.clear();
-        let got = (&mut reader)
-            .take(MAX_LINE_BYTES as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .map_err(io)?;
-        if got == 0 {
-            break;
-        }
-        number += 1;
-        read_bytes += got as u64;
-        if read_bytes > max_bytes {
-            return Err(LogError::TooLarge {
-                path: path.to_path_buf(),
-                limit_bytes: max_bytes,
-            });
-        }
-        if let Some(zero) = line.iter().position(|&byte| byte == 0) {
-            match line[zero..].iter().position(|&byte| byte != 0) {
-                // Zeros, then the next record on the same line.
-                Some(past) => {
-                    line.drain(..zero + past);
-                    info.holes += 1;
-                    after_hole = true;
-                }
-                None => {
-                    let skipped = skip_zeros(&mut reader).map_err(io)?;
-                    read_bytes += skipped.bytes;
-                    if read_bytes > max_bytes {
-                        return Err(LogError::TooLarge {
-                            path: path.to_path_buf(),
-                            limit_bytes: max_bytes,
-                        });
-                    }
-                    if !skipped.more {
-                        info.unfinished = true;
-                        info.cut_last_line = zero > 0;
-                        break;
-                    }
-                    info.holes += 1;
-                    after_hole = true;
-                    continue;
-                }
-            }
-        }
-        let ended = line.last() == Some(&b'\n');
-        if !ended && line.len() > MAX_LINE_BYTES {
-            return Err(LogError::LineTooLong {
-                path: path.to_path_buf(),
-                line: number,
-            });
-        }
-        let text = String::from_utf8_lossy(if ended {
-            &line[..line.len() - 1]
-        } else {
-            &line
+    let len = file.metadata().map_err(io)?.len();
+    if len > max_bytes {
+        return Err(LogError::TooLarge {
+            path: path.to_path_buf(),
+            limit_bytes: max_bytes,
         });
-        let tail_of_hole = std::mem::take(&mut after_hole);
-        match parse_line(&text) {
-            Ok(record) if ended => {
-                visit(info.records, &record);
-                info.records += 1;
+    }
+    let mut info = LogInfo::default();
+    // The lines before each chunk, for the line numbers errors name.
+    let mut lines_before: Vec<u64> = Vec::new();
+    let mut heap = BinaryHeap::new();
+    let mut cursors: Vec<Cursor> = Vec::new();
+    let mut bytes = vec![0u8; CHUNK as usize];
+    let mut lines = 0u64;
+    for index in 0..len.div_ceil(CHUNK) {
+        let chunk_len = (len - index * CHUNK).min(CHUNK) as usize;
+        read_chunk(&file, index, &mut bytes[..chunk_len]).map_err(io)?;
+        lines_before.push(lines);
+        let chunk = &bytes[..chunk_len];
+        lines += chunk.iter().filter(|&&byte| byte == b'\n').count() as u64;
+        if chunk_len > 0 && index + 1 == len.div_ceil(CHUNK) {
+            info.unfinished = chunk[chunk_len - 1] == 0;
+        }
+        let place = Place {
+            path,
+            lines_before: lines_before[index as usize],
+        };
+        if let Next::Line {
+            start,
+            end,
+            time_ns,
+        } = next_line(chunk, 0, &place, &mut info)?
+        {
+            heap.push(Reverse((time_ns, index)));
+            cursors.push(Cursor {
+                len: chunk_len,
+                line: (start, end),
+                time_ns,
+                bytes: None,
+            });
+        } else {
+            cursors.push(Cursor {
+                len: chunk_len,
+                line: (0, 0),
+                time_ns: 0,
+                bytes: None,
+            });
+        }
+    }
+    let mut loaded = 0usize;
+    while let Some(Reverse((_, index))) = heap.pop() {
+        let cursor = &mut cursors[index as usize];
+        if cursor.bytes.is_none() {
+            let mut chunk = vec![0u8; cursor.len];
+            read_chunk(&file, index, &mut chunk).map_err(io)?;
+            cursor.bytes = Some(chunk);
+            loaded += 1;
+        }
+        let chunk = cursor.bytes.as_deref().unwrap_or_default();
+        let (start, end) = cursor.line;
+        let place = Place {
+            path,
+            lines_before: lines_before[index as usize],
+        };
+        let text = String::from_utf8_lossy(&chunk[start..end]);
+        let record = parse_line(&text).map_err(|error| LogError::BadLine {
+            path: path.to_path_buf(),
+            line: place.line_at(chunk, start),
+            error,
+        })?;
+        visit(info.records, &record);
+        info.records += 1;
+        match next_line(chunk, end + 1, &place, &mut info)? {
+            Next::Line {
+                start,
+                end,
+                time_ns,
+            } => {
+                cursor.line = (start, end);
+                cursor.time_ns = time_ns;
+                heap.push(Reverse((time_ns, index)));
+                if loaded > LOADED_CHUNKS {
+                    cursor.bytes = None;
+                    loaded -= 1;
+                }
             }
-            // The cut-off tail of the record whose place the zeros were.
-            Err(_) if ended && tail_of_hole => {}
-            // Without a line end this is the last line: the writer stopped
-            // in the middle of it, whether or not what is there parses.
-            _ if !ended => {
-                info.cut_last_line = true;
-                break;
+            Next::Done => {
+                cursor.bytes = None;
+                loaded -= 1;
             }
-            Err(error) => {
-                return Err(LogError::BadLine {
-                    path: path.to_path_buf(),
-                    line: number,
-                    error,
-                });
-            }
-            Ok(_) => unreachable!("the arms above cover every case"),
         }
     }
     Ok(info)
 }
 
-/// Zeros skipped by [`skip_zeros`].
-struct Skipped {
-    bytes: u64,
-    /// A byte that is not zero follows.
-    more: bool,
+/// Read chunk `index` of `file` into `into` (its length: the chunk's bytes
+/// in the file).
+fn read_chunk(file: &File, index: u64, into: &mut [u8]) -> io::Result<()> {
+    file.read_exact_at(into, index * CHUNK)
 }
 
-/// Skip zero bytes up to the next byte that is not one, or the end.
-fn skip_zeros(reader: &mut impl BufRead) -> io::Result<Skipped> {
-    let mut bytes = 0u64;
+/// A chunk's place in its log, for the line numbers errors name.
+struct Place<'a> {
+    path: &'a Path,
+    lines_before: u64,
+}
+
+impl Place<'_> {
+    /// The 1-based line number of the line starting at `at` in `chunk`.
+    fn line_at(&self, chunk: &[u8], at: usize) -> u64 {
+        self.lines_before + chunk[..at].iter().filter(|&&byte| byte == b'\n').count() as u64 + 1
+    }
+}
+
+/// The time field of a record's line, if it has one.
+fn time_of(line: &[u8]) -> Option<u64> {
+    let field = line.split(|&byte| byte == b'\t').nth(1)?;
+    std::str::from_utf8(field).ok()?.parse().ok()
+}
+
+/// The next line of `chunk` from `offset`, past zeros (a record cut off
+/// before zeros is counted and skipped, and so is a line right after zeros
+/// that is not a record).
+fn next_line(
+    chunk: &[u8],
+    mut offset: usize,
+    place: &Place<'_>,
+    info: &mut LogInfo,
+) -> Result<Next, LogError> {
+    let mut after_zeros = false;
     loop {
-        let buffer = reader.fill_buf()?;
-        if buffer.is_empty() {
-            return Ok(Skipped { bytes, more: false });
+        let Some(skip) = chunk
+            .get(offset..)
+            .and_then(|rest| rest.iter().position(|&b| b != 0))
+        else {
+            return Ok(Next::Done);
+        };
+        if skip > 0 && offset > 0 {
+            after_zeros = true;
         }
-        match buffer.iter().position(|&byte| byte != 0) {
-            Some(at) => {
-                reader.consume(at);
-                return Ok(Skipped {
-                    bytes: bytes + at as u64,
-                    more: true,
-                });
+        offset += skip;
+        let rest = &chunk[offset..];
+        let stop = rest.iter().position(|&b| b == b'\n' || b == 0);
+        match stop.map(|at| (at, rest[at])) {
+            Some((at, b'\n')) => {
+                if at > MAX_LINE_BYTES {
+                    return Err(LogError::LineTooLong {
+                        path: place.path.to_path_buf(),
+                        line: place.line_at(chunk, offset),
+                    });
+                }
+                let line = &rest[..at];
+                // Right after zeros, only a whole record counts.
+                let whole = !after_zeros || parse_line(&String::from_utf8_lossy(line)).is_ok();
+                match time_of(line).filter(|_| whole) {
+                    Some(time_ns) => {
+                        return Ok(Next::Line {
+                            start: offset,
+                            end: offset + at,
+                            time_ns,
+                        });
+                    }
+                    // The cut-off end of a record whose start was lost.
+                    None if after_zeros => {
+                        info.holes += 1;
+                        after_zeros = false;
+                        offset += at + 1;
+                    }
+                    None => {
+                        return match parse_line(&String::from_utf8_lossy(line)) {
+                            Ok(record) => Ok(Next::Line {
+                                start: offset,
+                                end: offset + at,
+                                time_ns: record.time_ns,
+                            }),
+                            Err(error) => Err(LogError::BadLine {
+                                path: place.path.to_path_buf(),
+                                line: place.line_at(chunk, offset),
+                                error,
+                            }),
+                        };
+                    }
+                }
+            }
+            // A record cut off by zeros (its writer stopped mid-copy), or
+            // by the end of the file.
+            Some((at, _)) => {
+                info.cut_last_line = true;
+                offset += at;
             }
             None => {
-                let len = buffer.len();
-                reader.consume(len);
-                bytes += len as u64;
+                if rest.len() > MAX_LINE_BYTES {
+                    return Err(LogError::LineTooLong {
+                        path: place.path.to_path_buf(),
+                        line: place.line_at(chunk, offset),
+                    });
+                }
+                info.cut_last_line = true;
+                return Ok(Next::Done);
             }
         }
     }
@@ -328,8 +444,11 @@ mod tests {
         assert_eq!(seen.len(), 4, "{seen:?}");
         assert!(seen[0].starts_with("signal") && seen[2].starts_with("signal"));
         assert!(seen[3].starts_with("exit"), "{seen:?}");
-        assert_eq!(info.holes, 3);
-        assert!(info.unfinished && !info.cut_last_line);
+        // The record cut off by zeros, and the tail with no start after
+        // them.
+        assert!(info.cut_last_line);
+        assert_eq!(info.holes, 1);
+        assert!(info.unfinished);
         // A line that is not a record, with no zeros before it, is still an
         // error.
         let mut bad = lines(&[Event::Signal { number: 1 }]);
@@ -339,6 +458,51 @@ mod tests {
             collect(&path).unwrap_err(),
             LogError::BadLine { line: 2, .. }
         ));
+    }
+
+    #[test]
+    fn chunks_of_several_threads_are_read_back_in_the_order_of_their_times() {
+        let dir = folder();
+        let chunk = |thread: u32, times: &[u64]| {
+            let mut out = Vec::new();
+            let mut line = Line::default();
+            for &time_ns in times {
+                line.encode(&Record {
+                    time_ns,
+                    thread,
+                    event: Event::Signal {
+                        number: time_ns as i32,
+                    },
+                });
+                out.extend_from_slice(line.as_bytes());
+            }
+            out.resize(CHUNK as usize, 0);
+            out
+        };
+        // Thread 1's first chunk, thread 2's, thread 1's next, and one a
+        // thread took and never wrote; equal times keep the file's order.
+        let mut bytes = chunk(1, &[1, 4, 5, 9]);
+        bytes.extend(chunk(2, &[2, 3, 6, 9]));
+        bytes.extend(chunk(1, &[10, 12]));
+        bytes.extend(vec![0; CHUNK as usize]);
+        bytes.extend(chunk(3, &[11]));
+        bytes.truncate(bytes.len() - 100);
+        let path = temp(&dir, "chunks.events", &bytes);
+        let mut seen = Vec::new();
+        let info = read(&path, 1 << 20, |index, record| {
+            seen.push((index, record.time_ns, record.thread))
+        })
+        .unwrap();
+        let times: Vec<u64> = seen.iter().map(|&(_, time, _)| time).collect();
+        assert_eq!(times, [1, 2, 3, 4, 5, 6, 9, 9, 10, 11, 12]);
+        assert_eq!((seen[6].2, seen[7].2), (1, 2));
+        assert!(
+            seen.iter()
+                .enumerate()
+                .all(|(at, &(index, _, _))| index == at as u64)
+        );
+        assert_eq!(info.records, 11);
+        assert!(info.unfinished && !info.cut_last_line && info.holes == 0);
     }
 
     #[test]
