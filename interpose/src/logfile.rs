@@ -117,7 +117,7 @@ impl LogFile {
         let path = CString::new(path.as_os_str().as_bytes()).ok()?;
         let end = valid_end(fd);
         let last_time_ns = last_time(fd, end);
-        let (map, map_len) = map_bound(fd, max_bytes.max(2 * CHUNK).div_ceil(ALIGN) * ALIGN)?;
+        let (map, map_len) = map_bound(fd, trace::event_log::log_bound(max_bytes))?;
         // Chunks go on after the image before an `exec` wrote.
         let end = end.div_ceil(CHUNK) * CHUNK;
         let log = LogFile {
@@ -380,7 +380,7 @@ fn map_bound(fd: c_int, bytes: u64) -> Option<(*mut u8, u64)> {
         if len <= SMALLEST_MAP {
             return None;
         }
-        len = (len / 2).div_ceil(ALIGN) * ALIGN;
+        len = (len / 2).div_ceil(CHUNK) * CHUNK;
     }
 }
 

@@ -105,6 +105,16 @@ pub enum LogError {
 /// chunk does not use is zeros. A record never crosses a chunk's end.
 pub const CHUNK: u64 = 16 << 10;
 
+/// The length a log written under a bound of `max_bytes` may reach: the
+/// bound rounded up to whole chunks, and at least two (one for the
+/// records of the end).
+pub fn log_bound(max_bytes: u64) -> u64 {
+    max_bytes
+        .max(2 * CHUNK)
+        .div_ceil(CHUNK)
+        .saturating_mul(CHUNK)
+}
+
 /// Chunks whose bytes stay in memory at once while records are merged;
 /// past this, a chunk is read again for each of its records.
 const LOADED_CHUNKS: usize = 4096;
@@ -154,7 +164,7 @@ pub fn read(
     };
     let file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
-    if len > max_bytes {
+    if len > log_bound(max_bytes) {
         return Err(LogError::TooLarge {
             path: path.to_path_buf(),
             limit_bytes: max_bytes,
@@ -520,11 +530,13 @@ mod tests {
             collect(&path).unwrap_err(),
             LogError::LineTooLong { line: 1, .. }
         ));
+        // Past the bound rounded up to whole chunks (two at least).
         let path = temp(
             &dir,
             "big.events",
-            &lines(&vec![Event::Exit { dropped: 0 }; 100]),
+            &lines(&vec![Event::Exit { dropped: 0 }; 3000]),
         );
+        assert!(std::fs::metadata(&path).unwrap().len() > log_bound(64));
         assert!(matches!(
             read(&path, 64, |_, _| {}).unwrap_err(),
             LogError::TooLarge { .. }
