@@ -41,18 +41,56 @@ pub struct AllocationPropHead {
 /// The real `dlsym`, found by [`init_real_dlsym`] (0 until then).
 pub static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 
-type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+/// The real `dlvsym` (0 until found; [`init_real_dlvsym`] finds it).
+pub static REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
 
-/// Find the real `dlsym` (the next one after this library): glibc 2.34
-/// moved it into libc under a new version, older ones have only the first.
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
+
+/// The versions the C library has defined `dlsym`, `dlvsym` and `dlopen`
+/// at, newest first: glibc 2.34 moved them into libc under a new version.
+#[cfg(target_arch = "aarch64")]
+pub const DL_VERSIONS: [&CStr; 2] = [c"GLIBC_2.34", c"GLIBC_2.17"];
+/// The versions the C library has defined `dlsym`, `dlvsym` and `dlopen`
+/// at, newest first: glibc 2.34 moved them into libc under a new version.
+#[cfg(not(target_arch = "aarch64"))]
+pub const DL_VERSIONS: [&CStr; 2] = [c"GLIBC_2.34", c"GLIBC_2.2.5"];
+
+/// The C library's `dlvsym`, found without calling one (this library
+/// exports `dlvsym`: see [`crate::symbols`]); `None` without a C library
+/// that defines it.
+pub fn real_dlvsym_fn() -> Option<DlvsymFn> {
+    init_real_dlvsym();
+    let known = REAL_DLVSYM.load(Ordering::Acquire);
+    // SAFETY: the C library's dlvsym, of this type.
+    (known != 0).then(|| unsafe { std::mem::transmute::<usize, DlvsymFn>(known) })
+}
+
+/// Find the C library's `dlvsym` (see [`real_dlvsym_fn`]).
+pub extern "C" fn init_real_dlvsym() {
+    if REAL_DLVSYM.load(Ordering::Acquire) == 0 {
+        let found = crate::symbols::glibc_function(c"dlvsym");
+        REAL_DLVSYM.store(found, Ordering::Release);
+    }
+}
+
+/// `name` at `version` looked up in `handle` by the C library's `dlvsym`,
+/// called from here (so `RTLD_NEXT` means the objects after this library).
+pub fn real_dlvsym(handle: *mut c_void, name: &CStr, version: &CStr) -> *mut c_void {
+    match real_dlvsym_fn() {
+        // SAFETY: a handle or pseudo-handle and C strings.
+        Some(dlvsym) => unsafe { dlvsym(handle, name.as_ptr(), version.as_ptr()) },
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// Find the real `dlsym` (the next one after this library).
 pub extern "C" fn init_real_dlsym() {
     if REAL_DLSYM.load(Ordering::Acquire) != 0 {
         return;
     }
-    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
-        // SAFETY: dlvsym with RTLD_NEXT and constant C strings; it takes no
-        // pointer it keeps.
-        let found = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+    for version in DL_VERSIONS {
+        let found = real_dlvsym(libc::RTLD_NEXT, c"dlsym", version);
         if !found.is_null() {
             REAL_DLSYM.store(found as usize, Ordering::Release);
             return;
@@ -67,7 +105,7 @@ pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
     if real == 0 {
         return std::ptr::null_mut();
     }
-    // SAFETY: `real` is glibc's dlsym, found by dlvsym, of this type.
+    // SAFETY: `real` is the C library's dlsym, found by dlvsym, of this type.
     let real: DlsymFn = unsafe { std::mem::transmute::<usize, DlsymFn>(real) };
     // SAFETY: a handle from dlopen or a pseudo-handle, and a C string.
     unsafe { real(handle, name.as_ptr()) }

@@ -43,6 +43,18 @@ type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!("jmp {here}", here = sym dlsym_here)
+}
+
+/// [`dlsym`] at an address of this library's own (the export's address is
+/// the first definition the loader finds, which may be another library's).
+///
+/// # Safety
+///
+/// As [`dlsym`].
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+unsafe extern "C" fn dlsym_here(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
         "mov rax, qword ptr [rip + {real}]",
         "test rax, rax",
@@ -91,7 +103,175 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     // SAFETY: the program's arguments, passed on.
+    unsafe { dlsym_here(handle, symbol) }
+}
+
+/// [`dlsym`] at an address of this library's own.
+///
+/// # Safety
+///
+/// As [`dlsym`].
+#[cfg(not(target_arch = "x86_64"))]
+unsafe extern "C" fn dlsym_here(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // SAFETY: the program's arguments, passed on.
     unsafe { dlsym_driver_name(handle, symbol) }
+}
+
+/// `dlvsym`: the real one, except that an `RTLD_NEXT` lookup of a C
+/// library function this library also defines (`dlsym`, `dlvsym`,
+/// `dlopen`, `sigaction`, `signal`) answers this library's, as the
+/// loader's own binding does. A program's wrapper of `dlsym` that finds
+/// the next one through `dlvsym` (the C library's versioned lookup skips
+/// an export without that version) then reaches this library's and keeps
+/// its answers, functions the driver lacks missing included.
+///
+/// # Safety
+///
+/// `dlvsym`'s contract: `handle` is a handle `dlopen` returned or a
+/// pseudo-handle, and `symbol` and `version` NUL-terminated strings.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlvsym(
+    handle: *mut c_void,
+    symbol: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    core::arch::naked_asm!("jmp {here}", here = sym dlvsym_here)
+}
+
+/// [`dlvsym`] at an address of this library's own (see [`dlsym_here`]).
+///
+/// # Safety
+///
+/// As [`dlvsym`].
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+unsafe extern "C" fn dlvsym_here(
+    handle: *mut c_void,
+    symbol: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    core::arch::naked_asm!(
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jz 3f",
+        "2:",
+        "cmp rdi, -1",
+        "jne 4f",
+        // RTLD_NEXT: this library's own export, or (0) the real dlvsym,
+        // which sees whose next it is from the program's return address.
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "mov rdi, rsi",
+        "mov rsi, rdx",
+        "call {next}",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jnz 5f",
+        "mov rax, qword ptr [rip + {real}]",
+        "4:",
+        "jmp rax",
+        "5:",
+        "ret",
+        // First call: find the real dlvsym, keeping the arguments.
+        "3:",
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "call {init}",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jnz 2b",
+        "xor eax, eax",
+        "ret",
+        real = sym driver::REAL_DLVSYM,
+        next = sym dlvsym_next,
+        init = sym driver::init_real_dlvsym,
+    )
+}
+
+/// `dlvsym` elsewhere: the same answers, with `RTLD_NEXT` lookups of other
+/// names seen from this library rather than the caller.
+///
+/// # Safety
+///
+/// `dlvsym`'s contract: `handle` is a handle `dlopen` returned or a
+/// pseudo-handle, and `symbol` and `version` NUL-terminated strings.
+#[cfg(not(target_arch = "x86_64"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlvsym(
+    handle: *mut c_void,
+    symbol: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    // SAFETY: the program's arguments, passed on.
+    unsafe { dlvsym_here(handle, symbol, version) }
+}
+
+/// [`dlvsym`] at an address of this library's own.
+///
+/// # Safety
+///
+/// As [`dlvsym`].
+#[cfg(not(target_arch = "x86_64"))]
+unsafe extern "C" fn dlvsym_here(
+    handle: *mut c_void,
+    symbol: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    if handle == libc::RTLD_NEXT {
+        let ours = dlvsym_next(symbol, version);
+        if ours != 0 {
+            return ours as *mut c_void;
+        }
+    }
+    match driver::real_dlvsym_fn() {
+        // SAFETY: the program's arguments, passed on.
+        Some(real) => unsafe { real(handle, symbol, version) },
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// What `dlvsym(RTLD_NEXT, symbol, version)` answers when it is not the
+/// real one's: this library's export of `symbol`, when it defines one and
+/// the C library defines `symbol` at `version`; else 0.
+extern "C" fn dlvsym_next(symbol: *const c_char, version: *const c_char) -> usize {
+    if symbol.is_null() || version.is_null() {
+        return 0;
+    }
+    // Not the interposer's stop: the program's lookups are answered after
+    // one too. A panic (none is expected) leaves the real dlvsym's answer.
+    std::panic::catch_unwind(|| {
+        // SAFETY: the program's C strings (dlvsym's contract).
+        let (name, version) = unsafe { (CStr::from_ptr(symbol), CStr::from_ptr(version)) };
+        let ours = own_export(name.to_bytes())?;
+        let theirs = driver::real_dlvsym(libc::RTLD_NEXT, name, version);
+        (!theirs.is_null()).then_some(ours)
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(0)
+}
+
+/// Where this library's function that stands for the C library's `name`
+/// is (never its export's address, which may be another library's).
+fn own_export(name: &[u8]) -> Option<usize> {
+    Some(match name {
+        b"dlsym" => dlsym_here as *const () as usize,
+        b"dlvsym" => dlvsym_here as *const () as usize,
+        #[cfg(target_arch = "x86_64")]
+        b"dlopen" => crate::loading::dlopen_here as *const () as usize,
+        b"sigaction" => crate::lifecycle::sigaction_here as *const () as usize,
+        b"signal" => crate::lifecycle::signal_here as *const () as usize,
+        _ => return None,
+    })
 }
 
 fn real_dlsym_fn() -> Option<DlsymFn> {

@@ -1,7 +1,7 @@
 //! `libcudamem_interpose.so`: the driver interposer `cudamem run` preloads into
 //! an unmodified CUDA program.
 //!
-//! It defines `dlsym`, `dlopen` (which notes a load of the driver, [`loading`]), `cuGetProcAddress`, `cuGetProcAddress_v2` and the
+//! It defines `dlsym`, `dlvsym`, `dlopen` (which notes a load of the driver, [`loading`]), `cuGetProcAddress`, `cuGetProcAddress_v2` and the
 //! driver's exported allocation, VMM, context, limit, module and launch
 //! functions, and those that make streams, events, graphs and pools
 //! ([`hooks`]). Every wrapper calls the real driver, records the
@@ -48,4 +48,5 @@ mod logfile;
 mod pool;
 mod recorder;
 mod stop;
+mod symbols;
 mod thread;

@@ -38,6 +38,19 @@ static ASKED_NAME: [AtomicU8; NAME_BYTES] = [const { AtomicU8::new(0) }; NAME_BY
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
+    core::arch::naked_asm!("jmp {here}", here = sym dlopen_here)
+}
+
+/// [`dlopen`] at an address of this library's own (the export's address
+/// is the first definition the loader finds, which may be another
+/// library's).
+///
+/// # Safety
+///
+/// `dlopen`'s contract: `file` is null or a NUL-terminated string.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+pub unsafe extern "C" fn dlopen_here(file: *const c_char, mode: c_int) -> *mut c_void {
     core::arch::naked_asm!(
         // The arguments are kept; `opening` sees them in place and answers
         // the real dlopen's address.
@@ -77,9 +90,8 @@ fn real_dlopen() -> usize {
     if known != 0 {
         return known;
     }
-    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
-        // SAFETY: dlvsym with RTLD_NEXT and constant C strings.
-        let found = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlopen".as_ptr(), version.as_ptr()) };
+    for version in driver::DL_VERSIONS {
+        let found = driver::real_dlvsym(libc::RTLD_NEXT, c"dlopen", version);
         if !found.is_null() {
             REAL_DLOPEN.store(found as usize, Ordering::Release);
             return found as usize;

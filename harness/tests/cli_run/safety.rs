@@ -51,11 +51,19 @@ fn bounded(mut command: Command, what: &str) -> Output {
 
 /// The program alone, the fake driver on its library path.
 fn alone(argv: &[&str]) -> Output {
+    alone_with(argv, &[])
+}
+
+/// The program alone with `env` added.
+fn alone_with(argv: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(argv[0]);
     command
         .args(&argv[1..])
         .env("LD_LIBRARY_PATH", &fixtures().dir)
         .env_remove("LD_PRELOAD");
+    for (key, value) in env {
+        command.env(key, value);
+    }
     bounded(command, &format!("{argv:?} alone"))
 }
 
@@ -314,6 +322,44 @@ fn a_function_the_driver_lacks_bound_by_the_loader_answers_not_found() {
         let log = log_text(&log);
         assert!(records(&log, "alloc").is_empty(), "{log}");
     }
+}
+
+#[test]
+fn a_programs_own_dlsym_wrapper_that_finds_the_next_through_dlvsym_reaches_the_interposers() {
+    // The program's preloaded library wraps dlsym and finds the next one
+    // with dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"). The C library's
+    // versioned lookup skips an export without that version, so it used to
+    // find the C library's dlsym, which then found the interposer's
+    // exports in the default scope: a function the driver lacks looked
+    // present (exit 25), and the program's lookups bypassed the wrappers.
+    let wrapper = fixtures().dir.join("libwrap_dlsym.so");
+    let preload = [("LD_PRELOAD", wrapper.to_str().unwrap())];
+    let dynamic = program("cuda_dynamic");
+    let by_itself = alone_with(&[&dynamic, "dlopen"], &preload);
+    assert_eq!(
+        by_itself.status.code(),
+        Some(0),
+        "{}",
+        text(&by_itself.stderr)
+    );
+    assert_eq!(
+        text(&by_itself.stdout),
+        "dlopen: done\nwrap_dlsym: 8 cu lookups\n"
+    );
+    let trace = temp_path("wrapped_dlsym.csv");
+    let output = under_cudamem(
+        &["--trace", trace.to_str().unwrap(), "--", &dynamic, "dlopen"],
+        &preload,
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), text(&by_itself.stdout));
+    // The wrapper's lookups were answered with the wrappers: both
+    // allocations and the free are in the log.
+    let logs = event_logs(&trace);
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    let log = log_text(&logs[0]);
+    assert_eq!(records(&log, "alloc").len(), 2, "{log}");
+    assert_eq!(records(&log, "free").len(), 1, "{log}");
 }
 
 #[test]
