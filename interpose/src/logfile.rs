@@ -216,6 +216,9 @@ impl LogFile {
                 next: at,
                 end: at + CHUNK,
             };
+            if !interrupted {
+                self.grow_ahead(at + CHUNK);
+            }
         }
         let written = self.write(place.next, bytes);
         if !interrupted {
@@ -256,6 +259,28 @@ impl LogFile {
         match self.reopen() {
             Some(fd) => self.grow_with(fd.as_raw_fd(), self.ready.load(Ordering::Acquire), end),
             None => false,
+        }
+    }
+
+    /// Keep a whole window backed past `end` (the end of a chunk just
+    /// taken), so that writers seldom reach the backed length and wait for
+    /// a growth: the thread that takes the first chunk of the last window
+    /// grows the next one, unless another thread is growing the file now.
+    fn grow_ahead(&self, end: u64) {
+        let ready = self.ready.load(Ordering::Acquire);
+        if end + WINDOW <= ready || ready >= self.bound {
+            return;
+        }
+        let _no_cancel = NoCancel::hold();
+        let Some(_guard) = self.grow.try_lock() else {
+            return;
+        };
+        let ready = self.ready.load(Ordering::Acquire);
+        if end + WINDOW <= ready {
+            return;
+        }
+        if let Some(fd) = self.reopen() {
+            self.grow_with(fd.as_raw_fd(), ready, ready.max(end).min(self.bound));
         }
     }
 
