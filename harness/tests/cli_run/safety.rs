@@ -32,11 +32,12 @@ fn bounded(mut command: Command, what: &str) -> Output {
             break status;
         }
         if start.elapsed() > LIMIT {
+            let waiting = where_waiting(child.id());
             let group = format!("-{}", child.id());
             let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
             let _ = child.wait();
             panic!(
-                "{what}: still running after {LIMIT:?} (hung); stderr so far:\n{}",
+                "{what}: still running after {LIMIT:?} (hung); where its threads waited:\n{waiting}stderr so far:\n{}",
                 text(&std::fs::read(&err).unwrap_or_default())
             );
         }
@@ -47,6 +48,50 @@ fn bounded(mut command: Command, what: &str) -> Output {
         stdout: std::fs::read(&out).unwrap(),
         stderr: std::fs::read(&err).unwrap(),
     }
+}
+
+/// Every process of group `group` and what each of its threads waits in
+/// (the kernel's wait channel), for the message of a run that hung.
+fn where_waiting(group: u32) -> String {
+    let mut said = String::new();
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return said;
+    };
+    for process in processes.flatten() {
+        let dir = process.path();
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+            continue;
+        };
+        // Fields after the command's closing parenthesis: state, ppid, pgrp.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(2) != Some(&group.to_string().as_str()) {
+            continue;
+        }
+        let read = |path: PathBuf| std::fs::read_to_string(path).unwrap_or_default();
+        let mut threads = Vec::new();
+        for task in std::fs::read_dir(dir.join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            threads.push(format!(
+                "{}:{}",
+                task.file_name().to_string_lossy(),
+                read(task.path().join("wchan"))
+            ));
+        }
+        said.push_str(&format!(
+            "  {} {} (parent {}): {}\n",
+            process.file_name().to_string_lossy(),
+            read(dir.join("comm")).trim(),
+            fields.get(1).unwrap_or(&"?"),
+            threads.join(" ")
+        ));
+    }
+    said
 }
 
 /// The program alone, the fake driver on its library path.
