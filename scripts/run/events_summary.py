@@ -18,7 +18,9 @@ module_bytes = collections.Counter()
 libraries = {}
 for name in sorted(os.listdir(folder)):
     with open(os.path.join(folder, name), "rb") as log:
-        text = log.read().rstrip(b"\0").decode("utf-8", "replace")
+        # Each thread writes chunks of its own; the unused tail of a chunk
+        # is zeros, never part of a record. Order does not matter here.
+        text = log.read().replace(b"\0", b"").decode("utf-8", "replace")
     for line in text.splitlines():
         fields = line.split("\t")
         kinds[fields[0]] += 1
