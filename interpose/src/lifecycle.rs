@@ -123,14 +123,20 @@ extern "C" fn at_fini() {
     recorder::finished();
 }
 
-/// At load: the fork handlers, and a panic hook that prints nothing (a
-/// panic inside the interposer is caught, and said once, by the recorder).
+/// At load: the fork handlers, a panic hook that prints nothing (a panic
+/// inside the interposer is caught, and said once, by the recorder), and
+/// the C library's `dlvsym` and `dlsym`, found now, before the program has
+/// threads: the search walks the loaded objects under the loader's list
+/// lock, which a child forked while another thread held it never gets back
+/// (the C library does not reset it in the child), so that the child's own
+/// walks (a C++ exception, a backtrace) would wait for ever.
 extern "C" fn at_load() {
     // SAFETY: registering functions of this library, which is never
     // unloaded (it is preloaded).
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
     crate::thread::arm_copy_page();
     std::panic::set_hook(Box::new(|_| {}));
+    driver::init_real_dlsym();
 }
 
 /// Runs when the library is loaded, before the program's constructors.

@@ -11,6 +11,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// was).
 pub const TEST_PANIC_VAR: &str = "CUDAMEM_TEST_PANIC_AFTER";
 
+/// A test aid, never set by `cudamem run`: milliseconds each of the
+/// interposer's one-time setup steps lingers (to show that a `fork` in the
+/// middle of one leaves a child that does not hang).
+pub const TEST_SLOW_SETUP_VAR: &str = "CUDAMEM_TEST_SLOW_SETUP_MS";
+
+/// Linger as [`TEST_SLOW_SETUP_VAR`] asks, if it is set.
+pub fn slow_setup_for_test() {
+    let ms = std::env::var_os(TEST_SLOW_SETUP_VAR)
+        .and_then(|value| value.to_str()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms.min(1000)));
+    }
+}
+
 /// Set after a panic inside the recorder: nothing is recorded any more, and
 /// every call goes straight to the driver.
 static STOPPED: AtomicBool = AtomicBool::new(false);

@@ -58,7 +58,10 @@ const MOST_CHAIN: usize = 1 << 16;
 const MOST_VERDEFS: usize = 4096;
 
 /// The address of the C library's `name` (its default version, else any
-/// `GLIBC_` one), or 0 when no loaded object defines it so.
+/// `GLIBC_` one), or 0 when no loaded object defines it so. Walks the
+/// loaded objects under the loader's list lock: called at load, while the
+/// process has one thread (see `lifecycle`), never where a `fork` may copy
+/// the lock held.
 pub fn glibc_function(name: &CStr) -> usize {
     let mut search = Search {
         name: name.to_bytes(),
@@ -84,6 +87,7 @@ unsafe extern "C" fn visit(
 ) -> c_int {
     // SAFETY: dl_iterate_phdr passes a valid info and our `Search`.
     let (info, search) = unsafe { (&*info, &mut *data.cast::<Search>()) };
+    crate::stop::slow_setup_for_test();
     // A panic here (none is expected) leaves the object unsearched; it is
     // caught here, not by the interposer's stop, since the program's own
     // `dlsym` needs this lookup after a stop too.

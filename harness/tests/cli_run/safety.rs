@@ -206,6 +206,27 @@ fn a_fork_while_the_interposer_sets_itself_up_never_hangs() {
 }
 
 #[test]
+fn a_fork_in_the_middle_of_a_slow_setup_step_never_hangs_the_child() {
+    // Each one-time setup step lingers 2 ms, so that the forks land inside
+    // them: a step behind a once-lock, or a walk of the loaded objects on a
+    // program thread, leaves a child that waits for ever.
+    let hostile = program("hostile");
+    for run in 0..5 {
+        let output = under_cudamem(
+            &["--", &hostile, "forksetup"],
+            &[("CUDAMEM_TEST_SLOW_SETUP_MS", "2")],
+        );
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "run {run}: {}",
+            text(&output.stderr)
+        );
+        assert_eq!(text(&output.stdout), "forksetup: done\n");
+    }
+}
+
+#[test]
 fn signal_actions_flags_and_masks_stay_the_programs() {
     let hostile = program("hostile");
     let by_itself = alone(&[&hostile, "resethand"]);

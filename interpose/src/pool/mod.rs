@@ -18,7 +18,7 @@ pub mod pause;
 
 use std::collections::BTreeMap;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use ctx::{Error, StitchedConfig, StitchedPool};
@@ -52,13 +52,33 @@ unsafe impl Sync for Served {}
 // SAFETY: as above.
 unsafe impl Send for Served {}
 
-/// Whether `cudamem run --pool` asked for serving (read once).
+/// Whether `cudamem run --pool` asked for serving: 0 not read yet, 1 no,
+/// 2 yes.
+static ON: AtomicU8 = AtomicU8::new(0);
+
+/// Whether `cudamem run --pool` asked for serving (read on the first call
+/// of each thread until one has read it). Never behind a once-lock: every
+/// thread's first driver call asks, and a `fork` while one of them read
+/// would leave the child waiting for ever on a reader it does not have.
 pub fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os(POOL_VAR).is_some_and(|value| !value.is_empty()))
+    match ON.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            crate::stop::slow_setup_for_test();
+            let on = std::env::var_os(POOL_VAR).is_some_and(|value| !value.is_empty());
+            ON.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+    }
 }
 
 static SERVED: OnceLock<Option<Served>> = OnceLock::new();
+
+/// The process whose thread is making the pool now (0: none). A child
+/// forked meanwhile does not have that thread, and never waits for it: the
+/// driver serves the child.
+static MAKING: AtomicU32 = AtomicU32::new(0);
 
 /// The pool, once made.
 pub fn get() -> Option<&'static Served> {
@@ -75,9 +95,15 @@ fn get_or_make() -> Option<&'static Served> {
     if let Some(made) = SERVED.get() {
         return made.as_ref();
     }
+    let me = std::process::id();
+    let making = MAKING.load(Ordering::Acquire);
+    if making != 0 && making != me {
+        return None;
+    }
     let context = read::current_context().filter(|&ctx| ctx != 0)?;
     let ordinal = read::current_device()?;
-    SERVED
+    MAKING.store(me, Ordering::Release);
+    let served = SERVED
         .get_or_init(|| match make(ordinal, context) {
             Ok(served) => {
                 crate::control::start();
@@ -90,7 +116,9 @@ fn get_or_make() -> Option<&'static Served> {
                 None
             }
         })
-        .as_ref()
+        .as_ref();
+    MAKING.store(0, Ordering::Release);
+    served
 }
 
 fn make(ordinal: c_int, context: u64) -> ctx::Result<Served> {
