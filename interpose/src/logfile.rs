@@ -11,10 +11,14 @@
 //! its driver call, an allocation after, so a free comes before any
 //! allocation that reuses its pointer). The whole bound is mapped once;
 //! the file grows a window at a time ahead of the writers (blocks
-//! reserved, then the length), under a lock that only growing takes.
-//! Writing never goes past the backed length, and the file is never cut
-//! while the process runs, so no write can fault. An orderly end gives the
-//! blocks past the last chunk back.
+//! reserved, then the length), under a lock that only growing takes, and
+//! the window's pages are faulted in after that lock is let go, so that
+//! several windows can fill at once while writers fill the ones before.
+//! Windows are a quarter of the file's length (within bounds), so a log
+//! written fast grows in few large steps. Writing never goes past the
+//! backed length, and the file is never cut while the process runs, so no
+//! write can meet a page the file system cannot back. An orderly end gives
+//! the blocks past the last chunk back.
 //!
 //! The log holds no descriptor between system calls: each opens the file
 //! by its path, checks that it is the same file (device and inode), and
@@ -35,8 +39,10 @@ use trace::event::MAX_LINE_BYTES;
 use crate::lock::Lock;
 use crate::thread::NoCancel;
 
-/// Bytes the file grows by at a time.
+/// The least the file grows by at a time.
 const WINDOW: u64 = 4 << 20;
+/// The most the file grows by at a time.
+const MOST_WINDOW: u64 = 64 << 20;
 /// Window starts are multiples of this (a multiple of every page size).
 const ALIGN: u64 = 64 << 10;
 /// `MADV_POPULATE_WRITE` (Linux 5.14).
@@ -65,7 +71,7 @@ pub struct LogFile {
     /// the reserve, `[bound - RESERVE, bound)`).
     end_pos: AtomicU64,
     /// The file's length, every block below it backed: records below it
-    /// can be copied without a fault.
+    /// can be copied without meeting a page the file system cannot back.
     ready: AtomicU64,
     /// Taken to grow the file.
     grow: Lock<()>,
@@ -136,9 +142,12 @@ impl LogFile {
         };
         // Past the records, the image before an `exec` may have left a
         // tail: it is overwritten from `end` on.
-        if !log.grow_with(fd, end, end.saturating_add(1)) {
-            log.close();
-            return None;
+        match log.extend(fd, end, end.saturating_add(1)) {
+            Some(grown) => log.populate(grown),
+            None => {
+                log.close();
+                return None;
+            }
         }
         Some(log)
     }
@@ -250,14 +259,24 @@ impl LogFile {
     #[cold]
     fn grow_to(&self, end: u64) -> bool {
         let _no_cancel = NoCancel::hold();
-        let Some(_guard) = self.grow.lock() else {
-            return false;
+        let grown = {
+            let Some(_guard) = self.grow.lock() else {
+                return false;
+            };
+            let ready = self.ready.load(Ordering::Acquire);
+            if end <= ready {
+                return true;
+            }
+            let Some(fd) = self.reopen() else {
+                return false;
+            };
+            self.extend(fd.as_raw_fd(), ready, end)
         };
-        if end <= self.ready.load(Ordering::Acquire) {
-            return true;
-        }
-        match self.reopen() {
-            Some(fd) => self.grow_with(fd.as_raw_fd(), self.ready.load(Ordering::Acquire), end),
+        match grown {
+            Some(grown) => {
+                self.populate(grown);
+                true
+            }
             None => false,
         }
     }
@@ -268,32 +287,39 @@ impl LogFile {
     /// grows the next one, unless another thread is growing the file now.
     fn grow_ahead(&self, end: u64) {
         let ready = self.ready.load(Ordering::Acquire);
-        if end + WINDOW <= ready || ready >= self.bound {
+        if end + window(ready) <= ready || ready >= self.bound {
             return;
         }
         let _no_cancel = NoCancel::hold();
-        let Some(_guard) = self.grow.try_lock() else {
-            return;
+        let grown = {
+            let Some(_guard) = self.grow.try_lock() else {
+                return;
+            };
+            let ready = self.ready.load(Ordering::Acquire);
+            if end + window(ready) <= ready {
+                return;
+            }
+            let Some(fd) = self.reopen() else {
+                return;
+            };
+            self.extend(fd.as_raw_fd(), ready, ready.max(end).min(self.bound))
         };
-        let ready = self.ready.load(Ordering::Acquire);
-        if end + WINDOW <= ready {
-            return;
-        }
-        if let Some(fd) = self.reopen() {
-            self.grow_with(fd.as_raw_fd(), ready, ready.max(end).min(self.bound));
+        if let Some(grown) = grown {
+            self.populate(grown);
         }
     }
 
     /// Back `[from, end)` and a window past it (within the bound): blocks
-    /// first, then the length, then the pages faulted in writable, then
-    /// `ready` moved on. Called holding the growth lock, or before the log
-    /// is shared.
-    fn grow_with(&self, fd: c_int, from: u64, end: u64) -> bool {
+    /// first, then the length, then `ready` moved on. The range grown
+    /// (whole windows), for [`LogFile::populate`]; `None` when the file
+    /// cannot grow. Called holding the growth lock, or before the log is
+    /// shared.
+    fn extend(&self, fd: c_int, from: u64, end: u64) -> Option<(u64, u64)> {
         if end > self.bound {
-            return false;
+            return None;
         }
         let start = from / ALIGN * ALIGN;
-        let stop = (end.div_ceil(ALIGN) * ALIGN + WINDOW).min(self.bound);
+        let stop = (end.div_ceil(ALIGN) * ALIGN + window(from)).min(self.bound);
         // Blocks first: a write through the mapping to a page the file
         // system cannot back (a full disk or tmpfs) would be a SIGBUS in the
         // program; this way it is a refused window, and records are dropped
@@ -303,7 +329,7 @@ impl LogFile {
             libc::posix_fallocate(fd, start as libc::off_t, (stop - start) as libc::off_t)
         };
         if reserved != 0 {
-            return false;
+            return None;
         }
         // The length only ever grows here (fallocate may have grown it).
         // SAFETY: lseek of our own descriptor.
@@ -311,13 +337,22 @@ impl LogFile {
         if size < stop as libc::off_t {
             // SAFETY: ftruncate of our own descriptor, lengthening it.
             if unsafe { libc::ftruncate(fd, stop as libc::off_t) } != 0 {
-                return false;
+                return None;
             }
         }
-        // Fault the window in, writable, now: one system call per window
-        // instead of a fault at the first write to each page. Kernels
-        // without it refuse, and the pages fault one by one.
-        // SAFETY: advice on our mapping, inside it.
+        self.ready.store(stop, Ordering::Release);
+        Some((start, stop))
+    }
+
+    /// Fault the pages of `[start, stop)` in, writable, keeping what they
+    /// hold: one system call per window instead of a fault at the first
+    /// write to each page (faults by many writers at once cost each of them
+    /// several times more). Outside the growth lock: writers already
+    /// copying into the window meanwhile fault their own pages. Kernels
+    /// without it refuse, and the pages fault one by one.
+    fn populate(&self, (start, stop): (u64, u64)) {
+        // SAFETY: advice on our mapping, inside it ([start, stop) is below
+        // the bound, and backed).
         unsafe {
             libc::madvise(
                 self.map.add(start as usize).cast(),
@@ -325,8 +360,6 @@ impl LogFile {
                 MADV_POPULATE_WRITE,
             )
         };
-        self.ready.store(stop, Ordering::Release);
-        true
     }
 
     /// At an orderly end: give back the blocks past the records (the file
@@ -364,6 +397,14 @@ impl LogFile {
         // contract).
         unsafe { libc::munmap(self.map.cast(), self.map_len as usize) };
     }
+}
+
+/// What the file grows by when it is `length` long: a quarter of it,
+/// between [`WINDOW`] and [`MOST_WINDOW`] (a log written fast grows in few
+/// large steps, and what is grown ahead of the records stays a fraction of
+/// the file).
+fn window(length: u64) -> u64 {
+    (length / 4 / ALIGN * ALIGN).clamp(WINDOW, MOST_WINDOW)
 }
 
 /// Where a thread's next record goes: in its chunk `[next, end)` of the
