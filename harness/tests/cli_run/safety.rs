@@ -429,6 +429,75 @@ fn a_programs_own_dlsym_wrapper_that_finds_the_next_through_dlvsym_reaches_the_i
 }
 
 #[test]
+fn another_interposer_preloaded_first_reaches_the_driver_as_it_does_alone() {
+    // The user's own LD_PRELOAD comes before the interposer: another
+    // interposer defines cuMemAlloc_v2 and cuMemFree_v2 and looks up the
+    // driver's by each way such tools use. Looked up in the driver's
+    // handle, the answer used to be its own function (the interposer's
+    // wrapper address bound to the first definition of the name), which
+    // recursed (here: exit 86).
+    let stacked = fixtures().dir.join("libstacked.so");
+    let linked = program("cuda_linked");
+    let plain_trace = temp_path("unstacked.csv");
+    let plain = under_cudamem(
+        &[
+            "--trace",
+            plain_trace.to_str().unwrap(),
+            "--",
+            &linked,
+            "linked",
+        ],
+        &[],
+    );
+    assert_eq!(plain.status.code(), Some(0), "{}", text(&plain.stderr));
+    let plain_log = log_text(&event_logs(&plain_trace)[0]);
+    for how in ["next", "handle", "default"] {
+        let env = [
+            ("LD_PRELOAD", stacked.to_str().unwrap()),
+            ("STACKED_FIND", how),
+        ];
+        let by_itself = alone_with(&[&linked, "linked"], &env);
+        assert_eq!(
+            by_itself.status.code(),
+            Some(0),
+            "{how}: {}",
+            text(&by_itself.stderr)
+        );
+        assert!(
+            text(&by_itself.stderr).contains("stacked: 2 allocs, 4 frees"),
+            "{how}: {}",
+            text(&by_itself.stderr)
+        );
+        let trace = temp_path(&format!("stacked_{how}.csv"));
+        let output = under_cudamem(
+            &["--trace", trace.to_str().unwrap(), "--", &linked, "linked"],
+            &env,
+        );
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{how}: {}",
+            text(&output.stderr)
+        );
+        assert_eq!(output.stdout, by_itself.stdout, "{how}");
+        assert!(
+            text(&output.stderr).contains("stacked: 2 allocs, 4 frees"),
+            "{how}: {}",
+            text(&output.stderr)
+        );
+        // Every call still reached the interposer's wrappers too.
+        let log = log_text(&event_logs(&trace)[0]);
+        for kind in ["alloc", "free"] {
+            assert_eq!(
+                records(&log, kind).len(),
+                records(&plain_log, kind).len(),
+                "{how} {kind}: {log}"
+            );
+        }
+    }
+}
+
+#[test]
 fn threads_that_exit_mid_run_lose_no_record_even_from_their_exit_destructors() {
     let hostile = program("hostile");
     let by_itself = alone(&[&hostile, "threadexit"]);
