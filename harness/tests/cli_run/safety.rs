@@ -207,9 +207,9 @@ fn a_fork_while_the_interposer_sets_itself_up_never_hangs() {
 
 #[test]
 fn a_fork_in_the_middle_of_a_slow_setup_step_never_hangs_the_child() {
-    // Each one-time setup step lingers 2 ms, so that the forks land inside
-    // them: a step behind a once-lock, or a walk of the loaded objects on a
-    // program thread, leaves a child that waits for ever.
+    // Each one-time setup step is made to linger, so that the forks land
+    // inside them: a step behind a once-lock, or a walk of the loaded
+    // objects on a program thread, leaves a child that waits for ever.
     let hostile = program("hostile");
     for run in 0..5 {
         let output = under_cudamem(
