@@ -127,6 +127,30 @@ fn under_cudamem(args: &[&str], env: &[(&str, &str)]) -> Output {
     bounded(command, &format!("cudamem run {args:?}"))
 }
 
+/// `cudamem run --trace NAME -- ARGV...` with `env` added, which must end
+/// as `by_itself` did: the same exit status and standard output. Its
+/// output, and its event logs.
+fn traced_like(
+    by_itself: &Output,
+    name: &str,
+    argv: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, Vec<PathBuf>) {
+    let trace = temp_path(name);
+    let mut args = vec!["--trace", trace.to_str().unwrap(), "--"];
+    args.extend_from_slice(argv);
+    let output = under_cudamem(&args, env);
+    assert_eq!(
+        output.status.code(),
+        by_itself.status.code(),
+        "{argv:?}: {}",
+        text(&output.stderr)
+    );
+    assert_eq!(text(&output.stdout), text(&by_itself.stdout), "{argv:?}");
+    let logs = event_logs(&trace);
+    (output, logs)
+}
+
 fn event_logs(trace: &Path) -> Vec<PathBuf> {
     let dir = PathBuf::from(format!("{}.events", trace.display()));
     std::fs::read_dir(&dir)
@@ -190,11 +214,12 @@ fn exit_from_a_signal_handler_while_recording_never_hangs() {
     }
 }
 
-#[test]
-fn a_fork_while_the_interposer_sets_itself_up_never_hangs() {
+/// `runs` runs of `hostile forksetup` under `cudamem run` with `env`
+/// added: each ends as alone, with no child left waiting.
+fn forks_during_setup(runs: usize, env: &[(&str, &str)]) {
     let hostile = program("hostile");
-    for run in 0..30 {
-        let output = under_cudamem(&["--", &hostile, "forksetup"], &[]);
+    for run in 0..runs {
+        let output = under_cudamem(&["--", &hostile, "forksetup"], env);
         assert_eq!(
             output.status.code(),
             Some(0),
@@ -206,24 +231,16 @@ fn a_fork_while_the_interposer_sets_itself_up_never_hangs() {
 }
 
 #[test]
+fn a_fork_while_the_interposer_sets_itself_up_never_hangs() {
+    forks_during_setup(30, &[]);
+}
+
+#[test]
 fn a_fork_in_the_middle_of_a_slow_setup_step_never_hangs_the_child() {
     // Each one-time setup step is made to linger, so that the forks land
     // inside them: a step behind a once-lock, or a walk of the loaded
     // objects on a program thread, leaves a child that waits for ever.
-    let hostile = program("hostile");
-    for run in 0..5 {
-        let output = under_cudamem(
-            &["--", &hostile, "forksetup"],
-            &[("CUDAMEM_TEST_SLOW_SETUP_MS", "2")],
-        );
-        assert_eq!(
-            output.status.code(),
-            Some(0),
-            "run {run}: {}",
-            text(&output.stderr)
-        );
-        assert_eq!(text(&output.stdout), "forksetup: done\n");
-    }
+    forks_during_setup(5, &[("CUDAMEM_TEST_SLOW_SETUP_MS", "2")]);
 }
 
 #[test]
@@ -305,17 +322,8 @@ fn copies_made_by_a_raw_clone_write_logs_of_their_own_and_never_their_parents() 
     let hostile = program("hostile");
     let by_itself = alone(&[&hostile, "clone"]);
     assert_eq!(text(&by_itself.stdout), "clone: 16 of 16 exited 7\n");
-    let trace = temp_path("clone.csv");
-    let output = under_cudamem(
-        &["--trace", trace.to_str().unwrap(), "--", &hostile, "clone"],
-        &[],
-    );
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    assert_eq!(output.stdout, by_itself.stdout);
-    let logs: Vec<String> = event_logs(&trace)
-        .iter()
-        .map(|path| log_text(path))
-        .collect();
+    let (_, logs) = traced_like(&by_itself, "clone.csv", &[&hostile, "clone"], &[]);
+    let logs: Vec<String> = logs.iter().map(|path| log_text(path)).collect();
     let field = |log: &str, kind: &str, at: usize| -> Vec<String> {
         records(log, kind)
             .iter()
@@ -412,16 +420,14 @@ fn a_programs_own_dlsym_wrapper_that_finds_the_next_through_dlvsym_reaches_the_i
         text(&by_itself.stdout),
         "dlopen: done\nwrap_dlsym: 8 cu lookups\n"
     );
-    let trace = temp_path("wrapped_dlsym.csv");
-    let output = under_cudamem(
-        &["--trace", trace.to_str().unwrap(), "--", &dynamic, "dlopen"],
+    let (_, logs) = traced_like(
+        &by_itself,
+        "wrapped_dlsym.csv",
+        &[&dynamic, "dlopen"],
         &preload,
     );
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    assert_eq!(text(&output.stdout), text(&by_itself.stdout));
     // The wrapper's lookups were answered with the wrappers: both
     // allocations and the free are in the log.
-    let logs = event_logs(&trace);
     assert_eq!(logs.len(), 1, "{logs:?}");
     let log = log_text(&logs[0]);
     assert_eq!(records(&log, "alloc").len(), 2, "{log}");
@@ -438,55 +444,26 @@ fn another_interposer_preloaded_first_reaches_the_driver_as_it_does_alone() {
     // recursed (here: exit 86).
     let stacked = fixtures().dir.join("libstacked.so");
     let linked = program("cuda_linked");
-    let plain_trace = temp_path("unstacked.csv");
-    let plain = under_cudamem(
-        &[
-            "--trace",
-            plain_trace.to_str().unwrap(),
-            "--",
-            &linked,
-            "linked",
-        ],
-        &[],
-    );
-    assert_eq!(plain.status.code(), Some(0), "{}", text(&plain.stderr));
-    let plain_log = log_text(&event_logs(&plain_trace)[0]);
+    let argv = [linked.as_str(), "linked"];
+    let (_, plain_logs) = traced_like(&alone(&argv), "unstacked.csv", &argv, &[]);
+    let plain_log = log_text(&plain_logs[0]);
     for how in ["next", "handle", "default"] {
         let env = [
             ("LD_PRELOAD", stacked.to_str().unwrap()),
             ("STACKED_FIND", how),
         ];
-        let by_itself = alone_with(&[&linked, "linked"], &env);
-        assert_eq!(
-            by_itself.status.code(),
-            Some(0),
-            "{how}: {}",
-            text(&by_itself.stderr)
-        );
-        assert!(
-            text(&by_itself.stderr).contains("stacked: 2 allocs, 4 frees"),
-            "{how}: {}",
-            text(&by_itself.stderr)
-        );
-        let trace = temp_path(&format!("stacked_{how}.csv"));
-        let output = under_cudamem(
-            &["--trace", trace.to_str().unwrap(), "--", &linked, "linked"],
-            &env,
-        );
-        assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{how}: {}",
-            text(&output.stderr)
-        );
-        assert_eq!(output.stdout, by_itself.stdout, "{how}");
-        assert!(
-            text(&output.stderr).contains("stacked: 2 allocs, 4 frees"),
-            "{how}: {}",
-            text(&output.stderr)
-        );
+        let by_itself = alone_with(&argv, &env);
+        assert_eq!(by_itself.status.code(), Some(0), "{how}");
+        let (output, logs) = traced_like(&by_itself, &format!("stacked_{how}.csv"), &argv, &env);
+        for side in [&by_itself, &output] {
+            let stderr = text(&side.stderr);
+            assert!(
+                stderr.contains("stacked: 2 allocs, 4 frees"),
+                "{how}: {stderr}"
+            );
+        }
         // Every call still reached the interposer's wrappers too.
-        let log = log_text(&event_logs(&trace)[0]);
+        let log = log_text(&logs[0]);
         for kind in ["alloc", "free"] {
             assert_eq!(
                 records(&log, kind).len(),
@@ -502,22 +479,9 @@ fn threads_that_exit_mid_run_lose_no_record_even_from_their_exit_destructors() {
     let hostile = program("hostile");
     let by_itself = alone(&[&hostile, "threadexit"]);
     assert_eq!(text(&by_itself.stdout), "threadexit: done\n");
-    let trace = temp_path("threadexit.csv");
-    let output = under_cudamem(
-        &[
-            "--trace",
-            trace.to_str().unwrap(),
-            "--",
-            &hostile,
-            "threadexit",
-        ],
-        &[],
-    );
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    assert_eq!(output.stdout, by_itself.stdout);
+    let (output, logs) = traced_like(&by_itself, "threadexit.csv", &[&hostile, "threadexit"], &[]);
     let stderr = text(&output.stderr);
     assert!(!stderr.contains("stopped recording"), "{stderr}");
-    let logs = event_logs(&trace);
     assert_eq!(logs.len(), 1);
     let log = log_text(&logs[0]);
     // Thread i makes 100 + i pairs, then one block its exit frees.
@@ -536,14 +500,7 @@ fn an_exec_with_an_environment_at_the_kernels_limit_runs_as_alone() {
     let hostile = program("hostile");
     let by_itself = alone(&[&hostile, "bigenv"]);
     assert_eq!(text(&by_itself.stdout), "bigenv: done\n");
-    let trace = temp_path("bigenv.csv");
-    let output = under_cudamem(
-        &["--trace", trace.to_str().unwrap(), "--", &hostile, "bigenv"],
-        &[],
-    );
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    assert_eq!(output.stdout, by_itself.stdout);
-    let logs = event_logs(&trace);
+    let (_, logs) = traced_like(&by_itself, "bigenv.csv", &[&hostile, "bigenv"], &[]);
     assert_eq!(logs.len(), 1);
     let log = log_text(&logs[0]);
     assert_eq!(records(&log, "alloc").len(), 10, "{log}");
@@ -583,14 +540,7 @@ fn a_thread_cancelled_while_it_calls_the_driver_is_cancelled_as_alone() {
     let hostile = program("hostile");
     let by_itself = alone(&[&hostile, "cancel"]);
     assert_eq!(text(&by_itself.stdout), "cancel: 20 of 20 cancelled\n");
-    let trace = temp_path("cancel.csv");
-    let output = under_cudamem(
-        &["--trace", trace.to_str().unwrap(), "--", &hostile, "cancel"],
-        &[],
-    );
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    assert_eq!(output.stdout, by_itself.stdout);
-    let logs = event_logs(&trace);
+    let (_, logs) = traced_like(&by_itself, "cancel.csv", &[&hostile, "cancel"], &[]);
     let log = log_text(&logs[0]);
     assert_eq!(records(&log, "exit").len(), 1);
     // Every allocation but those a cancelled thread left is freed.
