@@ -38,10 +38,12 @@ pub struct AllocationPropHead {
     pub location_id: c_int,
 }
 
-/// The real `dlsym`, found by [`init_real_dlsym`] (0 until then).
+/// The real `dlsym`, found by [`init_real_dlsym`] at load (0 until then:
+/// a library whose constructor runs before this one's may look up first).
 pub static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 
-/// The real `dlvsym` (0 until found; [`init_real_dlvsym`] finds it).
+/// The real `dlvsym`, found by [`init_real_dlvsym`] at load (0 until then,
+/// as [`REAL_DLSYM`]).
 pub static REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
 
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;

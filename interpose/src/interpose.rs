@@ -43,18 +43,6 @@ type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!("jmp {here}", here = sym dlsym_here)
-}
-
-/// [`dlsym`] at an address of this library's own (the export's address is
-/// the first definition the loader finds, which may be another library's).
-///
-/// # Safety
-///
-/// As [`dlsym`].
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-unsafe extern "C" fn dlsym_here(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
         "mov rax, qword ptr [rip + {real}]",
         "test rax, rax",
@@ -72,7 +60,8 @@ unsafe extern "C" fn dlsym_here(handle: *mut c_void, symbol: *const c_char) -> *
         "jmp {driver_name}",
         "4:",
         "jmp rax",
-        // First call: find the real dlsym, keeping the arguments.
+        // Not found yet (a lookup before this library's constructor ran):
+        // find the real dlsym, keeping the arguments.
         "3:",
         "push rdi",
         "push rsi",
@@ -103,17 +92,6 @@ unsafe extern "C" fn dlsym_here(handle: *mut c_void, symbol: *const c_char) -> *
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     // SAFETY: the program's arguments, passed on.
-    unsafe { dlsym_here(handle, symbol) }
-}
-
-/// [`dlsym`] at an address of this library's own.
-///
-/// # Safety
-///
-/// As [`dlsym`].
-#[cfg(not(target_arch = "x86_64"))]
-unsafe extern "C" fn dlsym_here(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    // SAFETY: the program's arguments, passed on.
     unsafe { dlsym_driver_name(handle, symbol) }
 }
 
@@ -133,21 +111,6 @@ unsafe extern "C" fn dlsym_here(handle: *mut c_void, symbol: *const c_char) -> *
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlvsym(
-    handle: *mut c_void,
-    symbol: *const c_char,
-    version: *const c_char,
-) -> *mut c_void {
-    core::arch::naked_asm!("jmp {here}", here = sym dlvsym_here)
-}
-
-/// [`dlvsym`] at an address of this library's own (see [`dlsym_here`]).
-///
-/// # Safety
-///
-/// As [`dlvsym`].
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-unsafe extern "C" fn dlvsym_here(
     handle: *mut c_void,
     symbol: *const c_char,
     version: *const c_char,
@@ -177,7 +140,8 @@ unsafe extern "C" fn dlvsym_here(
         "jmp rax",
         "5:",
         "ret",
-        // First call: find the real dlvsym, keeping the arguments.
+        // Not found yet (a lookup before this library's constructor ran):
+        // find the real dlvsym, keeping the arguments.
         "3:",
         "push rdi",
         "push rsi",
@@ -207,21 +171,6 @@ unsafe extern "C" fn dlvsym_here(
 #[cfg(not(target_arch = "x86_64"))]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlvsym(
-    handle: *mut c_void,
-    symbol: *const c_char,
-    version: *const c_char,
-) -> *mut c_void {
-    // SAFETY: the program's arguments, passed on.
-    unsafe { dlvsym_here(handle, symbol, version) }
-}
-
-/// [`dlvsym`] at an address of this library's own.
-///
-/// # Safety
-///
-/// As [`dlvsym`].
-#[cfg(not(target_arch = "x86_64"))]
-unsafe extern "C" fn dlvsym_here(
     handle: *mut c_void,
     symbol: *const c_char,
     version: *const c_char,
@@ -261,15 +210,16 @@ extern "C" fn dlvsym_next(symbol: *const c_char, version: *const c_char) -> usiz
 }
 
 /// Where this library's function that stands for the C library's `name`
-/// is (never its export's address, which may be another library's).
+/// is: its own code, whatever was preloaded before it (exports bind to
+/// this library's own definitions: build.rs).
 fn own_export(name: &[u8]) -> Option<usize> {
     Some(match name {
-        b"dlsym" => dlsym_here as *const () as usize,
-        b"dlvsym" => dlvsym_here as *const () as usize,
+        b"dlsym" => dlsym as *const () as usize,
+        b"dlvsym" => dlvsym as *const () as usize,
         #[cfg(target_arch = "x86_64")]
-        b"dlopen" => crate::loading::dlopen_here as *const () as usize,
-        b"sigaction" => crate::lifecycle::sigaction_here as *const () as usize,
-        b"signal" => crate::lifecycle::signal_here as *const () as usize,
+        b"dlopen" => crate::loading::dlopen as *const () as usize,
+        b"sigaction" => crate::lifecycle::sigaction as *const () as usize,
+        b"signal" => crate::lifecycle::signal as *const () as usize,
         _ => return None,
     })
 }

@@ -13,9 +13,9 @@
 //!
 //! It is not a library to link: its rlib exists only so that tests can name
 //! this package as a dependency and have the shared library built. Its one
-//! constructor registers the fork handlers and nothing else (no driver
-//! call): the driver is found, and the recorder set up, on the first call
-//! that needs them.
+//! constructor registers the fork handlers and finds the C library's
+//! `dlsym` and `dlvsym` (no driver call): the driver is found, and the
+//! recorder set up, on the first call that needs them.
 //!
 //! It never changes what the program does: no panic leaves it (one stops
 //! recording instead), nothing on the exit path or in a signal handler

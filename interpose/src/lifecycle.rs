@@ -252,21 +252,6 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> c_int {
-    // SAFETY: the program's arguments.
-    unsafe { sigaction_here(signal, act, old) }
-}
-
-/// [`sigaction`] at an address of this library's own (the export's address
-/// is the first definition the loader finds, which may be another
-/// library's).
-///
-/// # Safety
-/// As `sigaction(2)`.
-pub unsafe extern "C" fn sigaction_here(
-    signal: c_int,
-    act: *const libc::sigaction,
-    old: *mut libc::sigaction,
-) -> c_int {
     let Some(at) = slot(signal).filter(|&at| INSTALLED[at].load(Ordering::Acquire)) else {
         // SAFETY: the program's arguments.
         return unsafe { real_sigaction(signal, act, old) };
@@ -312,18 +297,6 @@ pub unsafe extern "C" fn sigaction_here(
 /// As `signal(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn signal(signal: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    // SAFETY: the program's arguments.
-    unsafe { signal_here(signal, handler) }
-}
-
-/// [`signal`] at an address of this library's own (see [`sigaction_here`]).
-///
-/// # Safety
-/// As `signal(2)`.
-pub unsafe extern "C" fn signal_here(
-    signal: c_int,
-    handler: libc::sighandler_t,
-) -> libc::sighandler_t {
     if !slot(signal).is_some_and(|at| INSTALLED[at].load(Ordering::Acquire)) {
         return match next(&REAL_SIGNAL, c"signal") {
             0 => libc::SIG_ERR,
@@ -343,7 +316,7 @@ pub unsafe extern "C" fn signal_here(
     // SAFETY: a zeroed sigaction is valid to read into.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: our own valid action and buffer.
-    if unsafe { sigaction_here(signal, &act, &mut old) } != 0 {
+    if unsafe { sigaction(signal, &act, &mut old) } != 0 {
         return libc::SIG_ERR;
     }
     old.sa_sigaction

@@ -38,19 +38,6 @@ static ASKED_NAME: [AtomicU8; NAME_BYTES] = [const { AtomicU8::new(0) }; NAME_BY
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
-    core::arch::naked_asm!("jmp {here}", here = sym dlopen_here)
-}
-
-/// [`dlopen`] at an address of this library's own (the export's address
-/// is the first definition the loader finds, which may be another
-/// library's).
-///
-/// # Safety
-///
-/// `dlopen`'s contract: `file` is null or a NUL-terminated string.
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-pub unsafe extern "C" fn dlopen_here(file: *const c_char, mode: c_int) -> *mut c_void {
     core::arch::naked_asm!(
         // The arguments are kept; `opening` sees them in place and answers
         // the real dlopen's address.
