@@ -37,9 +37,10 @@ done
 rm -rf "$out/logs"
 # Fastest and median of the rounds, and what each thread adds per call
 # over bare (the median of a kind against bare's median). One thread's
-# logged runs spread widely between runs on some machines (page-cache
-# work in the kernel), and the fastest of them is a low no run of 16
-# threads reaches on every thread at once: the median says the typical.
+# logged runs spread widely between runs on some machines (most likely
+# the kernel's page-cache work for the log), and the fastest of them is a
+# low no run of 16 threads reaches on every thread at once: the median
+# says the typical.
 awk '/^(bare|preloaded|logged) / {
   key = $1 " " $2
   if (!(key in wall) || $3 < wall[key]) { wall[key] = $3; cpu[key] = $4 }
